@@ -1,0 +1,1 @@
+"""fedowen_task."""
