@@ -1,0 +1,148 @@
+"""Models shared by the client and server apps: LeNet-5 and a CIFAR-style ResNet-18.
+
+Every model exposes the split the batched coalition utility relies on
+(``server_app.utility``): an attribute ``stem`` (the first layer, an ``nn.Conv2d``, linear in
+its weights and bias) and a method ``forward_from_stem(h)`` (everything after the stem), with
+``forward(x) == forward_from_stem(stem(x))``.
+
+References
+----------
+LeCun et al., "Gradient-based learning applied to document recognition", Proc. IEEE 1998.
+He et al., "Deep residual learning for image recognition", CVPR 2016 (CIFAR variant: 3x3 stem
+conv, stride 1, no max-pool).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+MODELS = ("lenet", "resnet18")
+
+
+class LeNet5(nn.Module):
+    """LeNet-5 for 28x28 inputs: conv(5x5, pad 2) -> pool -> conv(5x5) -> pool -> 120 -> 84 -> C."""
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, 6, kernel_size=5, padding=2)
+        self.conv2 = nn.Conv2d(6, 16, kernel_size=5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward_from_stem(self, h: torch.Tensor) -> torch.Tensor:
+        """Everything after ``stem``: (B, 6, 28, 28) -> logits (B, num_classes)."""
+        h = F.max_pool2d(F.relu(h), 2)
+        h = F.max_pool2d(F.relu(self.conv2(h)), 2)
+        h = torch.flatten(h, 1)
+        h = F.relu(self.fc1(h))
+        h = F.relu(self.fc2(h))
+        return self.fc3(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_from_stem(self.stem(x))
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 convs with BatchNorm, identity or 1x1-conv shortcut."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for 32x32 inputs (CIFAR variant): 3x3 stride-1 stem, no max-pool."""
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        layers: list[nn.Module] = []
+        in_planes = 64
+        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers.append(
+                nn.Sequential(BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes))
+            )
+            in_planes = planes
+        self.layer1, self.layer2, self.layer3, self.layer4 = layers
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward_from_stem(self, h: torch.Tensor) -> torch.Tensor:
+        """Everything after ``stem``: (B, 64, H, W) -> logits (B, num_classes)."""
+        h = F.relu(self.bn1(h))
+        h = self.layer4(self.layer3(self.layer2(self.layer1(h))))
+        return self.fc(torch.flatten(self.avgpool(h), 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_from_stem(self.stem(x))
+
+
+_BUILDERS: dict[str, Callable[[int, int], nn.Module]] = {"lenet": LeNet5, "resnet18": ResNet18}
+
+
+def build_model(
+    name: str, in_channels: int, num_classes: int, *, seed: int | None = None
+) -> nn.Module:
+    """Build a model by name.
+
+    Parameters
+    ----------
+    name : str
+        One of ``MODELS``.
+    in_channels, num_classes : int
+        Taken from the dataset (e.g. 1 and 10 for MNIST, 3 and 10 for CIFAR-10).
+    seed : int or None
+        Seeds the weight initialisation inside a forked RNG, so the global torch RNG is left
+        untouched. ``None`` draws from the global torch RNG.
+
+    Returns
+    -------
+    nn.Module
+        The model, in training mode, on the CPU.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model name {name!r}; valid names are {', '.join(MODELS)}")
+    if in_channels <= 0 or num_classes <= 0:
+        raise ValueError(
+            f"in_channels and num_classes must be positive, got {in_channels} and {num_classes}"
+        )
+    builder = _BUILDERS[name]
+    if seed is None:
+        return builder(in_channels, num_classes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return builder(in_channels, num_classes)
+
+
+def state_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
+    """Copy a model's ``state_dict`` (parameters and buffers) to numpy arrays."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def load_numpy_state(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
+    """Load numpy arrays into ``model`` in place (strict: keys must match exactly)."""
+    tensors = {k: torch.as_tensor(np.asarray(v)) for k, v in state.items()}
+    model.load_state_dict(tensors, strict=True)
