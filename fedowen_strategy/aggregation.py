@@ -1,0 +1,66 @@
+"""Contribution-aware aggregation (FedOwen paper, Sec. 3.5).
+
+The new global model is ``W = sum_i alpha_i W_i`` with ``alpha = softmax(phi / T)`` over the
+clients that returned an update this round. Arrays are plain ``dict[str, numpy.ndarray]``
+(one state dict per client); no Flower or torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+State = Mapping[str, NDArray]
+
+
+def softmax_weights(phi: NDArray[np.float64], temperature: float = 1.0) -> NDArray[np.float64]:
+    """Numerically stable ``softmax(phi / temperature)``.
+
+    Raises
+    ------
+    ValueError
+        If ``temperature`` is not positive or ``phi`` holds NaN/Inf.
+    """
+    if not temperature > 0.0 or not np.isfinite(temperature):
+        raise ValueError(f"temperature={temperature!r} must be a finite number > 0")
+    phi = np.asarray(phi, dtype=np.float64)
+    if phi.size == 0:
+        raise ValueError("softmax_weights needs at least one contribution")
+    if not np.all(np.isfinite(phi)):
+        raise ValueError(f"contributions must be finite to weight an aggregate, got {phi}")
+    z = phi / temperature
+    z = np.exp(z - z.max())
+    return z / z.sum()
+
+
+def example_weights(num_examples: Sequence[int]) -> NDArray[np.float64]:
+    """FedAvg weights ``n_i / sum_j n_j``."""
+    n = np.asarray(num_examples, dtype=np.float64)
+    if n.size == 0 or np.any(n <= 0) or not np.all(np.isfinite(n)):
+        raise ValueError(f"num-examples must be positive and finite, got {list(num_examples)}")
+    return n / n.sum()
+
+
+def weighted_average(states: Sequence[State], weights: NDArray[np.float64]) -> dict[str, NDArray]:
+    """Weighted sum ``sum_i w_i * states[i]`` key by key (weights must sum to 1).
+
+    Floating arrays keep their dtype; integer arrays (e.g. BatchNorm's ``num_batches_tracked``)
+    are averaged in float64 and rounded back.
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    if len(states) != weights.size or weights.size == 0:
+        raise ValueError(f"got {len(states)} states but {weights.size} weights")
+    if not np.isclose(weights.sum(), 1.0, atol=1e-6):
+        raise ValueError(f"aggregation weights must sum to 1, got {weights.sum():.6f}")
+    out: dict[str, NDArray] = {}
+    for key, first in states[0].items():
+        acc = np.zeros(first.shape, dtype=np.float64)
+        for w, state in zip(weights, states, strict=True):
+            acc += w * state[key]
+        if np.issubdtype(first.dtype, np.integer):
+            out[key] = np.rint(acc).astype(first.dtype)
+        else:
+            out[key] = acc.astype(first.dtype)
+    return out

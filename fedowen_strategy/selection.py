@@ -1,0 +1,124 @@
+"""Hybrid epsilon-greedy bandit client selection (FedOwen paper, Algorithm 2).
+
+With probability ``epsilon`` the server explores: ``k`` clients drawn uniformly without
+replacement. Otherwise it exploits: each client gets the score
+
+    s_i = g_i + u_i,   g_i = phi_i if phi_i >= tau else 0,
+    u_i = c * sqrt(ln(t + 1) / (sigma_i + 1))   (times ``low_gain_scale`` = 0.1 if phi_i < tau)
+
+the scores are shifted by their minimum, normalised to probabilities (uniform when all are
+zero) and ``k`` clients are drawn without replacement with those weights.
+
+``phi_i`` is the client's latest contribution, ``sigma_i`` how often it was selected (and
+returned an update), ``t`` the round. Everything here is a pure function of its inputs and an
+explicit ``numpy.random.Generator``; the strategy keeps the state.
+
+Defaults and their scale: FedOwen feeds ``phi`` on the *normalised* scale (a round's values
+sum to 1, as Algorithm 1 outputs; see ``fedowen_strategy.strategy``), so a typical client in a
+round of 10 has phi ~ 0.1. ``c = 0.1`` makes the exploration bonus of a client seen a few
+times (u ~ 0.05-0.1 at t ~ 50) comparable to one typical contribution, so neither term drowns
+the other; ``tau = 0`` penalises exactly the clients whose updates lowered the utility.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+@dataclass(frozen=True)
+class SelectionParams:
+    """Constants of Algorithm 2.
+
+    Parameters
+    ----------
+    epsilon : float
+        Exploration probability in [0, 1] (paper: 0.1).
+    c : float
+        Confidence weight of the exploration bonus, >= 0.
+    tau : float
+        Contribution floor: clients with phi < tau lose their gain and 90% of their bonus.
+    low_gain_scale : float
+        Factor on the bonus of clients below the floor (paper: 0.1).
+    """
+
+    epsilon: float = 0.1
+    c: float = 0.1
+    tau: float = 0.0
+    low_gain_scale: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError(f"epsilon={self.epsilon!r} must lie in [0, 1]")
+        if self.c < 0.0 or not np.isfinite(self.c):
+            raise ValueError(f"c={self.c!r} must be a finite number >= 0")
+        if not np.isfinite(self.tau):
+            raise ValueError(f"tau={self.tau!r} must be finite")
+        if not 0.0 <= self.low_gain_scale <= 1.0:
+            raise ValueError(f"low_gain_scale={self.low_gain_scale!r} must lie in [0, 1]")
+
+
+def selection_scores(
+    phi: NDArray[np.float64], counts: NDArray[np.int64], t: int, params: SelectionParams
+) -> NDArray[np.float64]:
+    """Exploitation scores ``s_i = g_i + u_i`` of Algorithm 2 (before shifting)."""
+    phi = np.asarray(phi, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.float64)
+    if phi.shape != counts.shape:
+        raise ValueError(f"phi shape {phi.shape} and counts shape {counts.shape} differ")
+    if np.any(counts < 0):
+        raise ValueError(f"selection counts must be >= 0, got {counts.min()}")
+    below = phi < params.tau
+    gain = np.where(below, 0.0, phi)
+    bonus = params.c * np.sqrt(np.log(t + 1.0) / (counts + 1.0))
+    bonus = np.where(below, params.low_gain_scale * bonus, bonus)
+    return gain + bonus
+
+
+def selection_probabilities(scores: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Shift scores by their minimum and normalise; uniform when all shifted scores are 0."""
+    shifted = scores - scores.min()
+    total = shifted.sum()
+    if total <= 0.0 or not np.isfinite(total):
+        return np.full(scores.shape, 1.0 / scores.size)
+    return shifted / total
+
+
+def select_clients(
+    phi: NDArray[np.float64],
+    counts: NDArray[np.int64],
+    t: int,
+    k: int,
+    params: SelectionParams,
+    rng: np.random.Generator,
+) -> tuple[NDArray[np.int64], bool]:
+    """Pick ``k`` distinct clients by Algorithm 2.
+
+    Returns
+    -------
+    (indices, explored)
+        Indices into ``phi`` of the selected clients, and whether this was an exploration
+        draw (uniform) rather than an exploitation draw.
+    """
+    n = len(phi)
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot select k={k} clients out of {n}; need 1 <= k <= {n}")
+    if rng.random() < params.epsilon:
+        return np.sort(rng.choice(n, size=k, replace=False)), True
+    probs = selection_probabilities(selection_scores(phi, counts, t, params))
+    # Fewer positive-probability clients than k: numpy refuses; top up uniformly from the rest.
+    positive = np.flatnonzero(probs > 0)
+    if positive.size >= k:
+        return np.sort(rng.choice(n, size=k, replace=False, p=probs)), False
+    rest = np.setdiff1d(np.arange(n), positive)
+    extra = rng.choice(rest, size=k - positive.size, replace=False)
+    return np.sort(np.concatenate([positive, extra])), False
+
+
+def select_uniform(n: int, k: int, rng: np.random.Generator) -> NDArray[np.int64]:
+    """Plain uniform selection (FedAvg, and the paper's random-selection ablation)."""
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot select k={k} clients out of {n}; need 1 <= k <= {n}")
+    return np.sort(rng.choice(n, size=k, replace=False))
