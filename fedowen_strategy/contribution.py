@@ -1,0 +1,117 @@
+"""One round's valuation: contributions phi, their scale, and the aggregation weights.
+
+The utility of a coalition S is supplied by the caller (the ServerApp builds a batched torch
+utility over its evaluation set); this module only decides which estimator runs, under which
+budget, and how its output becomes weights.
+
+Scale of phi. Estimators return values in the utility's raw units (accuracy gained). With ten
+clients these are a few hundredths, and ``softmax(phi)`` of such numbers is uniform to within
+a few percent, so the paper's aggregation would silently be FedAvg. FedOwen therefore uses the
+*normalised* scale by default, the one Algorithm 1 works on: ``phi / |nu(N) - nu(empty)|``, so
+a round's values sum to +-1 (the sign of the round's total gain). When
+``|nu(N) - nu(empty)| < 1e-9`` nothing can be normalised and the raw values (all ~0) are used,
+which gives uniform softmax weights. ``phi-scale = "raw"`` keeps raw gains.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedowen_strategy.aggregation import example_weights, softmax_weights
+from fedowen_strategy.shapfed import shapfed_scores
+from fedowen_strategy.valuation import ESTIMATORS, estimate
+
+Utility = Callable[[NDArray[np.bool_]], NDArray[np.float64]]
+UtilityFactory = Callable[[Mapping[str, NDArray], Sequence[Mapping[str, NDArray]], Sequence[int]],
+                          Utility]
+
+#: Valuation methods the strategy accepts: every game estimator, ShapFed-WA, and none (FedAvg).
+METHODS: tuple[str, ...] = (*ESTIMATORS, "shapfed-wa", "none")
+PHI_SCALES = ("normalised", "raw")
+_FLAT = 1e-9
+
+
+@dataclass(frozen=True)
+class ValuationSettings:
+    """How a round is valued and aggregated (see the module docstring for ``phi_scale``)."""
+
+    method: str = "owen"
+    budget_m: int = 4
+    params: Mapping[str, Any] = field(default_factory=dict)
+    phi_scale: str = "normalised"
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"valuation={self.method!r} is not one of {', '.join(METHODS)}")
+        if self.budget_m < 1:
+            raise ValueError(f"budget M={self.budget_m!r} must be >= 1 (paper: 4)")
+        if self.phi_scale not in PHI_SCALES:
+            raise ValueError(f"phi-scale={self.phi_scale!r} is not one of {PHI_SCALES}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature!r} must be > 0 (paper: 1)")
+
+
+@dataclass(frozen=True)
+class RoundValuation:
+    """Result of valuing one round's returned updates (arrays aligned with the updates)."""
+
+    phi: NDArray[np.float64]
+    phi_raw: NDArray[np.float64]
+    weights: NDArray[np.float64]
+    n_evals: int
+    seconds: float
+    nu_empty: float = float("nan")
+    nu_full: float = float("nan")
+
+
+def last_layer_key(state: Mapping[str, NDArray]) -> str:
+    """Name of the final linear layer's weight: the last 2-D array of the state."""
+    keys = [k for k, v in state.items() if v.ndim == 2]
+    if not keys:
+        raise ValueError("ShapFed-WA needs a final linear layer (a 2-D weight) in the model")
+    return keys[-1]
+
+
+def value_round(
+    states: Sequence[Mapping[str, NDArray]],
+    num_examples: Sequence[int],
+    global_state: Mapping[str, NDArray],
+    settings: ValuationSettings,
+    utility_factory: UtilityFactory | None,
+    seed: np.random.Generator,
+) -> RoundValuation:
+    """Value the ``states`` returned this round and turn the values into weights."""
+    start = time.perf_counter()
+    n = len(states)
+    if n == 0:
+        raise ValueError("value_round needs at least one returned update")
+    if settings.method == "none":
+        zeros = np.zeros(n)
+        return RoundValuation(zeros, zeros, example_weights(num_examples), 0,
+                              time.perf_counter() - start)
+    if settings.method == "shapfed-wa":
+        key = last_layer_key(global_state)
+        phi = shapfed_scores([s[key] for s in states], global_state[key])
+        return RoundValuation(phi, phi, softmax_weights(phi, settings.temperature), 0,
+                              time.perf_counter() - start)
+    if utility_factory is None:
+        raise ValueError(f"valuation={settings.method!r} needs a utility over coalitions")
+    utility = utility_factory(global_state, states, num_examples)
+    ends = utility(np.array([np.zeros(n, bool), np.ones(n, bool)]))
+    nu_empty, nu_full = float(ends[0]), float(ends[1])
+    budget = 2**n if settings.method == "exact" else n * settings.budget_m
+    result = estimate(settings.method, utility, n, budget=budget, seed=seed, **settings.params)
+    phi_raw = np.asarray(result.values, dtype=np.float64)
+    phi = phi_raw
+    if settings.phi_scale == "normalised" and abs(nu_full - nu_empty) >= _FLAT:
+        phi = phi_raw / abs(nu_full - nu_empty)
+    weights = softmax_weights(phi, settings.temperature)
+    return RoundValuation(phi, phi_raw, weights, int(result.n_evals),
+                          time.perf_counter() - start, nu_empty, nu_full)

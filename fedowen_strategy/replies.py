@@ -1,0 +1,149 @@
+"""Turn training replies into validated client updates, one reply at a time.
+
+Flower's own ``validate_message_reply_consistency`` rejects the *whole round* when one reply
+is inconsistent. Here each reply is checked on its own against the global model it started
+from; a bad reply is dropped with one log line naming the client and the reason, and the
+round goes on with the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ArrayRecord, Message
+from numpy.typing import NDArray
+
+log = logging.getLogger(__name__)
+
+#: Key of the ConfigRecord in which a ClientApp names itself.
+CLIENT_RECORD_KEY = "client"
+#: Field of that record holding the stable client id (partition-id or a node-config id).
+CLIENT_ID_FIELD = "client-id"
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """One accepted training reply."""
+
+    node_id: int
+    client_id: str
+    state: dict[str, NDArray]
+    num_examples: int
+    train_loss: float
+
+
+@dataclass
+class ParsedReplies:
+    """Accepted updates plus what was dropped and why (client or node id -> reason)."""
+
+    updates: list[ClientUpdate] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+def record_to_state(record: ArrayRecord) -> dict[str, NDArray]:
+    """Flower ``ArrayRecord`` -> ordered ``{name: ndarray}``."""
+    return {key: array.numpy() for key, array in record.items()}
+
+
+def state_to_record(state: Mapping[str, NDArray]) -> ArrayRecord:
+    """Ordered ``{name: ndarray}`` -> Flower ``ArrayRecord`` (keys and order kept)."""
+    from flwr.app import Array
+
+    return ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in state.items()})
+
+
+def client_id_of(msg: Message) -> str:
+    """The stable id a reply names itself with, else ``node:<node_id>``."""
+    content = msg.content if msg.has_content() else None
+    if content is not None and CLIENT_RECORD_KEY in content.config_records:
+        value = content.config_records[CLIENT_RECORD_KEY].get(CLIENT_ID_FIELD)
+        if isinstance(value, str | int) and str(value):
+            return str(value)
+    return f"node:{msg.metadata.src_node_id}"
+
+
+def _check_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
+                 max_norm_ratio: float) -> str | None:
+    """Reason the state is unusable, or None when it matches ``reference``."""
+    if list(state) != list(reference):
+        missing = sorted(set(reference) - set(state))
+        extra = sorted(set(state) - set(reference))
+        return f"array keys differ from the global model (missing {missing}, extra {extra})"
+    ref_sq, upd_sq = 0.0, 0.0
+    for key, ref in reference.items():
+        arr = state[key]
+        if arr.shape != ref.shape or arr.dtype != ref.dtype:
+            return (f"array {key!r} is {arr.dtype}{list(arr.shape)}, "
+                    f"expected {ref.dtype}{list(ref.shape)}")
+        if np.issubdtype(arr.dtype, np.floating):
+            if not np.all(np.isfinite(arr)):
+                return f"array {key!r} holds NaN or Inf"
+            ref_sq += float(np.sum(np.square(ref, dtype=np.float64)))
+            upd_sq += float(np.sum(np.square(arr.astype(np.float64) - ref)))
+    if max_norm_ratio > 0 and np.sqrt(upd_sq) > max_norm_ratio * max(np.sqrt(ref_sq), 1e-12):
+        return (f"update norm {np.sqrt(upd_sq):.3g} exceeds {max_norm_ratio} x the global "
+                f"model's norm {np.sqrt(ref_sq):.3g}")
+    return None
+
+
+def _parse_one(msg: Message, reference: Mapping[str, NDArray], arrays_key: str,
+               weight_key: str, max_norm_ratio: float) -> ClientUpdate | str:
+    content = msg.content
+    if arrays_key not in content.array_records:
+        return f"reply has no ArrayRecord {arrays_key!r} (has {list(content.array_records)})"
+    metrics = next(iter(content.metric_records.values()), None)
+    if metrics is None or weight_key not in metrics:
+        return f"reply has no {weight_key!r} metric"
+    num_examples = metrics[weight_key]
+    if isinstance(num_examples, list) or not np.isfinite(num_examples) or num_examples <= 0:
+        return f"{weight_key}={num_examples!r} must be a positive number"
+    state = record_to_state(content.array_records[arrays_key])
+    reason = _check_state(state, reference, max_norm_ratio)
+    if reason is not None:
+        return reason
+    loss = metrics.get("train-loss", float("nan"))
+    return ClientUpdate(
+        node_id=msg.metadata.src_node_id,
+        client_id=client_id_of(msg),
+        state=state,
+        num_examples=int(num_examples),
+        train_loss=float(loss) if not isinstance(loss, list) else float("nan"),
+    )
+
+
+def parse_replies(
+    replies: Iterable[Message],
+    reference: Mapping[str, NDArray],
+    *,
+    arrays_key: str = "arrays",
+    weight_key: str = "num-examples",
+    max_norm_ratio: float = 0.0,
+) -> ParsedReplies:
+    """Validate every reply against the global ``reference`` state.
+
+    ``max_norm_ratio`` > 0 also rejects updates whose distance to the global model exceeds
+    that multiple of the global model's norm (an "absurd norm"); 0 disables the check.
+    """
+    out = ParsedReplies()
+    seen: set[str] = set()
+    for msg in replies:
+        who = client_id_of(msg)
+        if msg.has_error():
+            out.failed[who] = f"error {msg.error.code}: {msg.error.reason}"
+            log.warning("client %s failed this round: %s", who, out.failed[who])
+            continue
+        result = _parse_one(msg, reference, arrays_key, weight_key, max_norm_ratio)
+        if isinstance(result, str):
+            out.rejected[who] = result
+            log.warning("rejected the update of client %s: %s", who, result)
+        elif result.client_id in seen:
+            out.rejected[who] = "a second reply from the same client in one round"
+            log.warning("rejected the update of client %s: %s", who, out.rejected[who])
+        else:
+            seen.add(result.client_id)
+            out.updates.append(result)
+    return out

@@ -1,0 +1,190 @@
+"""FedOwen: a Flower strategy with bandit selection and Shapley-weighted aggregation.
+
+Paper: "FedOwen: Contribution-aware federated learning with Owen sampling" (shared/paper).
+``configure_train`` picks clients with the epsilon-greedy bandit of Algorithm 2
+(:mod:`fedowen_strategy.selection`); ``aggregate_train`` values every returned update with the
+configured estimator on the server's evaluation set (:mod:`fedowen_strategy.contribution`,
+truncated Owen sampling by default) and averages the updates with ``softmax(phi / T)`` weights
+(:mod:`fedowen_strategy.aggregation`). The strategy itself is thin glue over those modules.
+
+Per-client state (latest phi, times selected) is keyed by a stable client id that each
+ClientApp sends back in its reply (``partition-id`` in simulation, a node-config ``client-id``
+in deployment), so it is meaningful across restarts; the node id -> client id map is learned
+from replies. Nodes never heard from yet are keyed ``node:<id>`` and count as fresh clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from fedowen_strategy.aggregation import weighted_average
+from fedowen_strategy.contribution import UtilityFactory, ValuationSettings, value_round
+from fedowen_strategy.replies import ParsedReplies, parse_replies, record_to_state, state_to_record
+from fedowen_strategy.selection import SelectionParams, select_clients, select_uniform
+
+log = logging.getLogger(__name__)
+SELECTIONS = ("adaptive", "random")
+RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
+
+
+class FedOwen(FedAvg):
+    """FedAvg with Algorithm 2 selection and contribution-weighted aggregation.
+
+    Parameters
+    ----------
+    clients_per_round : int
+        k, the number of clients asked to train each round.
+    utility_factory : callable or None
+        ``(global_state, client_states, num_examples) -> utility(masks) -> values``; needed
+        by every game-based valuation method.
+    valuation : ValuationSettings
+        Estimator, budget M, parameters, phi scale and softmax temperature.
+    selection : {"adaptive", "random"}
+        Algorithm 2, or uniform sampling (the paper's ablation). ``valuation.method ==
+        "none"`` (FedAvg) always samples uniformly.
+    selection_params : SelectionParams
+        epsilon, c, tau of Algorithm 2.
+    seed : int
+        Seeds the selection and valuation generators (independent streams).
+    min_available_nodes : int
+        Wait until this many nodes are connected before selecting (at least k).
+    max_norm_ratio : float
+        Reject updates farther from the global model than this multiple of its norm (0: off).
+    on_round : callable, optional
+        ``(round, record, ledger_rows)`` called after every aggregation (the ServerApp writes
+        the records with it).
+    """
+
+    def __init__(self, *, clients_per_round: int, utility_factory: UtilityFactory | None,
+                 valuation: ValuationSettings | None = None, selection: str = "adaptive",
+                 selection_params: SelectionParams | None = None, seed: int = 0,
+                 min_available_nodes: int = 2, max_norm_ratio: float = 0.0,
+                 on_round: RoundHook | None = None) -> None:
+        if clients_per_round < 1:
+            raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1")
+        if selection not in SELECTIONS:
+            raise ValueError(f"selection={selection!r} is not one of {SELECTIONS}")
+        super().__init__(fraction_train=1.0, fraction_evaluate=0.0,
+                         min_available_nodes=max(min_available_nodes, clients_per_round))
+        self.clients_per_round = clients_per_round
+        self.utility_factory = utility_factory
+        self.valuation = valuation or ValuationSettings()
+        self.selection = selection
+        self.selection_params = selection_params or SelectionParams()
+        self.max_norm_ratio = max_norm_ratio
+        self.on_round = on_round
+        sel_seq, val_seq = np.random.SeedSequence(seed).spawn(2)
+        self.select_rng = np.random.default_rng(sel_seq)
+        self.value_rng = np.random.default_rng(val_seq)
+        self.phi: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.client_of_node: dict[int, str] = {}
+        self._global: ArrayRecord | None = None
+        self._selected: list[str] = []
+
+    def summary(self) -> None:
+        """Log the settings."""
+        v, p = self.valuation, self.selection_params
+        log.info("FedOwen: k=%d, valuation=%s (M=%d, params=%s, phi-scale=%s, T=%g)",
+                 self.clients_per_round, v.method, v.budget_m, dict(v.params), v.phi_scale,
+                 v.temperature)
+        log.info("FedOwen: selection=%s (epsilon=%g, c=%g, tau=%g), max-norm-ratio=%g",
+                 self.selection, p.epsilon, p.c, p.tau, self.max_norm_ratio)
+
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
+            log.info("Waiting for nodes: %d connected, %d needed", len(nodes),
+                     self.min_available_nodes)
+            time.sleep(1.0)
+        return nodes
+
+    def _choose(self, server_round: int, keys: list[str]) -> tuple[np.ndarray, bool]:
+        k = min(self.clients_per_round, len(keys))
+        if self.selection == "random" or self.valuation.method == "none":
+            return select_uniform(len(keys), k, self.select_rng), True
+        phi = np.array([self.phi.get(key, 0.0) for key in keys])
+        counts = np.array([self.counts.get(key, 0) for key in keys])
+        return select_clients(phi, counts, server_round, k, self.selection_params,
+                              self.select_rng)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Select clients with Algorithm 2 and send them the global model."""
+        self._global = arrays
+        nodes = self._wait_for_nodes(grid)
+        keys = [self.client_of_node.get(node, f"node:{node}") for node in nodes]
+        chosen, explored = self._choose(server_round, keys)
+        self._selected = [keys[i] for i in chosen]
+        log.info("configure_train: round %d, %s %d of %d clients: %s", server_round,
+                 "explored" if explored else "exploited", len(chosen), len(nodes),
+                 ", ".join(self._selected))
+        config["server-round"] = server_round
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return self._construct_messages(record, [nodes[i] for i in chosen], MessageType.TRAIN)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate replies, value the updates, aggregate with softmax(phi / T)."""
+        if self._global is None:
+            raise RuntimeError("aggregate_train called before configure_train")
+        global_state = record_to_state(self._global)
+        parsed = parse_replies(replies, global_state, arrays_key=self.arrayrecord_key,
+                               weight_key=self.weighted_by_key,
+                               max_norm_ratio=self.max_norm_ratio)
+        for upd in parsed.updates:
+            self.client_of_node[upd.node_id] = upd.client_id
+        if not parsed.updates:
+            log.warning("round %d: no usable update (%d failed, %d rejected); global model kept",
+                        server_round, len(parsed.failed), len(parsed.rejected))
+            self._report(server_round, parsed, None, [])
+            return None, MetricRecord({"num-returned": 0, "num-failed": len(parsed.failed),
+                                       "num-rejected": len(parsed.rejected)})
+        states = [u.state for u in parsed.updates]
+        examples = [u.num_examples for u in parsed.updates]
+        val = value_round(states, examples, global_state, self.valuation, self.utility_factory,
+                          self.value_rng)
+        for upd, phi in zip(parsed.updates, val.phi, strict=True):
+            self.phi[upd.client_id] = float(phi)
+            self.counts[upd.client_id] = self.counts.get(upd.client_id, 0) + 1
+        new_state = weighted_average(states, val.weights)
+        metrics = self._report(server_round, parsed, val, examples)
+        return state_to_record(new_state), metrics
+
+    def _report(self, server_round: int, parsed: ParsedReplies, val: Any,
+                examples: list[int]) -> MetricRecord:
+        ids = [u.client_id for u in parsed.updates]
+        losses = np.array([u.train_loss for u in parsed.updates])
+        record: dict[str, Any] = {
+            "selected": list(self._selected), "returned": ids,
+            "failed": parsed.failed, "rejected": parsed.rejected,
+            "valuation": self.valuation.method,
+        }
+        rows: list[dict[str, Any]] = []
+        scalars: dict[str, float | int] = {"num-returned": len(ids),
+                                           "num-failed": len(parsed.failed),
+                                           "num-rejected": len(parsed.rejected)}
+        if val is not None:
+            record.update(phi=dict(zip(ids, val.phi.tolist(), strict=True)),
+                          phi_raw=dict(zip(ids, val.phi_raw.tolist(), strict=True)),
+                          weights=dict(zip(ids, val.weights.tolist(), strict=True)),
+                          n_evals=val.n_evals, valuation_seconds=val.seconds,
+                          nu_empty=val.nu_empty, nu_full=val.nu_full)
+            scalars.update({"n-evals": val.n_evals, "valuation-seconds": val.seconds,
+                            "train-loss": float(np.average(losses, weights=examples))})
+            rows = [{"client_id": c, "round": server_round, "phi": p, "phi_raw": r,
+                     "weight": w, "num_examples": e}
+                    for c, p, r, w, e in zip(ids, val.phi, val.phi_raw, val.weights, examples,
+                                             strict=True)]
+            log.info("aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
+                     server_round, len(ids), self.valuation.method, val.seconds, val.n_evals)
+        if self.on_round is not None:
+            self.on_round(server_round, record, rows)
+        return MetricRecord({k: v for k, v in scalars.items() if np.isfinite(v)})

@@ -1,0 +1,46 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """The offline dataset copies at ``<repo>/../shared/data``; skip when absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"offline datasets not found at {SHARED_DATA} (<repo>/../shared/data)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fedowen_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Point ``FEDOWEN_CACHE`` at one session-wide temp dir.
+
+    Tests never write into the user's ``~/.cache/fedowen``, and each dataset is decoded at
+    most once per test session (the on-disk cache plus the loader's in-process cache).
+    """
+    path = tmp_path_factory.mktemp("fedowen-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FEDOWEN_CACHE", str(path))
+        yield path
+
+
+@pytest.fixture(autouse=True)
+def flower_task_identity() -> Iterator[None]:
+    """Let tests build Flower ``Message``s outside a running app.
+
+    Flower 1.4x reads the run and node ids of the current task from
+    ``TaskIdentity`` (an internal API, touched only here); dummy ids stand in.
+    """
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved

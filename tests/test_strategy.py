@@ -1,0 +1,161 @@
+"""FedOwen over an in-process grid with a closed-form toy task (no torch, no Ray).
+
+Each client holds the model w in R^4 and moves it toward a common target; "bad" clients
+(ids 4 and 5) move it away. The utility of a coalition is minus the distance of its averaged
+model to the target, so good clients must be valued above bad ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from fedowen_strategy.aggregation import example_weights
+from fedowen_strategy.contribution import ValuationSettings
+from fedowen_strategy.records import RunRecorder, read_rounds
+from fedowen_strategy.replies import record_to_state, state_to_record
+from fedowen_strategy.selection import SelectionParams
+from fedowen_strategy.strategy import FedOwen
+from tests.fake_grid import InProcessGrid
+
+TARGET = np.array([1.0, -2.0, 0.5, 3.0])
+BAD = {4, 5}
+
+
+def toy_handler(msg: Message, ctx: Context) -> Message:
+    pid = int(ctx.node_config["partition-id"])
+    w = record_to_state(msg.content["arrays"])["w"]
+    if pid == int(ctx.node_config.get("crash-id", -1)):
+        raise RuntimeError("simulated client crash")
+    step = -(TARGET - w) if pid in BAD else 0.5 * (TARGET - w)
+    new = {"w": (w + step + 0.01 * pid).astype(np.float32)}
+    if pid == int(ctx.node_config.get("nan-id", -1)):
+        new["w"][0] = np.nan
+    return Message(
+        RecordDict(
+            {
+                "arrays": state_to_record(new),
+                "metrics": MetricRecord({"num-examples": 10 + pid, "train-loss": 1.0}),
+                "client": ConfigRecord({"client-id": f"c{pid}"}),
+            }
+        ),
+        reply_to=msg,
+    )
+
+
+def toy_utility(
+    global_state: Mapping[str, np.ndarray],
+    states: Sequence[Mapping[str, np.ndarray]],
+    examples: Sequence[int],
+) -> Any:
+    ws = np.stack([s["w"] for s in states]).astype(np.float64)
+    n_ex = np.asarray(examples, dtype=np.float64)
+
+    def utility(masks: np.ndarray) -> np.ndarray:
+        out = np.empty(len(masks))
+        for r, m in enumerate(masks):
+            w = global_state["w"] if not m.any() else (n_ex[m] @ ws[m]) / n_ex[m].sum()
+            out[r] = -np.linalg.norm(w - TARGET)
+        return out
+
+    return utility
+
+
+def run_toy(
+    method: str,
+    rounds: int = 3,
+    k: int = 6,
+    tmp_path: Any = None,
+    node_extra: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> FedOwen:
+    nodes = [{"partition-id": i, **(node_extra or {})} for i in range(6)]
+    recorder = RunRecorder(tmp_path) if tmp_path is not None else None
+    strategy = FedOwen(
+        clients_per_round=k,
+        utility_factory=toy_utility,
+        valuation=ValuationSettings(method=method, budget_m=10),
+        on_round=recorder.log_train if recorder else None,
+        seed=3,
+        **kwargs,
+    )
+    init = state_to_record({"w": np.zeros(4, np.float32)})
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        dist = float(np.linalg.norm(record_to_state(arrays)["w"] - TARGET))
+        if recorder is not None:
+            recorder.log_eval(server_round, {"distance": dist})
+        return MetricRecord({"distance": dist})
+
+    strategy.result = strategy.start(
+        grid=InProcessGrid(toy_handler, nodes),
+        initial_arrays=init,
+        num_rounds=rounds,
+        evaluate_fn=evaluate,
+    )
+    return strategy
+
+
+@pytest.mark.parametrize("method", ["owen", "mc-shapley", "none"])
+def test_start_runs_six_clients_three_rounds(method: str, tmp_path: Any) -> None:
+    # Execute
+    strategy = run_toy(method, tmp_path=tmp_path)
+    # Assert: every round aggregated all 6, records written, the model moved toward the target
+    rounds = read_rounds(tmp_path)
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3]
+    assert all(len(r["returned"]) == 6 for r in rounds[1:])
+    dist = strategy.result.evaluate_metrics_serverapp
+    if method == "none":
+        # FedAvg: the two adversaries cancel the four good steps (4 x 0.5 = 2 x 1)
+        np.testing.assert_allclose(
+            list(rounds[1]["weights"].values()), example_weights([10, 11, 12, 13, 14, 15])
+        )
+    else:
+        assert dist[3]["distance"] < 0.5 * dist[0]["distance"]
+        phi = rounds[1]["phi"]
+        assert min(phi[f"c{i}"] for i in range(4)) > max(phi[f"c{i}"] for i in BAD)
+        assert rounds[1]["n_evals"] <= 6 * 10
+        # normalised scale: a round's values sum to +-1
+        assert abs(abs(sum(phi.values())) - 1.0) < 1e-6
+        # softmax weights favour the good clients
+        w = rounds[1]["weights"]
+        assert min(w[f"c{i}"] for i in range(4)) > max(w[f"c{i}"] for i in BAD)
+    ledger = (tmp_path / "ledger.csv").read_text().splitlines()
+    assert ledger[0].startswith("client_id,round,phi") and len(ledger) == 1 + 3 * 6
+
+
+def test_state_is_keyed_by_client_id_and_counts_only_returns() -> None:
+    # Prepare: client 2 crashes every round
+    strategy = run_toy("owen", rounds=2, node_extra={"crash-id": 2})
+    # Assert: the crashed client is never counted nor valued; others counted twice
+    assert "c2" not in strategy.counts and "c2" not in strategy.phi
+    assert all(strategy.counts[f"c{i}"] == 2 for i in (0, 1, 3, 4, 5))
+    assert set(strategy.client_of_node.values()) == {"c0", "c1", "c3", "c4", "c5"}
+
+
+def test_malformed_update_is_rejected_and_round_goes_on(tmp_path: Any) -> None:
+    run_toy("owen", rounds=1, tmp_path=tmp_path, node_extra={"nan-id": 1})
+    record = read_rounds(tmp_path)[1]
+    assert "c1" in record["rejected"] and "NaN" in record["rejected"]["c1"]
+    assert len(record["returned"]) == 5
+
+
+def test_adaptive_selection_prefers_good_clients_over_rounds() -> None:
+    # Prepare: 2 of 6 per round, exploitation only, strong scores
+    strategy = run_toy(
+        "owen", rounds=12, k=2, selection_params=SelectionParams(epsilon=0.0, c=0.05, tau=0.0)
+    )
+    # Assert: bad clients (negative phi, below tau) are chosen rarely once valued
+    good = sum(strategy.counts.get(f"c{i}", 0) for i in range(4))
+    bad = sum(strategy.counts.get(f"c{i}", 0) for i in BAD)
+    assert good > 3 * bad
+
+
+def test_same_seed_same_run() -> None:
+    a = run_toy("owen", rounds=3, k=3)
+    b = run_toy("owen", rounds=3, k=3)
+    assert a.counts == b.counts and a.phi == pytest.approx(b.phi)
