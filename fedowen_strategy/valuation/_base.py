@@ -1,0 +1,227 @@
+"""Shared pieces of the valuation package: the result type and the budgeted, cached game.
+
+An estimator never calls the user's utility directly. It calls a :class:`CachedGame`, which
+
+* checks every batch (boolean ``(k, n)`` masks in, finite ``(k,)`` floats out),
+* serves coalitions already evaluated within this call from a cache, free of charge,
+* charges only new distinct rows, and refuses (:class:`BudgetExhausted`) a batch whose new
+  rows would take ``n_evals`` past the budget, before the utility is touched.
+
+So ``n_evals <= budget`` holds by construction, whatever an estimator does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+Utility = Callable[[NDArray[np.bool_]], Any]
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+
+# |nu(N) - nu(empty)| below this counts as "no total gain": nothing is divided by it and
+# gain-relative truncation is switched off (see ``Valuation.normalised``).
+TINY_GAIN = 1e-12
+
+
+class BudgetExhausted(RuntimeError):
+    """Raised by :class:`CachedGame` when a batch would exceed the evaluation budget."""
+
+
+@dataclass(frozen=True, eq=False)
+class Valuation:
+    """Result of one estimator call.
+
+    Attributes
+    ----------
+    values : ndarray of shape (n,)
+        Estimated values in the game's raw units (e.g. accuracy gained), never normalised.
+    n_evals : int
+        Coalition rows actually passed to the utility (empty and grand coalitions included);
+        rows served from the per-call cache are not counted. Always ``<= budget``.
+    method : str
+        Registered method name.
+    budget : int
+        The budget the call ran under.
+    stderr : ndarray of shape (n,)
+        Per-player standard error of ``values`` treating sampling units as independent
+        (conservative for stratified samplers); NaN where it cannot be estimated, 0 for
+        deterministic methods.
+    n_samples : ndarray of shape (n,)
+        Marginal contributions (or subset samples) averaged into each player's value.
+    n_truncated : int
+        Walks stopped early by a truncation rule (``owen-paper``, ``gtg-shapley``, ``owen``).
+    v_empty, v_grand : float or None
+        nu(empty) and nu(N), when the method evaluated them.
+    params : dict
+        The estimator's effective parameters (defaults filled in).
+    """
+
+    values: FloatArray
+    n_evals: int
+    method: str
+    budget: int
+    stderr: FloatArray
+    n_samples: NDArray[np.int64]
+    n_truncated: int = 0
+    v_empty: float | None = None
+    v_grand: float | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def normalised(self) -> FloatArray:
+        """Values divided by the total gain ``nu(N) - nu(empty)`` (sum to 1 for efficient methods).
+
+        Raises
+        ------
+        ValueError
+            If the method did not evaluate both end points, or the gain is below 1e-12 in
+            absolute value (the scale is undefined; use the raw ``values``).
+        """
+        if self.v_empty is None or self.v_grand is None:
+            raise ValueError(
+                f"method {self.method!r} did not evaluate nu(empty) and nu(N); "
+                "normalised() needs both; use .values (raw units)"
+            )
+        gain = self.v_grand - self.v_empty
+        if abs(gain) < TINY_GAIN:
+            raise ValueError(
+                f"total gain nu(N) - nu(empty) = {gain:.3g} is ~0; the normalised scale is "
+                "undefined; use .values (raw units)"
+            )
+        return self.values / gain
+
+
+@dataclass
+class Estimate:
+    """What an estimator function returns; the registry turns it into a :class:`Valuation`."""
+
+    values: FloatArray
+    stderr: FloatArray
+    n_samples: NDArray[np.int64]
+    n_truncated: int = 0
+    v_empty: float | None = None
+    v_grand: float | None = None
+
+
+class CachedGame:
+    """A utility wrapped with input checks, a per-call cache and a hard evaluation budget."""
+
+    def __init__(self, utility: Utility, n_players: int, budget: int) -> None:
+        self.utility = utility
+        self.n_players = n_players
+        self.budget = budget
+        self.n_evals = 0
+        self._cache: dict[bytes, float] = {}
+
+    @property
+    def remaining(self) -> int:
+        """Evaluations still available."""
+        return self.budget - self.n_evals
+
+    def _keys(self, masks: BoolArray) -> list[bytes]:
+        return [row.tobytes() for row in np.packbits(masks, axis=1)]
+
+    def _check_masks(self, masks: BoolArray) -> BoolArray:
+        masks = np.asarray(masks)
+        if masks.ndim != 2 or masks.shape[1] != self.n_players or masks.dtype != np.bool_:
+            raise ValueError(
+                f"coalitions must be a boolean array of shape (k, {self.n_players}); "
+                f"got dtype {masks.dtype} and shape {masks.shape}"
+            )
+        return masks
+
+    def cost(self, masks: BoolArray) -> int:
+        """Number of evaluations ``self(masks)`` would charge (new distinct rows)."""
+        masks = self._check_masks(masks)
+        return len({k for k in self._keys(masks) if k not in self._cache})
+
+    def __call__(self, masks: BoolArray) -> FloatArray:
+        """Values of the coalitions in ``masks``, evaluating only rows not seen before."""
+        masks = self._check_masks(masks)
+        keys = self._keys(masks)
+        new: dict[bytes, int] = {}
+        for i, key in enumerate(keys):
+            if key not in self._cache and key not in new:
+                new[key] = i
+        if len(new) > self.remaining:
+            raise BudgetExhausted(
+                f"batch needs {len(new)} new evaluations, only {self.remaining} left"
+            )
+        if new:
+            values = self._evaluate(masks[list(new.values())])
+            self._cache.update(zip(new, values.tolist(), strict=True))
+        return np.array([self._cache[k] for k in keys], dtype=np.float64)
+
+    def evaluate_distinct(self, masks: BoolArray) -> FloatArray:
+        """Evaluate rows known to be distinct and never repeated, bypassing the cache.
+
+        Used by ``exact``, whose 2^n rows would make the cache needlessly large.
+        """
+        masks = self._check_masks(masks)
+        if len(masks) > self.remaining:
+            raise BudgetExhausted(f"batch needs {len(masks)} evaluations, {self.remaining} left")
+        return self._evaluate(masks)
+
+    def _evaluate(self, masks: BoolArray) -> FloatArray:
+        raw = self.utility(masks.copy())
+        values = np.asarray(raw, dtype=np.float64).reshape(-1)
+        if values.shape != (len(masks),):
+            raise ValueError(
+                f"utility returned {np.shape(raw)} values for {len(masks)} coalitions; "
+                "it must return one float per row of the (k, n) mask"
+            )
+        if not np.all(np.isfinite(values)):
+            raise ValueError("utility returned non-finite values (NaN or inf)")
+        self.n_evals += len(masks)
+        return values
+
+    def ends(self) -> tuple[float, float]:
+        """``(nu(empty), nu(N))``, evaluated in one batch (cached)."""
+        masks = np.zeros((2, self.n_players), dtype=bool)
+        masks[1] = True
+        v = self(masks)
+        return float(v[0]), float(v[1])
+
+
+def stratified_uniforms(
+    rng: np.random.Generator, n_rows: int, n_cols: int, strata: int | None = None
+) -> FloatArray:
+    """Uniforms in [0, 1), each column stratified over ``strata`` equal bins.
+
+    Row ``k`` of column ``c`` lies in bin ``perm_c[k mod strata]`` for an independent random
+    permutation per block of rows, so every entry is marginally U(0, 1) (unbiasedness) while a
+    column's entries cover the bins evenly (variance reduction). ``strata=None`` uses one bin
+    per row (the finest stratification).
+    """
+    n_strata = n_rows if strata is None else strata
+    if n_rows == 0:
+        return np.zeros((0, n_cols))
+    n_blocks = -(-n_rows // n_strata)
+    bins = np.concatenate(
+        [rng.permuted(np.tile(np.arange(n_strata), (n_cols, 1)), axis=1).T for _ in range(n_blocks)]
+    )[:n_rows]
+    return (bins + rng.random((n_rows, n_cols))) / n_strata
+
+
+def summarise(
+    samples: list[FloatArray], n_players: int
+) -> tuple[FloatArray, FloatArray, NDArray[np.int64]]:
+    """Per-player mean, standard error and count of marginal samples.
+
+    ``samples`` holds arrays of shape (k, n) with NaN where a player got no sample.
+    """
+    if not samples:
+        nan = np.full(n_players, np.nan)
+        return np.zeros(n_players), nan, np.zeros(n_players, dtype=np.int64)
+    stacked = np.concatenate(samples)
+    counts = np.sum(~np.isnan(stacked), axis=0).astype(np.int64)
+    filled = np.where(np.isnan(stacked), 0.0, stacked)
+    means = filled.sum(axis=0) / np.maximum(counts, 1)
+    dev = np.where(np.isnan(stacked), 0.0, stacked - means) ** 2
+    var = dev.sum(axis=0) / np.maximum(counts - 1, 1)
+    stderr = np.where(counts >= 2, np.sqrt(var / np.maximum(counts, 1)), np.nan)
+    return means, stderr, counts

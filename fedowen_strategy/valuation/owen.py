@@ -1,0 +1,230 @@
+"""Owen sampling: ``owen`` (FedOwen's unbiased estimator) and ``owen-paper`` (Algorithm 1).
+
+Both start from Owen's multilinear-extension identity (Owen 1972; Okhrati and Lipani 2021)
+
+    phi_j = integral_0^1 e_j(q) dq,   e_j(q) = E[nu(S + j) - nu(S)],  S ~ Bernoulli(q) over N - j.
+
+``owen`` estimates that integral without bias. Two samplers:
+
+* ``sampler="walk"`` (default): q-stratified Owen walks. Each player gets an arrival time
+  ``u_j``; the walk adds players in arrival order, so the players before ``j`` are a
+  Bernoulli(u_j) coalition of the others and ``j``'s marginal is a draw of ``e_j(u_j)``.
+  Arrival times are stratified over [0, 1] per player across walks (random within strata), and
+  ``antithetic`` pairs each walk with its reverse (q with 1 - q, every coalition with its
+  complement). One walk costs n - 1 evaluations and gives all n marginals, which telescope to
+  ``nu(N) - nu(empty)``: every walk is exactly efficient.
+* ``sampler="flip"``: per mask, q is stratified, S ~ Bernoulli(q) over all players, and S with
+  its n one-flip neighbours ``S xor e_j`` gives every player the marginal
+  ``nu(S + j) - nu(S - j)`` (n + 1 evaluations per mask); ``antithetic`` adds the complement
+  mask at 1 - q.
+
+``eta`` (walk sampler only) stops a walk once ``|nu(N) - nu(prefix)| < eta * |nu(N) - nu(empty)|``
+and credits 0 to the players left; this is biased (by at most ``eta`` of the gain per walk);
+docs/valuation.md measures it.
+
+``owen-paper`` is Algorithm 1 of the FedOwen paper, literally: levels ``q = i/Q``, walks over
+the Bernoulli(q)-selected players in random order crediting ``nu(C) - v_prev``, utilities
+normalised to ``nu(empty) = 0, nu(N) = 1``, a walk stopped once ``1 - v_prev < eta``, and fresh
+walks (cycling through the levels) until the budget is spent; the walk cut by the budget keeps
+its credits, as the algorithm's counter would. Its fixed grid makes it biased: each walk's
+credits sum to nu(C), and the q = i/Q levels are not a quadrature of the Shapley integral
+(docs/valuation.md). When ``|nu(N) - nu(empty)| < 1e-12`` the utility is only shifted (not
+divided) and truncation is off, so nothing blows up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedowen_strategy.valuation._base import (
+    TINY_GAIN,
+    CachedGame,
+    Estimate,
+    FloatArray,
+    stratified_uniforms,
+    summarise,
+)
+from fedowen_strategy.valuation._walks import IntArray, sample_walks, stratified_orders
+
+SAMPLERS = ("walk", "flip")
+
+
+def owen(
+    game: CachedGame,
+    rng: np.random.Generator,
+    *,
+    sampler: str = "walk",
+    antithetic: bool = True,
+    strata: int | None = None,
+    eta: float = 0.0,
+) -> Estimate:
+    """Unbiased, stratified, antithetic Owen sampling with sample reuse."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {SAMPLERS}; got {sampler!r}")
+    if strata is not None and (not isinstance(strata, int) or strata < 1):
+        raise ValueError(f"strata must be a positive int or None (one per sample); got {strata!r}")
+    if eta < 0 or eta >= 1:
+        raise ValueError(f"eta must be in [0, 1) (fraction of nu(N) - nu(empty)); got {eta}")
+    if sampler == "flip":
+        if eta > 0:
+            raise ValueError("eta truncation applies to sampler='walk' only; use eta=0.0")
+        return _owen_flip(game, rng, antithetic, strata)
+    n = game.n_players
+    v0, v1 = game.ends()
+    gain = abs(v1 - v0)
+    tol = eta * gain if eta > 0 and gain >= TINY_GAIN else None
+
+    def make(k: int) -> IntArray:
+        return stratified_orders(rng, k, n, strata, antithetic)
+
+    marginals, _, n_trunc = sample_walks(game, make, v0, v1, tol)
+    if antithetic:  # average each walk with its reverse: the pair is the sampling unit
+        marginals = [_pair_means(m) for m in marginals]
+    values, stderr, counts = summarise(marginals, n)
+    if antithetic:
+        counts = counts * 2
+    return Estimate(values, stderr, counts, n_trunc, v0, v1)
+
+
+def _pair_means(m: FloatArray) -> FloatArray:
+    """Rows ``i`` and ``i + k//2`` are antithetic twins; an odd last row stays alone."""
+    half = len(m) // 2
+    pairs = (m[:half] + m[half : 2 * half]) / 2.0
+    return np.concatenate([pairs, m[2 * half :]]) if len(m) % 2 else pairs
+
+
+def _flip_marginals(game: CachedGame, masks: np.ndarray, players: list[np.ndarray]) -> FloatArray:
+    """For each mask S and each player j in ``players[k]``: ``nu(S + j) - nu(S - j)``."""
+    n = game.n_players
+    rows = [masks]
+    for k, js in enumerate(players):
+        flips = np.repeat(masks[k : k + 1], len(js), axis=0)
+        flips[np.arange(len(js)), js] ^= True
+        rows.append(flips)
+    values = game(np.concatenate(rows))
+    base, offset = values[: len(masks)], len(masks)
+    out = np.full((len(masks), n), np.nan)
+    for k, js in enumerate(players):
+        flipped = values[offset : offset + len(js)]
+        offset += len(js)
+        sign = np.where(masks[k, js], 1.0, -1.0)  # j in S: nu(S) - nu(S - j)
+        out[k, js] = sign * (base[k] - flipped)
+    return out
+
+
+def _owen_flip(
+    game: CachedGame, rng: np.random.Generator, antithetic: bool, strata: int | None
+) -> Estimate:
+    n = game.n_players
+    samples: list[FloatArray] = []
+    all_players = np.arange(n)
+    unit = (2 if antithetic else 1) * (n + 1)
+    while (k := game.remaining // unit) > 0:
+        before = game.n_evals
+        q = stratified_uniforms(rng, k, 1, strata)
+        draws = rng.random((k, n))
+        masks = draws < q
+        if antithetic:
+            masks = np.concatenate([masks, ~masks])
+        m = _flip_marginals(game, masks, [all_players] * len(masks))
+        samples.append(_pair_means(m) if antithetic else m)
+        if game.n_evals == before:
+            break
+    # Leftover budget: plain masks with a random subset of players, sized pessimistically so
+    # which players are included never depends on the cache (no selection bias).
+    while game.remaining >= 2:
+        before = game.n_evals
+        js = rng.permutation(n)[: min(n, game.remaining - 1)]
+        mask = rng.random((1, n)) < rng.random()
+        samples.append(_flip_marginals(game, mask, [js]))
+        if game.n_evals == before:
+            break
+    values, stderr, counts = summarise(samples, n)
+    return Estimate(values, stderr, counts, 0, None, None)
+
+
+def owen_paper(
+    game: CachedGame,
+    rng: np.random.Generator,
+    *,
+    levels: int = 2,
+    eta: float = 0.01,
+) -> Estimate:
+    """Algorithm 1 of the FedOwen paper (Owen sampling with eta-truncation), literally."""
+    if not isinstance(levels, int) or levels < 1:
+        raise ValueError(f"levels (Q) must be a positive int; got {levels!r}")
+    if eta < 0:
+        raise ValueError(f"eta must be >= 0 (normalised units); got {eta}")
+    n = game.n_players
+    v0, v1 = game.ends()
+    gain = v1 - v0
+    normalise = abs(gain) >= TINY_GAIN
+    scale = gain if normalise else 1.0  # guard: only shift when the gain is ~0
+    truncate = normalise and eta > 0
+    sums = np.zeros((levels, n))
+    walks = np.zeros(levels, dtype=np.int64)
+    n_trunc = 0
+    level = 0
+    idle = 0  # consecutive walks that charged nothing (all rows cached: tiny games)
+    while game.remaining > 0 and idle < 10 * levels + 10:
+        before = game.n_evals
+        q = (level + 1) / levels
+        chosen = np.flatnonzero(rng.random(n) < q)
+        order = rng.permutation(chosen)
+        credits, stopped, complete = _paper_walk(game, order, v0, scale, truncate, eta)
+        sums[level] += credits
+        walks[level] += 1
+        n_trunc += int(stopped)
+        if not complete:
+            break
+        idle = idle + 1 if game.n_evals == before else 0
+        level = (level + 1) % levels
+    per_level = sums / np.maximum(walks, 1)[:, None]
+    used = walks > 0
+    values = per_level[used].mean(axis=0) * scale if used.any() else np.zeros(n)
+    stderr = np.full(n, np.nan)
+    counts = np.full(n, int(walks.sum()), dtype=np.int64)
+    return Estimate(values, stderr, counts, n_trunc, v0, v1)
+
+
+def _paper_walk(
+    game: CachedGame,
+    order: np.ndarray,
+    v0: float,
+    scale: float,
+    truncate: bool,
+    eta: float,
+) -> tuple[FloatArray, bool, bool]:
+    """One walk of Algorithm 1 in normalised units: (credits, truncated?, finished in budget?)."""
+    n = game.n_players
+    credits = np.zeros(n)
+    masks = np.zeros((len(order), n), dtype=bool)
+    for t, j in enumerate(order):
+        masks[t:, j] = True
+    if not truncate:  # nothing depends on the values: one batch, cut at the budget
+        fit = _rows_that_fit(game, masks)
+        nu = (game(masks[:fit]) - v0) / scale
+        credits[order[:fit]] = np.diff(np.concatenate([[0.0], nu]))
+        return credits, False, fit == len(order)
+    v_prev = 0.0
+    for t, j in enumerate(order):
+        if game.cost(masks[t : t + 1]) > game.remaining:
+            return credits, False, False
+        nu_c = (float(game(masks[t : t + 1])[0]) - v0) / scale
+        credits[j] = nu_c - v_prev
+        if 1.0 - nu_c < eta:  # optimistic remainder Delta_left = 1 - nu(C) below eta
+            return credits, True, True
+        v_prev = nu_c
+    return credits, False, True
+
+
+def _rows_that_fit(game: CachedGame, masks: np.ndarray) -> int:
+    """Largest prefix of ``masks`` whose new rows fit in the remaining budget."""
+    lo, hi = 0, len(masks)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if game.cost(masks[:mid]) <= game.remaining:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

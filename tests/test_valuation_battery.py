@@ -1,0 +1,255 @@
+"""Common checks run over every registered valuation method (sklearn-style battery)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+
+from fedowen_strategy.valuation import ESTIMATORS, Valuation, estimate
+from fedowen_strategy.valuation.games import AdditiveGame, TableGame
+
+METHODS = sorted(ESTIMATORS)
+N = 6
+N_SEEDS = 20
+# Statistical checks in this file: null player + symmetry, per method. Bonferroni keeps the
+# family-wise false-alarm rate below 1%.
+N_STAT_CHECKS = 2 * len(METHODS)
+
+
+def t_critical(alpha: float, df: int) -> float:
+    """Two-sided Student-t critical value (Cornish-Fisher expansion; scipy-free)."""
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
+
+
+T_CRIT = t_critical(0.01 / N_STAT_CHECKS, N_SEEDS - 1)
+
+
+def structured_game() -> AdditiveGame:
+    """n = 6: player 0 is null, players 1 and 2 are symmetric, everyone else interacts."""
+    weights = np.array([0.0, 1.0, 1.0, 2.0, 0.5, 3.0])
+    pairs = np.zeros((N, N))
+    pairs[1, 2] = -0.7
+    pairs[1, 3] = pairs[2, 3] = 0.4
+    pairs[1, 5] = pairs[2, 5] = -0.3
+    pairs[3, 4] = 1.1
+    pairs[4, 5] = -0.5
+    return AdditiveGame(weights, pairs, offset=0.25)
+
+
+def budget_for(method: str, n: int = N) -> int:
+    return 1 << n if method == "exact" else 8 * n
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("budget_factor", [1, 3, 8])
+def test_budget_is_respected_and_counted(method: str, budget_factor: int) -> None:
+    # Prepare
+    rows: list[bytes] = []
+    game = structured_game()
+
+    def utility(masks: np.ndarray) -> np.ndarray:
+        rows.extend(r.tobytes() for r in np.packbits(masks, axis=1))
+        return game(masks)
+
+    spec = ESTIMATORS[method]
+    budget = max(spec.min_budget(N), budget_factor * N)
+    # Execute
+    result = estimate(method, utility, N, budget=budget, seed=1)
+    # Assert
+    assert isinstance(result, Valuation)
+    assert result.method == method
+    assert result.values.shape == (N,)
+    assert result.n_evals == len(rows) <= budget
+    assert len(set(rows)) == len(rows), "a coalition was evaluated twice"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_same_seed_same_values(method: str) -> None:
+    # Prepare
+    game = structured_game()
+    budget = budget_for(method)
+    # Execute
+    a = estimate(method, game, N, budget=budget, seed=7)
+    b = estimate(method, game, N, budget=budget, seed=7)
+    c = estimate(method, game, N, budget=budget, seed=np.random.default_rng(7))
+    # Assert
+    np.testing.assert_array_equal(a.values, b.values)
+    np.testing.assert_array_equal(a.values, c.values)
+    assert a.n_evals == b.n_evals
+
+
+def _values_over_seeds(method: str) -> np.ndarray:
+    game = structured_game()
+    budget = budget_for(method)
+    return np.array(
+        [estimate(method, game, N, budget=budget, seed=s).values for s in range(N_SEEDS)]
+    )
+
+
+def _mean_is_zero(samples: np.ndarray) -> bool:
+    sd = samples.std(ddof=1)
+    if sd < 1e-12:
+        return bool(abs(samples.mean()) < 1e-9)
+    return bool(abs(samples.mean()) <= T_CRIT * sd / math.sqrt(len(samples)))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_null_player_gets_zero(method: str) -> None:
+    # Prepare / Execute
+    values = _values_over_seeds(method)
+    # Assert: exactly 0 for estimators built from marginals; 0 in expectation for MSR Banzhaf
+    if method == "banzhaf":
+        assert _mean_is_zero(values[:, 0])
+    else:
+        np.testing.assert_allclose(values[:, 0], 0.0, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_symmetric_players_equal_in_expectation(method: str) -> None:
+    # Prepare / Execute
+    values = _values_over_seeds(method)
+    # Assert
+    assert _mean_is_zero(values[:, 1] - values[:, 2])
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("exact", {}), ("owen", {}), ("owen", {"sampler": "flip"}), ("mc-shapley", {})],
+)
+def test_additive_game_is_recovered_exactly(method: str, params: dict[str, object]) -> None:
+    # Prepare
+    weights = np.array([0.3, -1.2, 2.0, 0.0, 5.5, 0.7, 1.1])
+    game = AdditiveGame(weights, offset=2.0)
+    n = len(weights)
+    budget = 1 << n if method == "exact" else 4 * n
+    # Execute
+    result = estimate(method, game, n, budget=budget, seed=3, **params)
+    # Assert
+    np.testing.assert_allclose(result.values, weights, atol=1e-9)
+
+
+def brute_force_shapley(game: TableGame) -> np.ndarray:
+    """Average marginal contribution over all n! orders, written independently of the library."""
+    n = game.n_players
+    total = np.zeros(n)
+    for order in itertools.permutations(range(n)):
+        mask = np.zeros((1, n), dtype=bool)
+        prev = float(game(mask)[0])
+        for j in order:
+            mask[0, j] = True
+            cur = float(game(mask)[0])
+            total[j] += cur - prev
+            prev = cur
+    return total / math.factorial(n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 6])
+def test_exact_matches_brute_force_permutations(n: int) -> None:
+    # Prepare
+    rng = np.random.default_rng(n)
+    game = TableGame(rng.normal(size=1 << n))
+    # Execute
+    result = estimate("exact", game, n, budget=1 << n, seed=0)
+    # Assert
+    np.testing.assert_allclose(result.values, brute_force_shapley(game), atol=1e-12)
+    assert result.n_evals == 1 << n
+
+
+def test_exact_refuses_more_than_20_players() -> None:
+    with pytest.raises(ValueError, match=r"refuses n_players=21 > 20"):
+        estimate("exact", lambda m: np.zeros(len(m)), 21, budget=1 << 22, seed=0)
+
+
+def test_unknown_method_lists_valid_methods() -> None:
+    with pytest.raises(ValueError, match=r"unknown method 'shapley'.*owen-paper.*weighted-shap"):
+        estimate("shapley", structured_game(), N, budget=50, seed=0)
+
+
+def test_unknown_parameter_lists_valid_parameters() -> None:
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['M'\].*sampler="):
+        estimate("owen", structured_game(), N, budget=50, seed=0, M=4)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_too_small_budget_is_a_clear_error(method: str) -> None:
+    need = ESTIMATORS[method].min_budget(N)
+    with pytest.raises(ValueError, match=rf"budget={need - 1} is too small .* at least {need}"):
+        estimate(method, structured_game(), N, budget=need - 1, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "match"),
+    [
+        ("owen", {"sampler": "kernel"}, "sampler must be one of"),
+        ("owen", {"eta": 1.5}, "eta must be in"),
+        ("owen", {"sampler": "flip", "eta": 0.1}, "sampler='walk' only"),
+        ("owen-paper", {"levels": 0}, "levels"),
+        ("gtg-shapley", {"eps": -1.0}, "eps must be"),
+        ("weighted-shap", {"alpha": 0.0}, "alpha and beta"),
+    ],
+)
+def test_bad_parameter_values_are_clear_errors(
+    method: str, params: dict[str, object], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        estimate(method, structured_game(), N, budget=60, seed=0, **params)
+
+
+def test_bad_utility_output_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="one float per row"):
+        estimate("mc-shapley", lambda m: np.zeros((len(m), 2)), N, budget=60, seed=0)
+
+
+def test_seed_must_be_int_or_generator() -> None:
+    with pytest.raises(ValueError, match="seed must be"):
+        estimate("owen", structured_game(), N, budget=60, seed=None)  # type: ignore[arg-type]
+
+
+def test_registered_names_are_exactly_the_contract() -> None:
+    assert set(ESTIMATORS) == {
+        "exact", "owen", "owen-paper", "mc-shapley", "gtg-shapley", "banzhaf",
+        "weighted-shap", "loo",
+    }
+
+
+def test_efficient_methods_sum_to_total_gain() -> None:
+    # Prepare
+    game = structured_game()
+    gain = float(game(np.ones((1, N), dtype=bool))[0] - game(np.zeros((1, N), dtype=bool))[0])
+    # Execute / Assert: every walk telescopes, so single estimates are exactly efficient
+    for method in ("exact", "owen", "mc-shapley"):
+        result = estimate(method, game, N, budget=budget_for(method), seed=5)
+        assert result.values.sum() == pytest.approx(gain, abs=1e-9)
+        assert result.normalised().sum() == pytest.approx(1.0, abs=1e-9)
+
+
+def test_owen_paper_guards_a_zero_total_gain() -> None:
+    # Prepare: nu(N) == nu(empty) but inner coalitions differ
+    game = TableGame(np.array([0.5, 0.9, 0.2, 0.5]))
+    # Execute
+    result = estimate("owen-paper", game, 2, budget=20, seed=0)
+    # Assert: finite, raw units, and normalised() refuses instead of dividing by ~0
+    assert np.all(np.isfinite(result.values))
+    with pytest.raises(ValueError, match="total gain"):
+        result.normalised()
+
+
+def test_gtg_between_round_truncation_skips_valuation() -> None:
+    # Prepare
+    game = structured_game()
+    grand = float(game(np.ones((1, N), dtype=bool))[0])
+    # Execute
+    result = estimate("gtg-shapley", game, N, budget=60, seed=0, previous_grand=grand + 1e-4)
+    # Assert
+    np.testing.assert_array_equal(result.values, np.zeros(N))
+    assert result.n_evals == 2
