@@ -1,0 +1,161 @@
+"""Tests for server_app.utility: batched coalition utility against the naive reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedowen_task.models import build_model, state_to_numpy
+from server_app.utility import CoalitionUtility, coalition_coefficients, naive_utility
+
+Case = tuple[
+    torch.nn.Module,
+    dict[str, np.ndarray],
+    list[dict[str, np.ndarray]],
+    list[int],
+    torch.Tensor,
+    torch.Tensor,
+    np.random.Generator,
+]
+
+
+def _perturbed_states(
+    model: torch.nn.Module, n: int, rng: np.random.Generator, scale: float = 0.2
+) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    """Global state plus n clients: floats perturbed (BN running_var kept positive)."""
+    base = state_to_numpy(model)
+    clients = []
+    for _ in range(n):
+        state = {}
+        for key, v in base.items():
+            if not np.issubdtype(v.dtype, np.floating):
+                state[key] = v + rng.integers(0, 5)
+            elif key.endswith("running_var"):
+                state[key] = (v * rng.uniform(0.5, 1.5, v.shape)).astype(v.dtype)
+            else:  # relative noise, so deep nets stay in a sane range
+                sd = scale * max(float(v.std()), 1.0 if key.endswith("running_mean") else 0.1)
+                state[key] = (v + rng.normal(0.0, sd, v.shape)).astype(v.dtype)
+        clients.append(state)
+    return base, clients
+
+
+def _masks(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Random masks plus the empty and the grand coalition and a duplicate row."""
+    random = rng.random((k, n)) < 0.5
+    rows = [np.zeros(n, bool), np.ones(n, bool), *random, random[0]]
+    return np.array(rows)
+
+
+def _setup(name: str, n: int, n_eval: int, seed: int = 0) -> Case:
+    rng = np.random.default_rng(seed)
+    channels, size = (1, 28) if name == "lenet" else (3, 32)
+    model = build_model(name, channels, 10, seed=seed)
+    glob, clients = _perturbed_states(model, n, rng, scale=1.0 if name == "lenet" else 0.2)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_eval, channels, size, size, generator=gen)
+    y = torch.randint(0, 10, (n_eval,), generator=gen)
+    num_examples = rng.integers(10, 100, n).tolist()
+    return model, glob, clients, num_examples, x, y, rng
+
+
+@pytest.mark.parametrize("mode", ["loop", "vmap"])
+@pytest.mark.parametrize("metric", ["accuracy", "neg-loss"])
+def test_lenet_matches_naive(metric: str, mode: str) -> None:
+    # Prepare
+    model, glob, clients, num_examples, x, y, rng = _setup("lenet", 5, 64)
+    masks = _masks(5, 6, rng)
+    utility = CoalitionUtility(
+        model,
+        glob,
+        clients,
+        num_examples,
+        x,
+        y,
+        metric=metric,
+        device="cpu",
+        mode=mode,
+        batch_size=40,
+        chunk_size=3,
+    )
+    # Execute
+    got = utility(masks)
+    expected = naive_utility(model, glob, clients, num_examples, x, y, masks, metric)
+    # Assert
+    assert got.dtype == np.float64 and got.shape == (len(masks),)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+    assert len(np.unique(expected)) > 2  # the check is not vacuous
+
+
+@pytest.fixture(scope="module")
+def resnet_case() -> tuple[Case, np.ndarray, dict[str, np.ndarray]]:
+    """3 clients with perturbed weights and BN running stats, 16 images; naive values once."""
+    case = _setup("resnet18", 3, 16, seed=1)
+    masks = _masks(3, 2, case[-1])
+    expected = {m: naive_utility(*case[:-1], masks, m) for m in ("accuracy", "neg-loss")}
+    return case, masks, expected
+
+
+@pytest.mark.parametrize(
+    ("mode", "cap", "metric"),
+    [
+        ("loop", 2**30, "neg-loss"),
+        ("loop", 0, "neg-loss"),
+        ("vmap", 2**30, "neg-loss"),
+        ("loop", 2**30, "accuracy"),
+    ],
+)
+def test_resnet18_matches_naive_with_batchnorm(
+    resnet_case: tuple[Case, np.ndarray, dict[str, np.ndarray]], mode: str, cap: int, metric: str
+) -> None:
+    # Prepare: cap=0 turns the stem cache off
+    case, masks, expected = resnet_case
+    utility = CoalitionUtility(
+        *case[:-1], metric=metric, device="cpu", mode=mode, memory_cap_bytes=cap
+    )
+    # Execute
+    got = utility(masks)
+    # Assert
+    assert (utility._stem_out is None) == (mode == "vmap" or cap == 0)
+    np.testing.assert_allclose(got, expected[metric], rtol=0, atol=1e-5)
+    assert len(np.unique(expected[metric])) > 2  # the check is not vacuous
+
+
+def test_empty_coalition_is_global_model_and_cache_counts_distinct() -> None:
+    # Prepare
+    model, glob, clients, num_examples, x, y, _ = _setup("lenet", 4, 32)
+    utility = CoalitionUtility(model, glob, clients, num_examples, x, y, metric="neg-loss")
+    empty = np.zeros((1, 4), bool)
+    only_global = naive_utility(model, glob, [glob], [1], x, y, np.ones((1, 1), bool), "neg-loss")
+    # Execute
+    first = utility(np.concatenate([empty, empty, np.eye(4, dtype=bool)]))
+    second = utility(np.eye(4, dtype=bool)[::-1])
+    # Assert
+    np.testing.assert_allclose(first[:2], only_global[0], atol=1e-5)
+    np.testing.assert_array_equal(second, first[2:][::-1])
+    assert utility.n_model_evals == 5  # empty + 4 singletons, each once
+
+
+def test_coefficients_rows_sum_to_one() -> None:
+    masks = np.array([[True, False, True], [False, False, False]])
+    coef = coalition_coefficients(masks, [10, 20, 30])
+    np.testing.assert_allclose(coef, [[0.25, 0.0, 0.75, 0.0], [0.0, 0.0, 0.0, 1.0]])
+
+
+def test_validation_errors_name_the_value() -> None:
+    model, glob, clients, num_examples, x, y, _ = _setup("lenet", 2, 8)
+    with pytest.raises(ValueError, match=r"num_examples\[1\] = 0"):
+        CoalitionUtility(model, glob, clients, [5, 0], x, y)
+    bad = dict(clients[1], **{"fc3.bias": np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match=r"client_states\[1\]\['fc3.bias'\] has shape \(3,\)"):
+        CoalitionUtility(model, glob, [clients[0], bad], num_examples, x, y)
+    missing = {k: v for k, v in clients[0].items() if k != "stem.bias"}
+    with pytest.raises(ValueError, match=r"client_states\[0\] keys differ.*stem.bias"):
+        CoalitionUtility(model, glob, [missing, clients[1]], num_examples, x, y)
+    utility = CoalitionUtility(model, glob, clients, num_examples, x, y)
+    with pytest.raises(ValueError, match="numpy bool array, got int64"):
+        utility(np.ones((1, 2), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"shape \(k, 2\) for 2 clients, got \(1, 3\)"):
+        utility(np.ones((1, 3), dtype=bool))
+    with pytest.raises(ValueError, match="metric 'f1'"):
+        CoalitionUtility(model, glob, clients, num_examples, x, y, metric="f1")
