@@ -319,15 +319,19 @@ def federated_split(
 ) -> FederatedSplit:
     """Server evaluation set and client partitions of ``ds.x_train``, as the apps use them.
 
-    The evaluation set is drawn first from the full training split (stratified), the
-    long-tailed transform and the split act on the rest. ``scheme="writer"`` (FEMNIST) uses
+    The evaluation set is drawn first from the full training split (stratified) and equals
+    ``server_eval_split(ds.y_train, eval_fraction, seed)[0]``; the long-tailed transform and
+    the split act on the rest. ``scheme="writer"`` (FEMNIST) uses
     the natural per-writer split after the long-tailed transform; ``alpha`` is then unused.
     Cached per process by argument (``ds`` by identity); the returned arrays are read-only.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
-    eval_seq, part_seq = _children(seed, 2)
-    eval_idx, pool = server_eval_split(ds.y_train, eval_fraction, eval_seq)
+    # The evaluation set uses ``seed`` itself, so a server calling
+    # ``server_eval_split(ds.y_train, eval_fraction, seed)`` gets exactly this set without
+    # knowing the client split; the split uses a spawned child stream, independent of it.
+    eval_idx, pool = server_eval_split(ds.y_train, eval_fraction, seed)
+    part_seq = _children(seed, 1)[0]
     if scheme == "writer":
         parts = _writer_split(ds, pool, num_clients, imbalance_factor, min_size, part_seq)
     else:

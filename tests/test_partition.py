@@ -172,6 +172,8 @@ def test_federated_split_eval_set_never_reaches_clients(mnist_like: np.ndarray) 
     assert len(split.eval_idx) == pytest.approx(0.01 * len(mnist_like), rel=0.01)
     assert split.sizes.min() >= 10 and split.num_clients == 100
     assert not split.eval_idx.flags.writeable
+    # the server rebuilds the same set from the seed alone
+    np.testing.assert_array_equal(split.eval_idx, server_eval_split(mnist_like, 0.01, 0)[0])
     again = federated_split(ds, num_clients=100, alpha=0.01, imbalance_factor=0.01, seed=0)
     assert again is split  # cached per process
 
