@@ -1,0 +1,96 @@
+"""FedOwen ClientApp: trains the global model on this client's partition.
+
+A simulated client finds its partition from ``partition-id`` and ``num-partitions`` in its
+node config and the dataset/split settings in the run config; a deployed SuperNode may also
+set ``client-id`` (its stable name; default: the partition id). The reply carries the trained
+weights, ``num-examples``, ``train-loss`` and the client id (in ConfigRecord ``client``).
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from functools import lru_cache
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY
+from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
+from fedowen_task.models import build_model
+from fedowen_task.partition import federated_split
+from fedowen_task.training import evaluate, train
+from server_app.config import RunConfig, parse_run_config
+
+log = logging.getLogger(__name__)
+app = ClientApp()
+
+
+@lru_cache(maxsize=4)
+def _config(items: tuple[tuple[str, object], ...]) -> RunConfig:
+    return parse_run_config(dict(items))
+
+
+def _partition(cfg: RunConfig, context: Context) -> tuple[torch.Tensor, torch.Tensor, str]:
+    node = context.node_config
+    try:
+        pid, num = int(node["partition-id"]), int(node["num-partitions"])
+    except KeyError as err:
+        raise ValueError(f"node config {dict(node)} lacks {err}; start the SuperNode with "
+                         "--node-config 'partition-id=0 num-partitions=N'") from err
+    if not 0 <= pid < num:
+        raise ValueError(f"partition-id={pid} must lie in [0, num-partitions={num})")
+    ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
+    split = federated_split(ds, num_clients=num, alpha=cfg.alpha,
+                            imbalance_factor=cfg.imbalance_factor, seed=cfg.seed,
+                            scheme=cfg.partition_scheme, min_size=cfg.min_partition_size,
+                            eval_fraction=cfg.eval_fraction)
+    idx = split.client_idx[pid]
+    if cfg.client_max_samples and len(idx) > cfg.client_max_samples:
+        rng = np.random.default_rng([cfg.seed, pid])
+        idx = np.sort(rng.choice(idx, size=cfg.client_max_samples, replace=False))
+    x = to_tensor(ds.x_train[idx], ds.name)
+    y = torch.as_tensor(ds.y_train[idx], dtype=torch.long)
+    return x, y, str(node.get("client-id", pid))
+
+
+def _model(cfg: RunConfig, msg: Message) -> torch.nn.Module:
+    ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
+    model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    return model
+
+
+@app.train()
+def train_handler(msg: Message, context: Context) -> Message:
+    """Train locally for ``local-epochs`` and return the weights."""
+    cfg = _config(tuple(sorted(context.run_config.items())))
+    x, y, client_id = _partition(cfg, context)
+    model = _model(cfg, msg)
+    server_round = int(msg.content["config"].get("server-round", 0))
+    seed = int(np.random.SeedSequence([cfg.seed, server_round, zlib.crc32(client_id.encode())]
+                                      ).generate_state(1)[0])
+    stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
+                  batch_size=cfg.batch_size, weight_decay=cfg.weight_decay, seed=seed)
+    content = RecordDict({
+        "arrays": ArrayRecord(model.state_dict()),
+        "metrics": MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y)}),
+        CLIENT_RECORD_KEY: ConfigRecord({CLIENT_ID_FIELD: client_id}),
+    })
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate_handler(msg: Message, context: Context) -> Message:
+    """Evaluate the received model on this client's partition."""
+    cfg = _config(tuple(sorted(context.run_config.items())))
+    x, y, client_id = _partition(cfg, context)
+    loss, acc = evaluate(_model(cfg, msg), x, y)
+    content = RecordDict({
+        "metrics": MetricRecord({"eval-loss": loss, "eval-accuracy": acc,
+                                 "num-examples": len(y)}),
+        CLIENT_RECORD_KEY: ConfigRecord({CLIENT_ID_FIELD: client_id}),
+    })
+    return Message(content=content, reply_to=msg)

@@ -1,0 +1,140 @@
+"""FedOwen ServerApp: run config -> strategy, server evaluation set, records.
+
+The server holds two data sets: the evaluation set (``eval-fraction`` of the original training
+split, stratified, never given to clients) on which coalitions are valued, and the official
+test split on which the global model's reported accuracy is measured after every round.
+Records land in the output dir: ``config.json``, ``rounds.jsonl``, ``ledger.csv``,
+``final_model.pt`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.common.logger import FLOWER_LOGGER
+from flwr.serverapp import Grid, ServerApp
+
+from fedowen_strategy.contribution import UtilityFactory, ValuationSettings
+from fedowen_strategy.records import RunRecorder
+from fedowen_strategy.strategy import FedOwen
+from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
+from fedowen_task.models import build_model
+from fedowen_task.partition import server_eval_split
+from fedowen_task.training import evaluate
+from server_app.config import RunConfig, parse_run_config
+from server_app.utility import CoalitionUtility
+
+log = logging.getLogger(__name__)
+app = ServerApp()
+
+
+def _route_library_logs() -> None:
+    """Send the library's INFO logs through Flower's handlers (shown by ``--stream``)."""
+    for name in ("fedowen_strategy", "fedowen_task", "server_app"):
+        lib = logging.getLogger(name)
+        lib.setLevel(logging.INFO)
+        for handler in FLOWER_LOGGER.handlers:
+            if handler not in lib.handlers:
+                lib.addHandler(handler)
+        lib.propagate = False
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto``: the GPU when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def server_sets(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
+    """(x_eval, y_eval, x_test, y_test): the valuation set and the reported-accuracy set."""
+    eval_idx, _ = server_eval_split(ds.y_train, cfg.eval_fraction, cfg.seed)
+    x_test, y_test = ds.x_test, ds.y_test
+    if cfg.test_max_samples and len(y_test) > cfg.test_max_samples:
+        keep = np.sort(np.random.default_rng(cfg.seed).choice(
+            len(y_test), cfg.test_max_samples, replace=False))
+        x_test, y_test = x_test[keep], y_test[keep]
+    return (to_tensor(ds.x_train[eval_idx], ds.name),
+            torch.as_tensor(ds.y_train[eval_idx], dtype=torch.long),
+            to_tensor(x_test, ds.name), torch.as_tensor(y_test, dtype=torch.long))
+
+
+def make_utility_factory(model: torch.nn.Module, x_eval: torch.Tensor, y_eval: torch.Tensor,
+                         metric: str, device: torch.device) -> UtilityFactory:
+    """Bind the server's evaluation set into a batched coalition utility per round."""
+
+    def factory(global_state: Mapping[str, np.ndarray],
+                client_states: Sequence[Mapping[str, np.ndarray]],
+                num_examples: Sequence[int]) -> CoalitionUtility:
+        return CoalitionUtility(model, global_state, client_states, num_examples, x_eval,
+                                y_eval, metric=metric, device=device)
+
+    return factory
+
+
+def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
+                   recorder: RunRecorder | None) -> FedOwen:
+    """The strategy the run config describes."""
+    valuation = ValuationSettings(method=cfg.valuation, budget_m=cfg.budget_m,
+                                  params=cfg.estimator_params(), phi_scale=cfg.phi_scale,
+                                  temperature=cfg.temperature)
+    return FedOwen(clients_per_round=cfg.clients_per_round, utility_factory=factory,
+                   valuation=valuation, selection=cfg.selection,
+                   selection_params=cfg.selection_params(), seed=cfg.seed,
+                   max_norm_ratio=cfg.max_norm_ratio,
+                   on_round=recorder.log_train if recorder else None)
+
+
+def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
+    """Build everything from ``cfg``, run the rounds, save records; returns the summary."""
+    recorder = RunRecorder(out_dir)
+    recorder.write_json("config.json", asdict(cfg))
+    device = pick_device(cfg.device)
+    ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
+    x_eval, y_eval, x_test, y_test = server_sets(cfg, ds)
+    model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes, seed=cfg.seed)
+    factory = make_utility_factory(model, x_eval, y_eval, cfg.utility_metric, device)
+    strategy = build_strategy(cfg, factory, recorder)
+    eval_model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
+    started = time.perf_counter()
+
+    def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        eval_model.load_state_dict(arrays.to_torch_state_dict())
+        loss, acc = evaluate(eval_model, x_test, y_test, device=device)
+        line = recorder.log_eval(server_round, {"test_accuracy": acc, "test_loss": loss,
+                                                "elapsed_seconds": time.perf_counter() - started})
+        log.info("round %d/%d: test accuracy %.4f, loss %.4f (%s)", server_round,
+                 cfg.num_server_rounds, acc, loss, out_dir)
+        return MetricRecord({"test-accuracy": acc, "test-loss": loss,
+                             "valuation-seconds": float(line.get("valuation_seconds") or 0.0)})
+
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
+                            num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
+                            train_config=ConfigRecord(), evaluate_fn=central_evaluate)
+    torch.save(result.arrays.to_torch_state_dict(), out_dir / "final_model.pt")
+    final = result.evaluate_metrics_serverapp.get(cfg.num_server_rounds)
+    summary = {"rounds": cfg.num_server_rounds, "valuation": cfg.valuation,
+               "final_test_accuracy": float(final["test-accuracy"]) if final else None,
+               "seconds": time.perf_counter() - started, "output_dir": str(out_dir)}
+    recorder.write_json("summary.json", summary)
+    return summary
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Flower entry point."""
+    _route_library_logs()
+    cfg = parse_run_config(context.run_config)
+    out_dir = cfg.resolved_output_dir(context.run_id)
+    log.info("FedOwen run %s: results go to %s", context.run_id, out_dir)
+    summary = run(grid, cfg, out_dir)
+    log.info("FedOwen run finished: final test accuracy %s; results in %s",
+             summary["final_test_accuracy"], out_dir)

@@ -1,0 +1,171 @@
+"""Run the app through a real ``flwr run`` on a SuperLink this module starts and stops.
+
+``flwr run .`` alone starts a shared "local" SuperLink on fixed ports that keeps the
+environment of whoever started it first (runtime dependency installation on, a foreign
+``FLWR_HOME``) and outlives the caller. Here each :class:`LocalSuperLink` is our own process:
+simulation mode, runtime dependency installation off, telemetry off, free ports, state and
+logs under the given ``FLWR_HOME``, stopped by its pid on exit (also when the run fails).
+
+``flwr run`` exits 0 even when the run failed, so :func:`flwr_run` polls ``flwr list`` for the
+run's final status and reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+log = logging.getLogger(__name__)
+BIN = Path(sys.executable).parent
+APP_DIR = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for every Flower process: offline, no runtime installs, this venv first."""
+    env = dict(os.environ)
+    env.update(FLWR_HOME=str(flwr_home), FLWR_TELEMETRY_ENABLED="0",
+               FLWR_DISABLE_UPDATE_CHECK="1", FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    return env
+
+
+@dataclass
+class LocalSuperLink:
+    """A simulation-mode SuperLink owned by this process (use as a context manager)."""
+
+    flwr_home: Path
+    name: str = "fedowen-sim"
+    ports: dict[str, int] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_file(self) -> Path:
+        return self.flwr_home / "superlink" / "superlink.log"
+
+    def __enter__(self) -> LocalSuperLink:
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.ports = {k: free_port() for k in ("http", "control", "fleet")}
+        cmd = [str(BIN / "flower-superlink"), "--insecure", "--simulation",
+               "--isolation", "subprocess", "--disable-runtime-dependency-installation",
+               "--host", "127.0.0.1", "--port", str(self.ports["http"]),
+               "--control-api-address", f"127.0.0.1:{self.ports['control']}",
+               "--fleet-api-address", f"127.0.0.1:{self.ports['fleet']}",
+               "--database", str(self.log_file.parent / "state.db"),
+               "--log-file", str(self.log_file)]
+        self.process = subprocess.Popen(cmd, env=flower_env(self.flwr_home),
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True)
+        self._wait_ready()
+        (self.flwr_home / "config.toml").write_text(tomli_w.dumps({"superlink": {
+            "default": self.name,
+            self.name: {"address": f"127.0.0.1:{self.ports['control']}", "insecure": True}}}))
+        return self
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"flower-superlink exited with {self.process.returncode}; "
+                                   f"see {self.log_file}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.ports["control"]), 0.5):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__(None, None, None)
+        raise RuntimeError(f"flower-superlink not ready after {timeout:.0f}s; see {self.log_file}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=20)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What became of one ``flwr run``."""
+
+    run_id: int | None
+    status: str
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "finished:completed"
+
+
+def _run_status(run_id: int, env: dict[str, str]) -> str:
+    out = subprocess.run([str(BIN / "flwr"), "list", "--run-id", str(run_id), "--format",
+                          "json"], env=env, capture_output=True, text=True, check=False)
+    try:
+        runs = json.loads(out.stdout).get("runs", [])
+    except json.JSONDecodeError:
+        return "unknown"
+    return str(runs[0].get("status", "unknown")) if runs else "unknown"
+
+
+def flwr_run(superlink: LocalSuperLink, run_config: dict[str, Any], *, num_supernodes: int,
+             cpus_per_client: float = 1.0, app_dir: Path = APP_DIR, timeout: float = 3600,
+             stream_to: Any = None) -> RunOutcome:
+    """Submit the app with ``run_config`` overrides, follow its logs, return its final status.
+
+    ``stream_to`` (a text file object, e.g. ``sys.stdout``) receives the run's log as it comes.
+    """
+    env = flower_env(superlink.flwr_home)
+    cfg_file = superlink.flwr_home / f"run-config-{os.getpid()}-{time.time_ns()}.toml"
+    cfg_file.write_text(tomli_w.dumps(run_config))
+    fed = f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}"
+    cmd = [str(BIN / "flwr"), "run", str(app_dir), superlink.name, "--run-config", str(cfg_file),
+           "--federation-config", fed, "--stream"]
+    lines: list[str] = []
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        for line in proc.stdout:
+            lines.append(line)
+            if stream_to is not None:
+                stream_to.write(line)
+                stream_to.flush()
+            if time.monotonic() > deadline:
+                proc.kill()
+                break
+    output = "".join(lines)
+    match = re.search(r"run(?:\s+ID)?[:\s]+(\d{6,})", output, re.IGNORECASE)
+    if match is None:
+        return RunOutcome(None, "not-submitted", output)
+    run_id = int(match.group(1))
+    status = _run_status(run_id, env)
+    while status.startswith(("pending", "starting", "running")) and time.monotonic() < deadline:
+        time.sleep(1.0)
+        status = _run_status(run_id, env)
+    return RunOutcome(run_id, status, output)
