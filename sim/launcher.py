@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import tomli_w
 
@@ -61,15 +61,18 @@ class LocalSuperLink:
     def log_file(self) -> Path:
         return self.flwr_home / "superlink" / "superlink.log"
 
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.ports['http']}"
+
     def __enter__(self) -> LocalSuperLink:
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        self.ports = {k: free_port() for k in ("http", "control", "fleet")}
+        # flwr 1.41 serves the Control, Fleet and runtime APIs on one HTTP port.
+        self.ports = {"http": free_port()}
         cmd = [str(BIN / "flower-superlink"), "--insecure", "--simulation",
                "--isolation", "subprocess", "--disable-runtime-dependency-installation",
                "--host", "127.0.0.1", "--port", str(self.ports["http"]),
-               "--control-api-address", f"127.0.0.1:{self.ports['control']}",
-               "--fleet-api-address", f"127.0.0.1:{self.ports['fleet']}",
                "--database", str(self.log_file.parent / "state.db"),
                "--log-file", str(self.log_file)]
         self.process = subprocess.Popen(cmd, env=flower_env(self.flwr_home),
@@ -78,7 +81,7 @@ class LocalSuperLink:
         self._wait_ready()
         (self.flwr_home / "config.toml").write_text(tomli_w.dumps({"superlink": {
             "default": self.name,
-            self.name: {"address": f"127.0.0.1:{self.ports['control']}", "insecure": True}}}))
+            self.name: {"address": self.address, "insecure": True}}}))
         return self
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
@@ -89,7 +92,7 @@ class LocalSuperLink:
                 raise RuntimeError(f"flower-superlink exited with {self.process.returncode}; "
                                    f"see {self.log_file}")
             try:
-                with socket.create_connection(("127.0.0.1", self.ports["control"]), 0.5):
+                with socket.create_connection(("127.0.0.1", self.ports["http"]), 0.5):
                     return
             except OSError:
                 time.sleep(0.2)
@@ -133,19 +136,32 @@ def _run_status(run_id: int, env: dict[str, str]) -> str:
     return str(runs[0].get("status", "unknown")) if runs else "unknown"
 
 
-def flwr_run(superlink: LocalSuperLink, run_config: dict[str, Any], *, num_supernodes: int,
-             cpus_per_client: float = 1.0, app_dir: Path = APP_DIR, timeout: float = 3600,
+class SuperLinkConnection(Protocol):
+    """What :func:`flwr_run` needs of a SuperLink: its ``FLWR_HOME`` and connection name."""
+
+    flwr_home: Path
+    name: str
+
+
+def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
+             num_supernodes: int | None = None, cpus_per_client: float = 1.0,
+             app_dir: Path = APP_DIR, timeout: float = 3600,
              stream_to: Any = None) -> RunOutcome:
     """Submit the app with ``run_config`` overrides, follow its logs, return its final status.
 
     ``stream_to`` (a text file object, e.g. ``sys.stdout``) receives the run's log as it comes.
+    ``num_supernodes`` and ``cpus_per_client`` form the simulation federation config; leave
+    ``num_supernodes`` None for a deployment SuperLink (e.g. ``sim.deploy.SecureSuperLink``).
     """
     env = flower_env(superlink.flwr_home)
     cfg_file = superlink.flwr_home / f"run-config-{os.getpid()}-{time.time_ns()}.toml"
     cfg_file.write_text(tomli_w.dumps(run_config))
-    fed = f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus_per_client}"
-    cmd = [str(BIN / "flwr"), "run", str(app_dir), superlink.name, "--run-config", str(cfg_file),
-           "--federation-config", fed, "--stream"]
+    cpus = int(cpus_per_client) if float(cpus_per_client).is_integer() else cpus_per_client
+    fed = f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus}"
+    cmd = [str(BIN / "flwr"), "run", str(app_dir), superlink.name, "--run-config", str(cfg_file)]
+    if num_supernodes is not None:  # simulation; a deployment's federation is its SuperNodes
+        cmd += ["--federation-config", fed]
+    cmd.append("--stream")
     lines: list[str] = []
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as proc:
