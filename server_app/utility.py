@@ -232,16 +232,16 @@ class CoalitionUtility:
         self._x = x_eval.to(self.device, dtype)
         self._y = y_eval.to(self.device, torch.long)
         self._stem_out = self._build_stem_cache() if self.mode == "loop" else None
+        info = (self.n, self._stacked.shape[1], len(self._x), metric, self.device, self.mode)
         logger.info(
-            "CoalitionUtility: n=%d, P=%d, eval=%d, metric=%s, device=%s, mode=%s, stem cache=%s",
-            self.n,
-            self._stacked.shape[1],
-            len(self._x),
-            metric,
-            self.device,
-            self.mode,
-            "off" if self._stem_out is None else f"{self._stem_out.nbytes / 2**20:.0f} MiB",
-        )
+            "CoalitionUtility: n=%d, P=%d, eval=%d, metric=%s, device=%s, mode=%s, stem cache=%.0f"
+            " MiB", *info, self.stem_cache_bytes / 2**20
+        )  # fmt: skip
+
+    @property
+    def stem_cache_bytes(self) -> int:
+        """Bytes held by the cached stem outputs (0 when the cache is off)."""
+        return 0 if self._stem_out is None else self._stem_out.nbytes
 
     def __call__(self, masks: np.ndarray) -> np.ndarray:
         """Utilities of the coalitions in ``masks`` (bool, (k, n)) as float64 (k,)."""
@@ -275,7 +275,7 @@ class CoalitionUtility:
             return None
         params = self._params(self._stacked)
         names = ["weight"] + (["bias"] if stem.bias is not None else [])
-        out = torch.empty(self.n + 1, len(self._x), *sample.shape[1:], device=self.device)
+        out = self._x.new_empty(self.n + 1, len(self._x), *sample.shape[1:], dtype=sample.dtype)
         with torch.inference_mode():
             for i in range(self.n + 1):
                 p = {name: params[f"model.stem.{name}"][i] for name in names}
@@ -332,16 +332,14 @@ def average_states(
     states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]
 ) -> dict[str, np.ndarray]:
     """Weighted average of floating arrays (float64, cast back); max of integer arrays."""
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
+    w = np.asarray(weights, dtype=np.float64) / np.sum(weights)
     out = {}
     for key, first in states[0].items():
-        arrays = [np.asarray(s[key]) for s in states]
+        stacked = np.stack([np.asarray(s[key]) for s in states])
         if np.issubdtype(first.dtype, np.floating):
-            out[key] = sum(wi * a.astype(np.float64) for wi, a in zip(w, arrays, strict=True))
-            out[key] = np.asarray(out[key], dtype=first.dtype)
+            out[key] = np.tensordot(w, stacked.astype(np.float64), axes=1).astype(first.dtype)
         else:
-            out[key] = np.max(np.stack(arrays), axis=0)
+            out[key] = stacked.max(axis=0)
     return out
 
 
