@@ -59,7 +59,7 @@ def _partition(cfg: RunConfig, context: Context) -> tuple[torch.Tensor, torch.Te
 def _model(cfg: RunConfig, msg: Message) -> torch.nn.Module:
     ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     return model
 
 
@@ -69,7 +69,9 @@ def train_handler(msg: Message, context: Context) -> Message:
     cfg = _config(tuple(sorted(context.run_config.items())))
     x, y, client_id = _partition(cfg, context)
     model = _model(cfg, msg)
-    server_round = int(msg.content["config"].get("server-round", 0))
+    server_round = msg.content.config_records["config"].get("server-round", 0)
+    if not isinstance(server_round, int):
+        raise ValueError(f"server-round={server_round!r} in the train config must be an int")
     seed = int(np.random.SeedSequence([cfg.seed, server_round, zlib.crc32(client_id.encode())]
                                       ).generate_state(1)[0])
     stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,

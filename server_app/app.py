@@ -121,8 +121,9 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
                             train_config=ConfigRecord(), evaluate_fn=central_evaluate)
     torch.save(result.arrays.to_torch_state_dict(), out_dir / "final_model.pt")
     final = result.evaluate_metrics_serverapp.get(cfg.num_server_rounds)
+    final_acc = final["test-accuracy"] if final else None
     summary = {"rounds": cfg.num_server_rounds, "valuation": cfg.valuation,
-               "final_test_accuracy": float(final["test-accuracy"]) if final else None,
+               "final_test_accuracy": final_acc if isinstance(final_acc, float) else None,
                "seconds": time.perf_counter() - started, "output_dir": str(out_dir)}
     recorder.write_json("summary.json", summary)
     return summary
