@@ -77,3 +77,16 @@ class TableGame:
         """Load a game saved by ``benchmarks/record_fl_game.py`` (key ``"utilities"``)."""
         data = json.loads(Path(path).read_text())
         return cls(np.array(data["utilities"], dtype=float), name=Path(path).stem)
+
+
+def interaction_game(n: int = 10, seed: int = 0) -> AdditiveGame:
+    """Additive game with sparse pairwise interactions (synergies and redundancies)."""
+    rng = np.random.default_rng(seed)
+    weights = rng.uniform(0.0, 1.0, n)
+    pairs = rng.normal(0.0, 0.5, (n, n)) * (rng.random((n, n)) < 0.3)
+    return AdditiveGame(weights, pairs)
+
+
+def voting_game() -> WeightedVotingGame:
+    """Ten voters, weights 1..6, quota 15 of 28 (a weighted majority game)."""
+    return WeightedVotingGame(np.array([1, 1, 1, 2, 2, 3, 3, 4, 5, 6]), quota=15)
