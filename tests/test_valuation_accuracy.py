@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import pytest
