@@ -9,8 +9,10 @@ was already recorded.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +68,30 @@ class RunRecorder:
             fh.write(json.dumps(_jsonable(line)) + "\n")
         return line
 
+    def truncate_after(self, server_round: int) -> None:
+        """Drop records of rounds after ``server_round`` (a resumed run redoes them)."""
+        rounds = [r for r in read_rounds(self.output_dir) if r["round"] <= server_round]
+        _atomic_write(self.output_dir / ROUNDS_FILE,
+                      "".join(json.dumps(r) + "\n" for r in rounds))
+        with (self.output_dir / LEDGER_FILE).open(newline="") as fh:
+            rows = [row for row in csv.DictReader(fh) if int(row["round"]) <= server_round]
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=LEDGER_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+        _atomic_write(self.output_dir / LEDGER_FILE, buf.getvalue())
+
     def write_json(self, name: str, payload: dict[str, Any]) -> Path:
         """Write ``payload`` as ``name`` (e.g. the run's settings or summary)."""
         path = self.output_dir / name
         path.write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
         return path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def read_rounds(output_dir: str | Path) -> list[dict[str, Any]]:

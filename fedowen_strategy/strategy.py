@@ -87,8 +87,26 @@ class FedOwen(FedAvg):
         self.phi: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.client_of_node: dict[int, str] = {}
+        self.round_offset = 0
         self._global: ArrayRecord | None = None
         self._selected: list[str] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state for a checkpoint (the global model is saved beside it)."""
+        return {"phi": dict(self.phi), "counts": dict(self.counts),
+                "client_of_node": {str(k): v for k, v in self.client_of_node.items()},
+                "select_rng": self.select_rng.bit_generator.state,
+                "value_rng": self.value_rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any], completed_rounds: int) -> None:
+        """Continue after ``completed_rounds``: the next ``start`` round 1 is round
+        ``completed_rounds + 1`` for selection, seeds and records."""
+        self.phi = {str(k): float(v) for k, v in state["phi"].items()}
+        self.counts = {str(k): int(v) for k, v in state["counts"].items()}
+        self.client_of_node = {int(k): str(v) for k, v in state["client_of_node"].items()}
+        self.select_rng.bit_generator.state = state["select_rng"]
+        self.value_rng.bit_generator.state = state["value_rng"]
+        self.round_offset = completed_rounds
 
     def summary(self) -> None:
         """Log the settings."""
@@ -118,6 +136,7 @@ class FedOwen(FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """Select clients with Algorithm 2 and send them the global model."""
+        server_round += self.round_offset
         self._global = arrays
         nodes = self._wait_for_nodes(grid)
         keys = [self.client_of_node.get(node, f"node:{node}") for node in nodes]
@@ -133,6 +152,7 @@ class FedOwen(FedAvg):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate replies, value the updates, aggregate with softmax(phi / T)."""
+        server_round += self.round_offset
         if self._global is None:
             raise RuntimeError("aggregate_train called before configure_train")
         global_state = record_to_state(self._global)

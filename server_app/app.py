@@ -22,8 +22,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid, ServerApp
 
+from fedowen_strategy.checkpoint import CHECKPOINT_FILE, load_checkpoint, save_checkpoint
 from fedowen_strategy.contribution import UtilityFactory, ValuationSettings
 from fedowen_strategy.records import RunRecorder
+from fedowen_strategy.replies import record_to_state
 from fedowen_strategy.strategy import FedOwen
 from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
@@ -93,36 +95,64 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    on_round=recorder.log_train if recorder else None)
 
 
+def _resume(cfg: RunConfig, recorder: RunRecorder, strategy: FedOwen,
+            model: torch.nn.Module) -> int:
+    """Load ``resume-from``'s checkpoint into the strategy and model; rounds already done."""
+    if not cfg.resume_from:
+        return 0
+    ckpt = load_checkpoint(cfg.resume_from)
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in ckpt.global_state.items()})
+    strategy.load_state_dict(ckpt.strategy_state, ckpt.server_round)
+    recorder.truncate_after(ckpt.server_round)
+    log.info("Resuming after round %d of %d from %s", ckpt.server_round, cfg.num_server_rounds,
+             cfg.resume_from)
+    return ckpt.server_round
+
+
 def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
-    """Build everything from ``cfg``, run the rounds, save records; returns the summary."""
+    """Build everything from ``cfg``, run the rounds, save records; returns the summary.
+
+    After every round the run is checkpointed atomically (``checkpoint.npz``); with
+    ``resume-from`` set it continues from there and reproduces the remaining rounds of the
+    uninterrupted run.
+    """
     recorder = RunRecorder(out_dir)
-    recorder.write_json("config.json", asdict(cfg))
     device = pick_device(cfg.device)
     ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
     x_eval, y_eval, x_test, y_test = server_sets(cfg, ds)
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes, seed=cfg.seed)
     factory = make_utility_factory(model, x_eval, y_eval, cfg.utility_metric, device)
     strategy = build_strategy(cfg, factory, recorder)
+    done = _resume(cfg, recorder, strategy, model)
+    if not done:
+        recorder.write_json("config.json", asdict(cfg))
     eval_model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
     started = time.perf_counter()
 
-    def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+    def central_evaluate(local_round: int, arrays: ArrayRecord) -> MetricRecord:
+        server_round = local_round + done
         eval_model.load_state_dict(arrays.to_torch_state_dict())
         loss, acc = evaluate(eval_model, x_test, y_test, device=device)
+        if local_round == 0 and done:  # this round's record and checkpoint already exist
+            return MetricRecord({"test-accuracy": acc, "test-loss": loss})
         line = recorder.log_eval(server_round, {"test_accuracy": acc, "test_loss": loss,
                                                 "elapsed_seconds": time.perf_counter() - started})
+        if server_round > 0:
+            save_checkpoint(out_dir / CHECKPOINT_FILE, server_round, record_to_state(arrays),
+                            strategy.state_dict())
         log.info("round %d/%d: test accuracy %.4f, loss %.4f (%s)", server_round,
                  cfg.num_server_rounds, acc, loss, out_dir)
         return MetricRecord({"test-accuracy": acc, "test-loss": loss,
                              "valuation-seconds": float(line.get("valuation_seconds") or 0.0)})
 
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
-                            num_rounds=cfg.num_server_rounds, timeout=cfg.round_timeout,
+                            num_rounds=cfg.num_server_rounds - done, timeout=cfg.round_timeout,
                             train_config=ConfigRecord(), evaluate_fn=central_evaluate)
     torch.save(result.arrays.to_torch_state_dict(), out_dir / "final_model.pt")
-    final = result.evaluate_metrics_serverapp.get(cfg.num_server_rounds)
+    final = result.evaluate_metrics_serverapp.get(cfg.num_server_rounds - done)
     final_acc = final["test-accuracy"] if final else None
     summary = {"rounds": cfg.num_server_rounds, "valuation": cfg.valuation,
+               "resumed_after_round": done,
                "final_test_accuracy": final_acc if isinstance(final_acc, float) else None,
                "seconds": time.perf_counter() - started, "output_dir": str(out_dir)}
     recorder.write_json("summary.json", summary)

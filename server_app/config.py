@@ -58,6 +58,7 @@ class RunConfig:
     tau: float = 0.0
     max_norm_ratio: float = 0.0
     round_timeout: float = 600.0
+    resume_from: str = ""
     device: str = "auto"
 
     def model_name(self) -> str:
@@ -88,7 +89,10 @@ class RunConfig:
         return params
 
     def resolved_output_dir(self, run_id: int) -> Path:
-        """``output-dir``, else ``$FEDOWEN_OUTPUT/run-<id>``, else ``~/fedowen-runs/run-<id>``."""
+        """``resume-from`` (a resumed run continues in place), else ``output-dir``, else
+        ``$FEDOWEN_OUTPUT/run-<id>``, else ``~/fedowen-runs/run-<id>``."""
+        if self.resume_from:
+            return Path(self.resume_from)
         if self.output_dir:
             return Path(self.output_dir)
         root = os.environ.get("FEDOWEN_OUTPUT") or str(Path.home() / "fedowen-runs")
@@ -126,6 +130,7 @@ def _check_ranges(cfg: RunConfig) -> list[str]:
         (cfg.round_timeout > 0, "round-timeout must be > 0"),
         (cfg.data_dir == "" or os.path.isabs(cfg.data_dir), "data-dir must be absolute"),
         (cfg.output_dir == "" or os.path.isabs(cfg.output_dir), "output-dir must be absolute"),
+        (cfg.resume_from == "" or os.path.isabs(cfg.resume_from), "resume-from must be absolute"),
     ]
     for ok, message in checks:
         if not ok:
