@@ -31,6 +31,7 @@ MS = (4, 10, 40)
 
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("owen (default)", "owen", {}),
+    ("owen walk, antithetic, eta=0.05", "owen", {"antithetic": True, "eta": 0.05}),
     ("owen walk, antithetic", "owen", {"sampler": "walk", "antithetic": True}),
     ("owen walk, no antithetic", "owen", {"sampler": "walk", "antithetic": False}),
     ("owen walk, antithetic, unstratified", "owen", {"antithetic": True, "strata": 1}),

@@ -107,19 +107,21 @@ def sample_walks(
     v_grand: float,
     tol: float | None = None,
     max_walks: int | None = None,
+    unit: int = 1,
 ) -> tuple[list[FloatArray], list[IntArray], int]:
     """Run batches of walks until the budget cannot hold another one.
 
     Each batch is sized to the worst-case cost; evaluations saved by the cache or by
     truncation are re-spent on the next batch. Stops when a batch charged nothing (every
-    coalition already known, only possible for tiny games) to avoid looping forever.
+    coalition already known, only possible for tiny games) to avoid looping forever. Batches
+    hold a multiple of ``unit`` walks (2 for antithetic pairs, so no walk is left unpaired).
     Returns per-batch marginals, per-batch orders and the truncated-walk count.
     """
     marginals: list[FloatArray] = []
     orders_out: list[IntArray] = []
     n_truncated = 0
     done = 0
-    while (k := walk_capacity(game)) > 0:
+    while (k := walk_capacity(game) // unit * unit) > 0:
         if max_walks is not None:
             k = min(k, max_walks - done)
             if k <= 0:

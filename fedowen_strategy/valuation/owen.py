@@ -44,7 +44,12 @@ from fedowen_strategy.valuation._base import (
     stratified_uniforms,
     summarise,
 )
-from fedowen_strategy.valuation._walks import IntArray, sample_walks, stratified_orders
+from fedowen_strategy.valuation._walks import (
+    IntArray,
+    sample_walks,
+    stratified_orders,
+    walk_capacity,
+)
 
 SAMPLERS = ("walk", "flip")
 
@@ -54,7 +59,7 @@ def owen(
     rng: np.random.Generator,
     *,
     sampler: str = "walk",
-    antithetic: bool = True,
+    antithetic: bool = False,
     strata: int | None = None,
     eta: float = 0.0,
 ) -> Estimate:
@@ -77,7 +82,13 @@ def owen(
     def make(k: int) -> IntArray:
         return stratified_orders(rng, k, n, strata, antithetic)
 
-    marginals, _, n_trunc = sample_walks(game, make, v0, v1, tol)
+    if antithetic and walk_capacity(game) < 2:
+        raise ValueError(
+            f"budget={game.budget} leaves room for no antithetic pair of walks with "
+            f"n_players={n}; give at least {2 * n} evaluations or antithetic=False"
+        )
+    unit = 2 if antithetic else 1
+    marginals, _, n_trunc = sample_walks(game, make, v0, v1, tol, unit=unit)
     if antithetic:  # average each walk with its reverse: the pair is the sampling unit
         marginals = [_pair_means(m) for m in marginals]
     values, stderr, counts = summarise(marginals, n)

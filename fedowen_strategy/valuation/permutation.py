@@ -43,7 +43,7 @@ def mc_shapley(game: CachedGame, rng: np.random.Generator, *, antithetic: bool =
     def make(k: int) -> IntArray:
         return _antithetic_orders(rng, k, n) if antithetic else random_orders(rng, k, n)
 
-    marginals, _, _ = sample_walks(game, make, v0, v1)
+    marginals, _, _ = sample_walks(game, make, v0, v1, unit=2 if antithetic else 1)
     values, stderr, counts = summarise(marginals, n)
     return Estimate(values, stderr, counts, 0, v0, v1)
 
