@@ -17,6 +17,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client_app.adversary import adversary_ids, flip_labels, noise_update
 from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY
 from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
@@ -33,7 +34,9 @@ def _config(items: tuple[tuple[str, object], ...]) -> RunConfig:
     return parse_run_config(dict(items))
 
 
-def _partition(cfg: RunConfig, context: Context) -> tuple[torch.Tensor, torch.Tensor, str]:
+def _partition(cfg: RunConfig, context: Context
+               ) -> tuple[torch.Tensor, torch.Tensor, str, bool]:
+    """(x, y, client id, adversarial?) of this node's partition."""
     node = context.node_config
     try:
         pid, num = int(node["partition-id"]), int(node["num-partitions"])
@@ -53,7 +56,8 @@ def _partition(cfg: RunConfig, context: Context) -> tuple[torch.Tensor, torch.Te
         idx = np.sort(rng.choice(idx, size=cfg.client_max_samples, replace=False))
     x = to_tensor(ds.x_train[idx], ds.name)
     y = torch.as_tensor(ds.y_train[idx], dtype=torch.long)
-    return x, y, str(node.get("client-id", pid))
+    bad = pid in adversary_ids(num, cfg.adversary_fraction, cfg.seed)
+    return x, y, str(node.get("client-id", pid)), bad
 
 
 def _model(cfg: RunConfig, msg: Message) -> torch.nn.Module:
@@ -63,21 +67,37 @@ def _model(cfg: RunConfig, msg: Message) -> torch.nn.Module:
     return model
 
 
+def _last_weight(model: torch.nn.Module) -> str:
+    """Key of the classifier's weight (its rows are the classes)."""
+    return [k for k, v in model.state_dict().items() if v.ndim == 2][-1]
+
+
 @app.train()
 def train_handler(msg: Message, context: Context) -> Message:
-    """Train locally for ``local-epochs`` and return the weights."""
+    """Train locally for ``local-epochs`` and return the weights (or misbehave, when this
+    partition is one of the run's adversaries; see :mod:`client_app.adversary`)."""
     cfg = _config(tuple(sorted(context.run_config.items())))
-    x, y, client_id = _partition(cfg, context)
+    x, y, client_id, adversarial = _partition(cfg, context)
     model = _model(cfg, msg)
     server_round = msg.content.config_records["config"].get("server-round", 0)
     if not isinstance(server_round, int):
         raise ValueError(f"server-round={server_round!r} in the train config must be an int")
     seed = int(np.random.SeedSequence([cfg.seed, server_round, zlib.crc32(client_id.encode())]
                                       ).generate_state(1)[0])
-    stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
-                  batch_size=cfg.batch_size, weight_decay=cfg.weight_decay, seed=seed)
+    kind = cfg.adversary_kind if adversarial else "honest"
+    if kind in ("noise", "free-rider"):
+        state = model.state_dict()
+        if kind == "noise":
+            state = noise_update(state, cfg.adversary_noise_std, seed)
+        stats = {"loss": float("nan")}
+    else:
+        if kind == "label-flip":
+            y = flip_labels(y, int(model.state_dict()[_last_weight(model)].shape[0]))
+        stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
+                      batch_size=cfg.batch_size, weight_decay=cfg.weight_decay, seed=seed)
+        state = model.state_dict()
     content = RecordDict({
-        "arrays": ArrayRecord(model.state_dict()),
+        "arrays": ArrayRecord(state),
         "metrics": MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y)}),
         CLIENT_RECORD_KEY: ConfigRecord({CLIENT_ID_FIELD: client_id}),
     })
@@ -88,7 +108,7 @@ def train_handler(msg: Message, context: Context) -> Message:
 def evaluate_handler(msg: Message, context: Context) -> Message:
     """Evaluate the received model on this client's partition."""
     cfg = _config(tuple(sorted(context.run_config.items())))
-    x, y, client_id = _partition(cfg, context)
+    x, y, client_id, _ = _partition(cfg, context)
     loss, acc = evaluate(_model(cfg, msg), x, y)
     content = RecordDict({
         "metrics": MetricRecord({"eval-loss": loss, "eval-accuracy": acc,

@@ -39,11 +39,13 @@ def save_checkpoint(path: str | Path, server_round: int, global_state: Mapping[s
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = json.dumps({"server_round": server_round, **strategy_state})
-    arrays = {f"{_ARRAY_PREFIX}{k}": np.asarray(v) for k, v in global_state.items()}
+    arrays: dict[str, Any] = {f"{_ARRAY_PREFIX}{k}": np.asarray(v)
+                              for k, v in global_state.items()}
+    arrays[_STATE_KEY] = np.array(payload)
     fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".npz", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays, **{_STATE_KEY: np.array(payload)})
+            np.savez(fh, **arrays)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -31,8 +31,12 @@ Utility = Callable[[NDArray[np.bool_]], NDArray[np.float64]]
 UtilityFactory = Callable[[Mapping[str, NDArray], Sequence[Mapping[str, NDArray]], Sequence[int]],
                           Utility]
 
-#: Valuation methods the strategy accepts: every game estimator, ShapFed-WA, and none (FedAvg).
-METHODS: tuple[str, ...] = (*ESTIMATORS, "shapfed-wa", "none")
+#: Valuation methods the strategy accepts: every game estimator, ShapFed-WA, none (FedAvg) and
+#: multikrum (Flower's Multi-Krum selection, then FedAvg over the kept updates; a robustness
+#: baseline, not a valuation).
+METHODS: tuple[str, ...] = (*ESTIMATORS, "shapfed-wa", "none", "multikrum")
+#: Methods that use no contributions, so selection stays uniform.
+UNIFORM_SELECTION = ("none", "multikrum")
 PHI_SCALES = ("normalised", "raw")
 _FLAT = 1e-9
 
@@ -46,6 +50,7 @@ class ValuationSettings:
     params: Mapping[str, Any] = field(default_factory=dict)
     phi_scale: str = "normalised"
     temperature: float = 1.0
+    krum_malicious: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -79,6 +84,21 @@ def last_layer_key(state: Mapping[str, NDArray]) -> str:
     return keys[-1]
 
 
+def multikrum_keep(states: Sequence[Mapping[str, NDArray]], malicious: int) -> NDArray[np.bool_]:
+    """Which updates Flower's Multi-Krum keeps (n - f of n, f = ``malicious``)."""
+    from flwr.app import RecordDict
+    from flwr.serverapp.strategy.multikrum import select_multikrum
+
+    from fedowen_strategy.replies import state_to_record
+
+    n = len(states)
+    if n <= 2 * malicious + 2:  # Krum's guarantee needs n > 2f + 2; with fewer keep all
+        return np.ones(n, dtype=bool)
+    contents = [RecordDict({"arrays": state_to_record(s)}) for s in states]
+    chosen = {id(c) for c in select_multikrum(contents, malicious, n - malicious)}
+    return np.array([id(c) in chosen for c in contents])
+
+
 def value_round(
     states: Sequence[Mapping[str, NDArray]],
     num_examples: Sequence[int],
@@ -96,6 +116,11 @@ def value_round(
         zeros = np.zeros(n)
         return RoundValuation(zeros, zeros, example_weights(num_examples), 0,
                               time.perf_counter() - start)
+    if settings.method == "multikrum":
+        kept = multikrum_keep(states, settings.krum_malicious)
+        weights = np.where(kept, example_weights(num_examples), 0.0)
+        return RoundValuation(kept.astype(np.float64), kept.astype(np.float64),
+                              weights / weights.sum(), 0, time.perf_counter() - start)
     if settings.method == "shapfed-wa":
         key = last_layer_key(global_state)
         phi = shapfed_scores([s[key] for s in states], global_state[key])

@@ -26,7 +26,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedowen_strategy.aggregation import weighted_average
-from fedowen_strategy.contribution import UtilityFactory, ValuationSettings, value_round
+from fedowen_strategy.contribution import (
+    UNIFORM_SELECTION,
+    UtilityFactory,
+    ValuationSettings,
+    value_round,
+)
 from fedowen_strategy.replies import ParsedReplies, parse_replies, record_to_state, state_to_record
 from fedowen_strategy.selection import SelectionParams, select_clients, select_uniform
 
@@ -49,7 +54,7 @@ class FedOwen(FedAvg):
         Estimator, budget M, parameters, phi scale and softmax temperature.
     selection : {"adaptive", "random"}
         Algorithm 2, or uniform sampling (the paper's ablation). ``valuation.method ==
-        "none"`` (FedAvg) always samples uniformly.
+        "none"`` (FedAvg) and ``"multikrum"`` always sample uniformly.
     selection_params : SelectionParams
         epsilon, c, tau of Algorithm 2.
     seed : int
@@ -126,7 +131,7 @@ class FedOwen(FedAvg):
 
     def _choose(self, server_round: int, keys: list[str]) -> tuple[np.ndarray, bool]:
         k = min(self.clients_per_round, len(keys))
-        if self.selection == "random" or self.valuation.method == "none":
+        if self.selection == "random" or self.valuation.method in UNIFORM_SELECTION:
             return select_uniform(len(keys), k, self.select_rng), True
         phi = np.array([self.phi.get(key, 0.0) for key in keys])
         counts = np.array([self.counts.get(key, 0) for key in keys])

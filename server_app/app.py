@@ -87,7 +87,7 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
     """The strategy the run config describes."""
     valuation = ValuationSettings(method=cfg.valuation, budget_m=cfg.budget_m,
                                   params=cfg.estimator_params(), phi_scale=cfg.phi_scale,
-                                  temperature=cfg.temperature)
+                                  temperature=cfg.temperature, krum_malicious=cfg.krum_malicious)
     return FedOwen(clients_per_round=cfg.clients_per_round, utility_factory=factory,
                    valuation=valuation, selection=cfg.selection,
                    selection_params=cfg.selection_params(), seed=cfg.seed,

@@ -19,6 +19,7 @@ from fedowen_strategy.selection import SelectionParams
 from fedowen_strategy.strategy import SELECTIONS
 
 SCHEMES = ("per-class", "per-client", "writer")
+ADVERSARY_KINDS = ("label-flip", "noise", "free-rider")
 METRICS = ("accuracy", "neg-loss")
 
 
@@ -59,6 +60,10 @@ class RunConfig:
     max_norm_ratio: float = 0.0
     round_timeout: float = 600.0
     resume_from: str = ""
+    adversary_fraction: float = 0.0
+    adversary_kind: str = "label-flip"
+    adversary_noise_std: float = 0.05
+    krum_malicious: int = 0
     device: str = "auto"
 
     def model_name(self) -> str:
@@ -130,6 +135,11 @@ def _check_ranges(cfg: RunConfig) -> list[str]:
         (cfg.round_timeout > 0, "round-timeout must be > 0"),
         (cfg.data_dir == "" or os.path.isabs(cfg.data_dir), "data-dir must be absolute"),
         (cfg.output_dir == "" or os.path.isabs(cfg.output_dir), "output-dir must be absolute"),
+        (0 <= cfg.adversary_fraction <= 1, "adversary-fraction must lie in [0, 1]"),
+        (cfg.adversary_kind in ADVERSARY_KINDS,
+         f"adversary-kind must be one of {ADVERSARY_KINDS}"),
+        (cfg.adversary_noise_std >= 0, "adversary-noise-std must be >= 0"),
+        (cfg.krum_malicious >= 0, "krum-malicious must be >= 0"),
         (cfg.resume_from == "" or os.path.isabs(cfg.resume_from), "resume-from must be absolute"),
     ]
     for ok, message in checks:

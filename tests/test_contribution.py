@@ -111,3 +111,15 @@ def test_fedavg_and_shapfed_need_no_utility() -> None:
     with pytest.raises(ValueError, match="needs a utility"):
         value_round(states([1, 1, 1]), [1], GLOBAL, ValuationSettings(method="owen"), None,
                     np.random.default_rng(6))
+
+
+def test_multikrum_drops_the_outliers_and_averages_the_rest() -> None:
+    # Prepare: four close updates and one far outlier, f = 1 -> keep 4 of 5
+    updates = states([1, 1, 1], [1.1, 1, 1], [1, 0.9, 1], [1, 1, 1.1], [50, -50, 50])
+    # Execute
+    val = value_round(updates, [1, 1, 1, 1, 1], GLOBAL,
+                      ValuationSettings(method="multikrum", krum_malicious=1), None,
+                      np.random.default_rng(0))
+    # Assert
+    assert val.phi.tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]
+    np.testing.assert_allclose(val.weights, [0.25, 0.25, 0.25, 0.25, 0.0])
