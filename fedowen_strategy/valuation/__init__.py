@@ -1,8 +1,50 @@
-"""fedowen_strategy/valuation: Shapley-value estimators over utility games (numpy only)."""
+"""Shapley-value estimators over utility games (numpy only; no Flower, no torch).
+
+Contract
+--------
+A utility (game) is any callable ``utility(masks) -> values``: ``masks`` a boolean array of
+shape ``(k, n)``, ``values`` ``k`` floats. Estimators pass coalitions in batches.
+
+``estimate(method, utility, n_players, *, budget, seed, **params) -> Valuation``; ``ESTIMATORS``
+maps the registered names to their specs (``ESTIMATORS[name].defaults`` lists the parameters).
+``Valuation.n_evals`` counts the coalition rows passed to ``utility`` (empty and grand
+coalitions included) and is always ``<= budget``; a coalition repeated within one call is
+served from a cache and not charged again. The same seed gives the same values.
+
+Methods and the axioms they keep
+--------------------------------
+"exact" = holds for every single estimate; "expect." = holds in expectation over seeds only;
+"no" = does not hold. Efficiency: values sum to ``nu(N) - nu(empty)``.
+
+==============  ==============================  ===========  ========  ===========  ========
+method          estimates                       efficiency   symmetry  null player  unbiased
+==============  ==============================  ===========  ========  ===========  ========
+exact           Shapley value (2^n coalitions)  exact        exact     exact        (exact)
+owen            Shapley value (Owen integral)   exact [1]    expect.   exact        yes [2]
+owen-paper      Paper's Alg. 1 (fixed q grid)   no           expect.   exact        no
+mc-shapley      Shapley value (permutations)    exact        expect.   exact        yes
+gtg-shapley     Shapley value, truncated        ~ [3]        expect.   exact        no [3]
+banzhaf         Banzhaf value (MSR)             no           expect.   expect.      yes [4]
+weighted-shap   Beta(alpha, beta) semivalue     no [5]       expect.   exact        yes [4]
+loo             leave-one-out                   no           exact     exact        (exact)
+==============  ==============================  ===========  ========  ===========  ========
+
+[1] walk sampler (default): every walk telescopes to ``nu(N) - nu(empty)``; with ``eta > 0`` a
+    truncated walk loses less than ``eta`` of the gain. The flip sampler is efficient only in
+    expectation. [2] with ``eta = 0`` (default); every marginal is an unbiased draw, and
+    re-spending cache savings leaves no measurable bias (docs/valuation.md). [3] the walk is
+    cut once ``|nu(N) - nu(prefix)| < eps``: up to ``eps`` of the gain is dropped per walk.
+    [4] unbiased for its own value (Banzhaf / Beta semivalue), not for the Shapley value.
+    [5] efficient only for ``alpha = beta = 1`` (then it is the Shapley value).
+
+References: Owen (1972); Okhrati and Lipani (2021); Castro et al. (2009); Liu et al. (2022,
+GTG-Shapley); Wang and Jia (2023, Data Banzhaf); Kwon and Zou (2022, Beta Shapley /
+WeightedSHAP). See docs/valuation.md for the benchmark that chose ``owen``'s defaults.
+"""
 
 from __future__ import annotations
 
 from fedowen_strategy.valuation._base import Valuation
-from fedowen_strategy.valuation.registry import ESTIMATORS, estimate
+from fedowen_strategy.valuation.registry import ESTIMATORS, EstimatorSpec, estimate
 
-__all__ = ["ESTIMATORS", "Valuation", "estimate"]
+__all__ = ["ESTIMATORS", "EstimatorSpec", "Valuation", "estimate"]
