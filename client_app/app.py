@@ -2,7 +2,8 @@
 
 A simulated client finds its partition from ``partition-id`` and ``num-partitions`` in its
 node config and the dataset/split settings in the run config; a deployed SuperNode may also
-set ``client-id`` (its stable name; default: the partition id). The reply carries the trained
+set ``client-id`` (its stable name; default: the partition id) and ``data-dir`` (its local
+data; default: the run config's ``data-dir``, else ``$FEDOWEN_DATA``). The reply carries the trained
 weights, ``num-examples``, ``train-loss`` and the client id (in ConfigRecord ``client``).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import zlib
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,6 +36,14 @@ def _config(items: tuple[tuple[str, object], ...]) -> RunConfig:
     return parse_run_config(dict(items))
 
 
+def _data_dir(cfg: RunConfig, context: Context) -> Path:
+    """A SuperNode's own ``data-dir`` node config, else the run config's, else the default."""
+    node_dir = context.node_config.get("data-dir")
+    if isinstance(node_dir, str) and node_dir:
+        return Path(node_dir)
+    return resolve_data_dir(cfg.data_dir or None)
+
+
 def _partition(cfg: RunConfig, context: Context
                ) -> tuple[torch.Tensor, torch.Tensor, str, bool]:
     """(x, y, client id, adversarial?) of this node's partition."""
@@ -45,7 +55,7 @@ def _partition(cfg: RunConfig, context: Context
                          "--node-config 'partition-id=0 num-partitions=N'") from err
     if not 0 <= pid < num:
         raise ValueError(f"partition-id={pid} must lie in [0, num-partitions={num})")
-    ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
+    ds = load_dataset(cfg.dataset, _data_dir(cfg, context))
     split = federated_split(ds, num_clients=num, alpha=cfg.alpha,
                             imbalance_factor=cfg.imbalance_factor, seed=cfg.seed,
                             scheme=cfg.partition_scheme, min_size=cfg.min_partition_size,
@@ -60,8 +70,8 @@ def _partition(cfg: RunConfig, context: Context
     return x, y, str(node.get("client-id", pid)), bad
 
 
-def _model(cfg: RunConfig, msg: Message) -> torch.nn.Module:
-    ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
+def _model(cfg: RunConfig, msg: Message, context: Context) -> torch.nn.Module:
+    ds = load_dataset(cfg.dataset, _data_dir(cfg, context))
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     return model
@@ -78,7 +88,7 @@ def train_handler(msg: Message, context: Context) -> Message:
     partition is one of the run's adversaries; see :mod:`client_app.adversary`)."""
     cfg = _config(tuple(sorted(context.run_config.items())))
     x, y, client_id, adversarial = _partition(cfg, context)
-    model = _model(cfg, msg)
+    model = _model(cfg, msg, context)
     server_round = msg.content.config_records["config"].get("server-round", 0)
     if not isinstance(server_round, int):
         raise ValueError(f"server-round={server_round!r} in the train config must be an int")
@@ -109,7 +119,7 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     """Evaluate the received model on this client's partition."""
     cfg = _config(tuple(sorted(context.run_config.items())))
     x, y, client_id, _ = _partition(cfg, context)
-    loss, acc = evaluate(_model(cfg, msg), x, y)
+    loss, acc = evaluate(_model(cfg, msg, context), x, y)
     content = RecordDict({
         "metrics": MetricRecord({"eval-loss": loss, "eval-accuracy": acc,
                                  "num-examples": len(y)}),
