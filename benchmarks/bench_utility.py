@@ -63,14 +63,15 @@ def _distinct_masks(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     return np.array(list(seen.values()))
 
 
-def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, float, Any]:
+    """Wall seconds, process CPU seconds (all threads) and the result of ``fn()``."""
     if device.type == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     out = fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start, out
+    return time.perf_counter() - start, time.process_time() - cpu, out
 
 
 def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -105,6 +106,7 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
 
     forwards()  # warm-up (kernels, allocator), not timed
     runs: dict[str, list[float]] = {"forwards": [], "naive": [], "batched": []}
+    cpu: dict[str, list[float]] = {key: [] for key in runs}
     jobs: dict[str, Callable[[], Any]] = {
         "forwards": forwards,
         "naive": lambda: naive_utility(*common, masks, args.metric, args.batch_size, device),
@@ -112,13 +114,15 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
     }
     for r in range(args.repeats):  # rotate the order so background load hits all three alike
         for key in list(jobs)[r % 3 :] + list(jobs)[: r % 3]:
-            seconds, out = _timed(jobs[key], device)
+            seconds, cpu_seconds, out = _timed(jobs[key], device)
             runs[key].append(seconds)
+            cpu[key].append(cpu_seconds)
             if key == "naive":
                 v_naive = out
             elif key == "batched":
                 (v_batched, utility) = out
     t_fwd, t_naive, t_batched = (min(runs[k]) for k in ("forwards", "naive", "batched"))
+    c_fwd, c_naive, c_batched = (min(cpu[k]) for k in ("forwards", "naive", "batched"))
     return {
         "model": name, "clients": args.clients, "eval_images": n_eval,
         "coalitions": args.coalitions, "mode": utility.mode,
@@ -126,24 +130,33 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
         "batched_s": t_batched, "naive_s": t_naive, "forwards_s": t_fwd,
         "batched_over_naive": t_batched / t_naive, "batched_over_forwards": t_batched / t_fwd,
         "max_abs_diff": float(np.max(np.abs(v_batched - v_naive))), "runs_s": runs,
+        "cpu_batched_over_naive": c_batched / c_naive,
+        "cpu_batched_over_forwards": c_batched / c_fwd,
+        "cpu_runs_s": cpu,
     }  # fmt: skip
 
 
 def _markdown(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
     head = (
         "| model | n | eval | k | mode | stem cache MiB | batched s | naive s | "
-        f"{rows[0]['coalitions']} forwards s | batched/naive | batched/forwards | max diff |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        f"{rows[0]['coalitions']} forwards s | batched/naive | batched/forwards "
+        "| CPU-time ratios (b/n, b/f) | max diff |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     body = "".join(
         f"| {r['model']} | {r['clients']} | {r['eval_images']} | {r['coalitions']} | {r['mode']} "
         f"| {r['stem_cache_mib']:.0f} | {r['batched_s']:.2f} | {r['naive_s']:.2f} "
         f"| {r['forwards_s']:.2f} | {r['batched_over_naive']:.2f} "
-        f"| {r['batched_over_forwards']:.2f} | {r['max_abs_diff']:.1e} |\n"
+        f"| {r['batched_over_forwards']:.2f} "
+        f"| {r['cpu_batched_over_naive']:.2f}, {r['cpu_batched_over_forwards']:.2f} "
+        f"| {r['max_abs_diff']:.1e} |\n"
         for r in rows
     )
     info = ", ".join(f"{k}: {v}" for k, v in machine.items())
-    return head + body + f"\nTimes: min over {len(rows[0]['runs_s']['naive'])} runs. {info}\n"
+    runs = len(rows[0]["runs_s"]["naive"])
+    return (
+        head + body + f"\nWall seconds, min over {runs} runs (CPU-time ratios likewise). {info}\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
