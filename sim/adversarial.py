@@ -1,0 +1,184 @@
+"""Report of ``adversarial`` grids: accuracy under attack, and how FedOwen treats adversaries.
+
+Which partitions are adversarial is a pure function of (num-supernodes, adversary-fraction,
+seed) (:func:`client_app.adversary.adversary_ids`), so everything here is computed from the
+cells' ``rounds.jsonl``: per round, ``returned`` (partition ids that trained), ``phi`` and
+``weights``. Per FedOwen cell we report
+
+- the adversaries' mean *rank percentile* of phi within their round (0 = highest phi of the
+  round, 1 = lowest) beside the honest clients' (0.5 = indistinguishable);
+- the share of each round's participants that are adversaries, against the base rate
+  ``adversary-fraction`` (what uniform selection would give), overall and over the second half
+  of the rounds (after the bandit has contribution history);
+- the share of the aggregation weight the adversaries got.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from client_app.adversary import adversary_ids
+from sim.grid import Preset, expand_grid
+from sim.report import markdown_table
+from sim.results import CellResult, Stat
+
+COLS = ("adversary-kind", "adversary-fraction")
+DEFAULTS = {"adversary-kind": "label-flip", "adversary-fraction": 0.0}  # pyproject.toml's
+
+
+def _cols(cfg: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(cfg.get(c, DEFAULTS[c]) for c in COLS)
+
+
+def rank_percentiles(phi: dict[str, float]) -> dict[str, float]:
+    """Each client's rank of phi within the round scaled to [0, 1]: 0 = highest phi, 1 =
+    lowest; ties share their average rank; a lone client gets 0.5."""
+    if len(phi) < 2:
+        return {c: 0.5 for c in phi}
+    vals = {c: (-math.inf if v is None else float(v)) for c, v in phi.items()}
+    out = {}
+    for c, v in vals.items():
+        greater = sum(w > v for w in vals.values())
+        ties = sum(w == v for w in vals.values()) - 1
+        out[c] = (greater + ties / 2) / (len(vals) - 1)
+    return out
+
+
+def round_stats(rec: dict[str, Any], adv: frozenset[str]) -> dict[str, float]:
+    """Adversary share of participants and of weight, mean rank percentile of adversaries and
+    of honest clients (NaN where a group is absent) for one round record."""
+    returned = [str(c) for c in rec.get("returned") or []]
+    share = sum(c in adv for c in returned) / len(returned) if returned else math.nan
+    weights = {str(k): float(v) for k, v in (rec.get("weights") or {}).items() if v is not None}
+    total = sum(weights.values())
+    wshare = sum(v for k, v in weights.items() if k in adv) / total if total else math.nan
+    ranks = rank_percentiles({str(k): v for k, v in (rec.get("phi") or {}).items()})
+    adv_r = [r for c, r in ranks.items() if c in adv]
+    hon_r = [r for c, r in ranks.items() if c not in adv]
+    return {"share": share, "weight_share": wshare,
+            "adv_rank": float(np.mean(adv_r)) if adv_r else math.nan,
+            "honest_rank": float(np.mean(hon_r)) if hon_r else math.nan}
+
+
+def cell_adversaries(result: CellResult, num_partitions: int) -> frozenset[str]:
+    """The cell's adversarial partition ids, as the strings the records use."""
+    cfg = result.cell.run_config
+    ids = adversary_ids(num_partitions, float(cfg.get("adversary-fraction", 0.0)),
+                        int(cfg.get("seed", 0)))
+    return frozenset(str(i) for i in ids)
+
+
+def cell_series(result: CellResult, num_partitions: int) -> dict[str, np.ndarray]:
+    """Per-round arrays (rounds 1..R recorded so far) of :func:`round_stats`' keys."""
+    adv = cell_adversaries(result, num_partitions)
+    recs = [r for r in result.rounds if r.get("round", 0) > 0]
+    stats = [round_stats(r, adv) for r in recs]
+    keys = ("share", "weight_share", "adv_rank", "honest_rank")
+    return {"round": np.array([r["round"] for r in recs], dtype=float),
+            **{k: np.array([s[k] for s in stats], dtype=float) for k in keys}}
+
+
+def _nanmean(x: np.ndarray) -> float:
+    return float(np.nanmean(x)) if np.isfinite(x).any() else math.nan
+
+
+def adversarial_section(preset: Preset, res: dict[str, CellResult],
+                        out: Path) -> tuple[list[str], list[dict[str, Any]], list[Path]]:
+    """Markdown lines, CSV rows and the selection-share plot of all adversarial grids."""
+    cells = [res[c.cell_id] for g in preset.grids if g.kind == "adversarial"
+             for c in expand_grid(preset, g)]
+    rows = list(dict.fromkeys(str(r.cell.run_config.get("valuation")) for r in cells))
+    cols = [dict(zip(COLS, k, strict=True)) for k in dict.fromkeys(
+        _cols(r.cell.run_config) for r in cells)]
+    groups: dict[tuple[Any, ...], list[CellResult]] = {}
+    for r in cells:
+        cfg = r.cell.run_config
+        groups.setdefault((str(cfg.get("valuation")), *_cols(cfg)), []).append(r)
+    stats = {}
+    for key, members in groups.items():
+        vals = tuple(v for v in (m.final_accuracy() for m in members) if v is not None)
+        stats[key] = Stat(vals, len(members))
+    for name in rows:  # absent combinations
+        for c in cols:
+            stats.setdefault((name, *c.values()), Stat((), 0))
+    done = sum(r.finished for r in cells)
+    md = ["## Adversarial clients", "",
+          f"Cells finished: {done} of {len(cells)}. Final test accuracy (%), mean ± std over "
+          "seeds; best per column in bold.", "", markdown_table(stats, rows, cols, "valuation"),
+          "", "How each method treats the adversaries (all recorded rounds of finished and "
+          "unfinished cells; rank percentile of phi within the round: 0 = top, 1 = bottom, "
+          "0.5 = no signal; share = adversaries among the round's participants):", "",
+          "| valuation | " + " | ".join(COLS) + " | base rate | selected share (all / 2nd "
+          "half) | weight share | adversary phi rank | honest phi rank | rounds |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    csv_rows: list[dict[str, Any]] = []
+    for key, members in groups.items():
+        series = [cell_series(m, preset.num_supernodes) for m in members if m.rounds]
+        if not series:
+            continue
+        cat = {k: np.concatenate([s[k] for s in series]) for k in series[0]}
+        half = np.concatenate([s["share"][len(s["share"]) // 2:] for s in series])
+        row = {"share": _nanmean(cat["share"]), "share_2nd_half": _nanmean(half),
+               "weight_share": _nanmean(cat["weight_share"]),
+               "adv_rank": _nanmean(cat["adv_rank"]), "honest_rank": _nanmean(cat["honest_rank"])}
+        md.append(f"| {key[0]} | {key[1]} | {key[2]} | {float(key[2]):.2f} | {row['share']:.3f}"
+                  f" / {row['share_2nd_half']:.3f} | {row['weight_share']:.3f} | "
+                  f"{row['adv_rank']:.3f} | {row['honest_rank']:.3f} | {len(cat['round'])} |")
+        st = stats[key]
+        csv_rows.append({"grid": "adversarial", "metric": "final", "row_key": "valuation",
+                         "row": key[0], "columns": f"{COLS[0]}={key[1]}, {COLS[1]}={key[2]}",
+                         "n": st.n, "expected": st.expected,
+                         "mean": "" if not st.n else round(st.mean, 4),
+                         "std": "" if math.isnan(st.std) else round(st.std, 4),
+                         "values": " ".join(f"{v:.2f}" for v in st.values), "paper": "",
+                         **{k: round(v, 4) for k, v in row.items()}})
+    png = plot_selection_share(groups, preset.num_supernodes, cols, out / "selection-share.png")
+    md += ["", "NaN means the method records no phi (FedAvg, Multi-Krum) or no weights.", "",
+           f"![selection share]({png.name})", ""]
+    return md, csv_rows, [png]
+
+
+def moving_average(x: np.ndarray, k: int) -> np.ndarray:
+    """Centred ``k``-point mean that ignores NaNs and shrinks the window at the edges."""
+    ok = np.isfinite(x)
+    kernel = np.ones(max(1, min(k, len(x))))
+    num = np.convolve(np.where(ok, x, 0.0), kernel, mode="same")
+    den = np.convolve(ok.astype(float), kernel, mode="same")
+    return np.divide(num, den, out=np.full_like(num, np.nan), where=den > 0)
+
+
+def plot_selection_share(groups: dict[tuple[Any, ...], list[CellResult]], num_partitions: int,
+                         cols: list[dict[str, Any]], path: Path, smooth: int = 5) -> Path:
+    """Adversaries' share of each round's participants (mean over seeds, ``smooth``-round
+    moving average) per method, one panel per (kind, fraction), base rate dashed."""
+    fig, axes = plt.subplots(1, max(len(cols), 1), figsize=(5.5 * max(len(cols), 1), 4),
+                             squeeze=False)
+    for ax, col in zip(axes[0], cols, strict=False):
+        for key, members in groups.items():
+            if list(key[1:]) != list(col.values()):
+                continue
+            series = [cell_series(m, num_partitions) for m in members if len(m.rounds) > 1]
+            if not series:
+                continue
+            n = min(len(s["share"]) for s in series)
+            share = np.nanmean(np.stack([s["share"][:n] for s in series]), axis=0)
+            ax.plot(series[0]["round"][:n], moving_average(share, smooth),
+                    label=f"{key[0]} ({len(series)} seed{'s' * (len(series) > 1)})",
+                    lw=2.2 if key[0] == "owen" else 1.2)
+        ax.axhline(float(col["adversary-fraction"]), ls="--", color="gray", label="base rate")
+        ax.set(title=", ".join(f"{k}={v}" for k, v in col.items()), xlabel="round",
+               ylabel=f"adversaries among participants ({smooth}-round mean)", ylim=(0, 1))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

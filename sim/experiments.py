@@ -1,0 +1,136 @@
+"""Experiment grids from TOML presets: run them (real ``flwr run`` per cell) and report.
+
+    python -m sim.experiments run conf/paper-mnist-cpu.toml       # resumable; rerun to continue
+    python -m sim.experiments status conf/paper-mnist-cpu.toml    # cells done / partial / failed
+    python -m sim.experiments report conf/paper-mnist-cpu.toml    # tables + plots to docs/results
+    python -m sim.experiments report --results results/paper-mnist-cpu --out docs/results/x
+
+Results go to ``results/<preset>/<cell-id>/`` (git-ignored); reports are regenerated from the
+JSON lines there alone. See :mod:`sim.grid` for the preset schema and :mod:`sim.runner` for
+the resume/retry rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from sim.grid import Preset, PresetError, load_preset, parse_preset
+from sim.launcher import APP_DIR
+from sim.runner import PRESET_FILE, Runner, cell_status, read_state
+
+log = logging.getLogger(__name__)
+
+
+def default_results(preset: Preset) -> Path:
+    """``results/<preset name>`` in the repository (git-ignored)."""
+    return APP_DIR / "results" / preset.name
+
+
+def default_report_dir(preset: Preset) -> Path:
+    """``docs/results/<preset name>`` in the repository (committed)."""
+    return APP_DIR / "docs" / "results" / preset.name
+
+
+def _load(args: argparse.Namespace) -> tuple[Preset, Path]:
+    if args.preset is not None:
+        preset = load_preset(args.preset)
+        return preset, (args.results or default_results(preset)).resolve()
+    if args.results is None:
+        raise SystemExit("give a preset TOML file or --results <dir with preset.json>")
+    stored = args.results / PRESET_FILE
+    if not stored.exists():
+        raise SystemExit(f"{stored} not found: --results must be a dir written by "
+                         "`python -m sim.experiments run`")
+    return parse_preset(json.loads(stored.read_text())), args.results.resolve()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from sim.launcher import LocalSuperLink, flwr_run
+    from sim.run import default_data_dir
+
+    preset, results = _load(args)
+    data_dir = (args.data_dir or default_data_dir()).resolve()
+    runner = Runner(preset, results, data_dir, run_fn=flwr_run, link_factory=LocalSuperLink)
+    cells = runner.selected_cells(args.grid)
+    print(f"[experiments] {preset.name}: {len(cells)} cells, {preset.num_supernodes} virtual "
+          f"clients, results in {results}, data {data_dir}", flush=True)
+    bar = tqdm(total=len(cells), desc=preset.name, unit="cell", file=sys.stdout,
+               dynamic_ncols=True, mininterval=5.0)
+    runner.progress = bar.write
+    counts = runner.run(retry_failed=args.retry_failed, limit=args.limit, grids=args.grid,
+                        bar=bar)
+    bar.close()
+    print(f"[experiments] {preset.name}: {counts}. Report: python -m sim.experiments report "
+          f"{args.preset or '--results ' + str(results)}", flush=True)
+    return 0 if counts["failed"] == 0 else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    preset, results = _load(args)
+    state = read_state(results)
+    counts: dict[str, int] = {}
+    for cell in preset.cells():
+        events = state.get(cell.cell_id, [])
+        st = cell_status(results, cell.cell_id, events)
+        counts[st] = counts.get(st, 0) + 1
+        if args.verbose or st in ("failed", "partial"):
+            err = next((e.get("error") for e in reversed(events) if e.get("error")), "")
+            print(f"{cell.cell_id} {st:8s} {cell.grid}: {cell.label()} {err}")
+    print(f"{preset.name}: {sum(counts.values())} cells: {counts}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sim.report import write_report
+
+    preset, results = _load(args)
+    out = (args.out or default_report_dir(preset)).resolve()
+    files = write_report(preset, results, out, command=args.command_note)
+    print(f"[experiments] report of {results} written to {out}: "
+          + ", ".join(sorted(p.name for p in files)))
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, helptext in (("run", "run the preset's cells (resumable)"),
+                           ("status", "count cells by status"),
+                           ("report", "write tables and plots from the results")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("preset", type=Path, nargs="?", default=None, help="conf/<preset>.toml")
+        s.add_argument("--results", type=Path, default=None,
+                       help="results dir (default results/<preset name>)")
+    run, status, report = (sub.choices[n] for n in ("run", "status", "report"))
+    run.add_argument("--data-dir", type=Path, default=None)
+    run.add_argument("--retry-failed", action="store_true",
+                     help="run cells marked failed again (one more retry each)")
+    run.add_argument("--limit", type=int, default=None, help="start at most this many cells")
+    run.add_argument("--grid", action="append", default=None, metavar="NAME",
+                     help="only this grid's cells (one table), repeatable")
+    status.add_argument("-v", "--verbose", action="store_true", help="list every cell")
+    report.add_argument("--out", type=Path, default=None,
+                        help="report dir (default docs/results/<preset name>)")
+    report.add_argument("--command-note", default=None,
+                        help="the command that produced the results, quoted in the README")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args = parse_args(argv)
+    try:
+        return {"run": cmd_run, "status": cmd_status, "report": cmd_report}[args.command](args)
+    except (PresetError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

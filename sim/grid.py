@@ -1,0 +1,248 @@
+"""Experiment presets: a TOML file -> validated grids -> cells with stable ids.
+
+A preset file has three kinds of tables (unknown keys anywhere are an error)::
+
+    [preset]                  # name, description, simulation settings
+    name = "paper-mnist-cpu"
+    num-supernodes = 100      # virtual clients (the paper: 100)
+    cpus-per-client = 1.0
+    cell-timeout = 3600       # seconds per flwr run
+    [base]                    # run-config keys shared by every cell (pyproject.toml names)
+    num-server-rounds = 20
+    [[grid]]                  # one table / sweep / ablation; cells = product of its axes
+    name = "main"
+    kind = "table"            # table | sweep | adversarial
+    set = { imbalance-factor = 0.01 }           # fixed overrides for this grid
+    axes = { valuation = ["owen", "none"], alpha = [0.01, 0.1], seed = [0, 1, 2] }
+    rows = "valuation"        # table rows; columns are the other non-seed axes
+    [[grid.paper]]            # the paper's numbers for the same cells (optional)
+    where = { dataset = "mnist", imbalance-factor = 0.01, alpha = 0.01 }
+    values = { owen = 84.77, none = 77.60 }
+
+A cell is one ``flwr run``: ``base`` + ``set`` + one point of ``axes``. Its id is a hash of
+that run config (without paths, which differ between machines) and the simulation settings,
+so the same cell has the same id in every preset and on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server_app.config import parse_run_config
+
+PRESET_KEYS = {"name", "description", "num-supernodes", "cpus-per-client", "cell-timeout",
+               "reductions"}
+GRID_KEYS = {"name", "kind", "set", "axes", "rows", "x", "paper", "description"}
+PAPER_KEYS = {"where", "values"}
+KINDS = ("table", "sweep", "adversarial")
+# Keys the runner owns (paths are per machine; resume-from is how a cell continues).
+RUNNER_KEYS = ("output-dir", "resume-from", "data-dir")
+TOP_KEYS = {"preset", "base", "grid"}
+
+
+class PresetError(ValueError):
+    """A preset file that cannot be used; the message says what and where."""
+
+
+@dataclass(frozen=True)
+class PaperRef:
+    """The paper's reported accuracies (percent) of the rows at one column point."""
+
+    where: dict[str, Any]
+    values: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One table, sweep or ablation of a preset."""
+
+    name: str
+    kind: str
+    fixed: dict[str, Any]
+    axes: dict[str, list[Any]]
+    rows: str
+    x: str = ""
+    paper: tuple[PaperRef, ...] = ()
+    description: str = ""
+
+    @property
+    def column_keys(self) -> list[str]:
+        """Axes that are neither the row key, the sweep variable nor the seed."""
+        return [k for k in self.axes if k not in (self.rows, self.x, "seed")]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One ``flwr run`` of a preset."""
+
+    cell_id: str
+    grid: str
+    run_config: dict[str, Any]
+    point: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        """Short human-readable description of the point, e.g. ``valuation=owen alpha=0.01``."""
+        return " ".join(f"{k}={v}" for k, v in self.point.items())
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A parsed, validated preset file."""
+
+    name: str
+    description: str
+    num_supernodes: int
+    cpus_per_client: float
+    cell_timeout: float
+    base: dict[str, Any]
+    grids: tuple[Grid, ...]
+    reductions: str = ""
+
+    def cells(self) -> list[Cell]:
+        """Every cell of every grid (a cell shared by two grids appears once), seed by seed:
+        all seed-0 cells in file order first, so a partial run covers every grid early."""
+        seen: dict[str, Cell] = {}
+        for grid in self.grids:
+            for cell in expand_grid(self, grid):
+                seen.setdefault(cell.cell_id, cell)
+        return sorted(seen.values(), key=lambda c: int(c.run_config.get("seed", 0)))
+
+    def grid(self, name: str) -> Grid:
+        """The grid called ``name``."""
+        for grid in self.grids:
+            if grid.name == name:
+                return grid
+        raise KeyError(f"no grid {name!r} in preset {self.name!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The raw TOML structure again (stored beside the results for the report)."""
+        grids = [{"name": g.name, "kind": g.kind, "set": g.fixed, "axes": g.axes,
+                  "rows": g.rows, "x": g.x, "description": g.description,
+                  "paper": [{"where": p.where, "values": p.values} for p in g.paper]}
+                 for g in self.grids]
+        return {"preset": {"name": self.name, "description": self.description,
+                           "num-supernodes": self.num_supernodes,
+                           "cpus-per-client": self.cpus_per_client,
+                           "cell-timeout": self.cell_timeout, "reductions": self.reductions},
+                "base": self.base, "grid": grids}
+
+
+def cell_id(run_config: dict[str, Any], num_supernodes: int) -> str:
+    """12 hex digits of the SHA-256 of the cell's run config (paths dropped) and federation."""
+    payload = {k: v for k, v in run_config.items() if k not in RUNNER_KEYS}
+    text = json.dumps({"run-config": payload, "num-supernodes": num_supernodes},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def expand_grid(preset: Preset, grid: Grid) -> list[Cell]:
+    """The product of ``grid.axes`` over ``preset.base`` + ``grid.fixed``, in axis order."""
+    keys = list(grid.axes)
+    cells = []
+    for values in itertools.product(*(grid.axes[k] for k in keys)):
+        point = dict(zip(keys, values, strict=True))
+        cfg = {**preset.base, **grid.fixed, **point}
+        cells.append(Cell(cell_id(cfg, preset.num_supernodes), grid.name, cfg, point))
+    return cells
+
+
+def _unknown(where: str, got: dict[str, Any], allowed: set[str]) -> list[str]:
+    return [f"{where}: unknown key {k!r} (allowed: {', '.join(sorted(allowed))})"
+            for k in got if k not in allowed]
+
+
+def _parse_grid(raw: dict[str, Any], i: int, base: dict[str, Any]) -> tuple[Grid | None,
+                                                                              list[str]]:
+    where = f"[[grid]] #{i + 1} ({raw.get('name', '?')})"
+    problems = _unknown(where, raw, GRID_KEYS)
+    kind = raw.get("kind", "table")
+    axes = raw.get("axes", {})
+    if kind not in KINDS:
+        problems.append(f"{where}: kind={kind!r} must be one of {KINDS}")
+    if not isinstance(axes, dict) or not axes or not all(
+            isinstance(v, list) and v for v in axes.values()):
+        problems.append(f"{where}: axes must map run-config keys to non-empty lists")
+        return None, problems
+    rows = raw.get("rows", "valuation")
+    x = raw.get("x", "")
+    if rows not in axes and rows not in {**base, **raw.get("set", {})}:
+        problems.append(f"{where}: rows={rows!r} is neither an axis nor a fixed key")
+    if kind == "sweep" and x not in axes:
+        problems.append(f"{where}: a sweep needs x = one of its axes {list(axes)}")
+    refs = []
+    for j, ref in enumerate(raw.get("paper", [])):
+        problems += _unknown(f"{where} paper #{j + 1}", ref, PAPER_KEYS)
+        refs.append(PaperRef(dict(ref.get("where", {})),
+                             {str(k): float(v) for k, v in ref.get("values", {}).items()}))
+    # Validate one config per grid against the app's own parser (types, ranges, unknown keys).
+    sample = {**base, **raw.get("set", {}), **{k: v[0] for k, v in axes.items()}}
+    for key, values in axes.items():
+        for value in values:
+            try:
+                parse_run_config({**sample, key: value})
+            except ValueError as err:
+                problems.append(f"{where}: {key}={value!r}: {err}")
+                break
+    fixed = dict(raw.get("set", {}))
+    if rows not in axes and rows not in fixed and rows in base:
+        fixed[rows] = base[rows]  # same config, but the grid now names its row value
+    grid = Grid(str(raw.get("name", f"grid{i + 1}")), kind, fixed,
+                {k: list(v) for k, v in axes.items()}, rows, x, tuple(refs),
+                str(raw.get("description", "")))
+    return grid, problems
+
+
+def parse_preset(raw: dict[str, Any]) -> Preset:
+    """Validate a preset's TOML structure; every problem is reported at once.
+
+    Raises
+    ------
+    PresetError
+        Unknown keys, run-config keys the app does not know, bad values or kinds.
+    """
+    problems = _unknown("top level", raw, TOP_KEYS)
+    meta = raw.get("preset", {})
+    problems += _unknown("[preset]", meta, PRESET_KEYS)
+    base = dict(raw.get("base", {}))
+    for key in RUNNER_KEYS:
+        if key in base:
+            problems.append(f"[base]: {key!r} is set by the runner per cell; remove it")
+    try:
+        parse_run_config(base)
+    except ValueError as err:
+        problems.append(f"[base]: {err}")
+    grids = []
+    for i, graw in enumerate(raw.get("grid", [])):
+        grid, errs = _parse_grid(graw, i, base)
+        problems += errs
+        if grid is not None:
+            grids.append(grid)
+    if not grids:
+        problems.append("no [[grid]] tables: a preset needs at least one")
+    if "name" not in meta:
+        problems.append("[preset]: name is required")
+    if problems:
+        raise PresetError("invalid preset: " + "; ".join(problems))
+    return Preset(str(meta["name"]), str(meta.get("description", "")),
+                  int(meta.get("num-supernodes", 100)), float(meta.get("cpus-per-client", 1.0)),
+                  float(meta.get("cell-timeout", 3600)), base, tuple(grids),
+                  str(meta.get("reductions", "")))
+
+
+def load_preset(path: str | Path) -> Preset:
+    """Read and validate a preset TOML file (see the module docstring for the schema)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise PresetError(f"cannot read preset {path}: {err}") from err
+    try:
+        return parse_preset(raw)
+    except PresetError as err:
+        raise PresetError(f"{path}: {err}") from err

@@ -1,0 +1,133 @@
+"""Read a preset's results back from the per-round JSON lines and summarise them.
+
+Only ``<results>/<cell-id>/rounds.jsonl`` is read: a cell counts as finished when its last
+record is round ``num-server-rounds``; earlier records of an unfinished cell are kept for the
+curves but not for the final-accuracy tables.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedowen_strategy.records import read_rounds
+from sim.grid import Cell, Grid, Preset, expand_grid
+
+LAST_K = 5  # rounds averaged for the "mean of the last rounds" column
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """One cell and the rounds it recorded so far."""
+
+    cell: Cell
+    rounds: list[dict[str, Any]]
+
+    @property
+    def total_rounds(self) -> int:
+        return int(self.cell.run_config.get("num-server-rounds", 100))
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.rounds) and self.rounds[-1].get("round") == self.total_rounds
+
+    def curve(self) -> tuple[np.ndarray, np.ndarray]:
+        """(round, test accuracy in %) of every recorded round, round 0 included."""
+        pts = [(r["round"], 100.0 * r["test_accuracy"]) for r in self.rounds
+               if r.get("test_accuracy") is not None]
+        arr = np.array(pts, dtype=float).reshape(-1, 2)
+        return arr[:, 0], arr[:, 1]
+
+    def final_accuracy(self) -> float | None:
+        """Test accuracy (%) after the last round, or None while unfinished."""
+        return self.curve()[1][-1] if self.finished else None
+
+    def last_k_accuracy(self, k: int = LAST_K) -> float | None:
+        """Mean test accuracy (%) of the last ``k`` rounds (less noisy than the final one)."""
+        rounds, acc = self.curve()
+        return float(np.mean(acc[rounds > 0][-k:])) if self.finished else None
+
+    def valuation_seconds(self) -> list[float]:
+        """Valuation wall time of every training round."""
+        return [float(r["valuation_seconds"]) for r in self.rounds
+                if r.get("round", 0) > 0 and r.get("valuation_seconds") is not None]
+
+
+def load_results(preset: Preset, results: Path) -> dict[str, CellResult]:
+    """Every cell of the preset with whatever it recorded (possibly nothing), by cell id."""
+    return {c.cell_id: CellResult(c, read_rounds(results / c.cell_id)) for c in preset.cells()}
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample std (percent) of one table entry over seeds."""
+
+    values: tuple[float, ...]
+    expected: int
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values)) if self.values else math.nan
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.values, ddof=1)) if self.n > 1 else math.nan
+
+    def text(self) -> str:
+        """``84.12 ± 1.03``; ``n=2/3`` appended when seeds are missing; ``-`` when none."""
+        if not self.values:
+            return "-"
+        std = "-" if math.isnan(self.std) else f"{self.std:.2f}"
+        out = f"{self.mean:.2f} ± {std}"
+        return out if self.n == self.expected else f"{out} (n={self.n}/{self.expected})"
+
+
+def grid_points(grid: Grid, keys: list[str]) -> list[dict[str, Any]]:
+    """All combinations of the grid's values of ``keys`` (axes order)."""
+    values = [grid.axes[k] if k in grid.axes else [grid.fixed.get(k)] for k in keys]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+def matches(cell: Cell, where: dict[str, Any]) -> bool:
+    """Whether the cell's run config has every ``key = value`` of ``where``."""
+    return all(_same(cell.run_config.get(k), v) for k, v in where.items())
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return math.isclose(float(a), float(b))
+    return bool(a == b)
+
+
+def grid_stats(grid: Grid, preset: Preset, res: dict[str, CellResult], row_key: str,
+               col_keys: list[str], metric: str = "final") -> dict[tuple[Any, ...], Stat]:
+    """``{(row value, *column values): Stat}`` over the seeds of the grid's finished cells."""
+    cells = [res[c.cell_id] for c in expand_grid(preset, grid)]
+    seeds = len(grid.axes.get("seed", [0]))
+    out = {}
+    for row in grid_points(grid, [row_key]):
+        for col in grid_points(grid, col_keys):
+            where = {**row, **col}
+            vals = [r.final_accuracy() if metric == "final" else r.last_k_accuracy()
+                    for r in cells if matches(r.cell, where)]
+            key = (row[row_key], *col.values())
+            out[key] = Stat(tuple(v for v in vals if v is not None), seeds)
+    return out
+
+
+def paper_value(grid: Grid, cell_where: dict[str, Any], row: Any) -> float | None:
+    """The paper's number for row ``row`` at a column point, when the preset gives one."""
+    for ref in grid.paper:
+        if all(_same(cell_where.get(k, v), v) for k, v in ref.where.items()) and \
+                str(row) in ref.values:
+            return ref.values[str(row)]
+    return None

@@ -1,0 +1,251 @@
+"""Run a preset's cells one ``flwr run`` at a time, resumably.
+
+Each cell's output dir is ``<results>/<cell-id>/`` (the app writes ``rounds.jsonl``,
+``ledger.csv``, ``config.json``, ``checkpoint.npz`` and, when finished, ``summary.json`` there;
+the runner adds ``flwr.log``, the run's streamed log). State lives in the files:
+
+- a cell with ``summary.json`` is done and never run again;
+- a cell with ``checkpoint.npz`` but no summary continues through ``resume-from``;
+- a failed attempt is appended to ``<results>/cells.jsonl`` with its status and the tail of
+  its log; the cell is retried once, and after a second failure marked ``failed`` there (later
+  invocations skip it unless asked to retry failed cells).
+
+One SuperLink serves all cells of an invocation; it is restarted when it died or a run failed
+(a timed-out run may still be running on it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from fedowen_strategy.records import ROUNDS_FILE, read_rounds
+from sim.grid import Cell, Preset, expand_grid
+
+log = logging.getLogger(__name__)
+STATE_FILE = "cells.jsonl"
+PRESET_FILE = "preset.json"
+LOG_FILE = "flwr.log"
+SUMMARY_FILE = "summary.json"
+CHECKPOINT = "checkpoint.npz"
+ATTEMPTS = 2  # the first try and one retry
+FRESH_START_FILES = ("rounds.jsonl", "ledger.csv", "config.json")
+
+RunFn = Callable[..., Any]  # sim.launcher.flwr_run's signature
+LinkFactory = Callable[[Path], AbstractContextManager[Any]]
+
+
+def read_state(results: Path) -> dict[str, list[dict[str, Any]]]:
+    """Events of ``cells.jsonl`` grouped by cell id, in order."""
+    path = results / STATE_FILE
+    events: dict[str, list[dict[str, Any]]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                event = json.loads(line)
+                events.setdefault(event["cell"], []).append(event)
+    return events
+
+
+def append_state(results: Path, event: dict[str, Any]) -> None:
+    """Append one event (flushed at once) to ``cells.jsonl``."""
+    results.mkdir(parents=True, exist_ok=True)
+    with (results / STATE_FILE).open("a") as fh:
+        fh.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event}) + "\n")
+
+
+def cell_status(results: Path, cell_id: str, events: list[dict[str, Any]]) -> str:
+    """``done``, ``failed`` (retry exhausted), ``partial`` (checkpoint, no summary) or
+    ``pending``."""
+    out = results / cell_id
+    if (out / SUMMARY_FILE).exists():
+        return "done"
+    if events and events[-1].get("event") == "failed":
+        return "failed"
+    if (out / CHECKPOINT).exists():
+        return "partial"
+    return "pending"
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class _Link:
+    """The one SuperLink of an invocation, (re)started on demand."""
+
+    def __init__(self, factory: LinkFactory, flwr_home: Path) -> None:
+        self.factory, self.flwr_home = factory, flwr_home
+        self._cm: AbstractContextManager[Any] | None = None
+        self._link: Any = None
+
+    def get(self) -> Any:
+        proc = getattr(self._link, "process", None)
+        if self._link is not None and proc is not None and proc.poll() is not None:
+            log.warning("SuperLink died (exit %s); restarting it", proc.returncode)
+            self.close()
+        if self._link is None:
+            self._cm = self.factory(self.flwr_home)
+            self._link = self._cm.__enter__()
+        return self._link
+
+    def close(self) -> None:
+        if self._cm is not None:
+            self._cm.__exit__(None, None, None)
+        self._cm, self._link = None, None
+
+
+@contextmanager
+def _follow_rounds(path: Path, on_round: Callable[[dict[str, Any]], None],
+                   interval: float = 2.0) -> Iterator[None]:
+    """Call ``on_round`` for each line appended to ``rounds.jsonl`` while the block runs."""
+    stop = threading.Event()
+    seen = len(read_rounds(path.parent)) if path.exists() else 0
+
+    def poll() -> None:
+        nonlocal seen
+        while True:
+            done = stop.wait(interval)
+            try:
+                rounds = read_rounds(path.parent)
+            except (OSError, json.JSONDecodeError):  # a line being written
+                rounds = []
+            for record in rounds[seen:]:
+                on_round(record)
+            seen = max(seen, len(rounds))
+            if done:
+                return
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+class Runner:
+    """Runs a preset's cells resumably; ``run_fn`` and ``link_factory`` are injectable
+    (tests pass fakes; the CLI passes :func:`sim.launcher.flwr_run` and
+    :class:`sim.launcher.LocalSuperLink`)."""
+
+    def __init__(self, preset: Preset, results: Path, data_dir: Path, *, run_fn: RunFn,
+                 link_factory: LinkFactory, flwr_home: Path | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.preset, self.results, self.data_dir = preset, results, data_dir
+        self.run_fn = run_fn
+        self.link = _Link(link_factory, flwr_home or results / ".flwr-home")
+        self.progress = progress or (lambda msg: log.info("%s", msg))
+
+    def cell_config(self, cell: Cell) -> dict[str, Any]:
+        """The cell's run config with its paths; ``resume-from`` when it has a checkpoint."""
+        out = (self.results / cell.cell_id).resolve()
+        cfg = {**cell.run_config, "output-dir": str(out), "data-dir": str(self.data_dir)}
+        if (out / CHECKPOINT).exists() and not (out / SUMMARY_FILE).exists():
+            cfg["resume-from"] = str(out)
+        return cfg
+
+    def _attempt(self, cell: Cell, attempt: int) -> tuple[bool, str]:
+        out = self.results / cell.cell_id
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = self.cell_config(cell)
+        if "resume-from" not in cfg:  # a fresh start: no stale records to append to
+            for name in FRESH_START_FILES:
+                (out / name).unlink(missing_ok=True)
+        total = int(cfg.get("num-server-rounds", 100))
+
+        def on_round(rec: dict[str, Any]) -> None:
+            acc, val = rec.get("test_accuracy"), rec.get("valuation_seconds")
+            self.progress(f"  [{cell.cell_id}] round {rec.get('round')}/{total}: "
+                          f"acc {acc if acc is None else f'{acc:.4f}'}"
+                          + ("" if val is None else f", valuation {val:.2f}s"))
+
+        started = time.monotonic()
+        with (out / LOG_FILE).open("a") as fh, _follow_rounds(out / ROUNDS_FILE, on_round):
+            fh.write(f"\n=== attempt {attempt} {time.strftime('%Y-%m-%dT%H:%M:%S')} "
+                     f"resume={'resume-from' in cfg} ===\n")
+            fh.flush()
+            try:
+                outcome = self.run_fn(self.link.get(), cfg,
+                                      num_supernodes=self.preset.num_supernodes,
+                                      cpus_per_client=self.preset.cpus_per_client,
+                                      timeout=self.preset.cell_timeout, stream_to=fh)
+                status = str(outcome.status)
+                ok = bool(outcome.ok) and (out / SUMMARY_FILE).exists()
+            except Exception as err:  # the launcher itself failed (SuperLink would not start)
+                status, ok = f"error: {type(err).__name__}: {err}", False
+        seconds = time.monotonic() - started
+        if ok:
+            append_state(self.results, {"cell": cell.cell_id, "event": "done",
+                                        "attempt": attempt, "seconds": round(seconds, 1)})
+        else:
+            if not status.startswith("error"):
+                status = f"run status {status}" + ("" if (out / SUMMARY_FILE).exists()
+                                                   else ", no summary.json")
+            append_state(self.results, {"cell": cell.cell_id, "event": "error",
+                                        "attempt": attempt, "error": status,
+                                        "seconds": round(seconds, 1),
+                                        "log_tail": _tail(out / LOG_FILE)})
+            self.link.close()  # a timed-out or broken run may still occupy it
+        return ok, status
+
+    def run_cell(self, cell: Cell) -> str:
+        """Run (or resume) one cell with one retry; returns ``done`` or ``failed``."""
+        status = ""
+        for attempt in range(1, ATTEMPTS + 1):
+            ok, status = self._attempt(cell, attempt)
+            if ok:
+                return "done"
+            self.progress(f"  [{cell.cell_id}] attempt {attempt} failed: {status}")
+        append_state(self.results, {"cell": cell.cell_id, "event": "failed", "error": status,
+                                    "log_tail": _tail(self.results / cell.cell_id / LOG_FILE)})
+        return "failed"
+
+    def selected_cells(self, grids: list[str] | None = None) -> list[Cell]:
+        """The preset's cells, or those of the named grids (unknown names are an error)."""
+        if not grids:
+            return self.preset.cells()
+        wanted = {self.preset.grid(name).name for name in grids}
+        keep = {c.cell_id for g in self.preset.grids if g.name in wanted
+                for c in expand_grid(self.preset, g)}
+        return [c for c in self.preset.cells() if c.cell_id in keep]
+
+    def run(self, *, retry_failed: bool = False, limit: int | None = None,
+            grids: list[str] | None = None, bar: Any = None) -> dict[str, int]:
+        """Run every cell not yet done; returns counts by final status.
+
+        ``limit`` caps the cells started, ``grids`` keeps the cells of those grids only, ``bar``
+        is a tqdm-like object (``update``, ``set_postfix_str``) or None.
+        """
+        self.results.mkdir(parents=True, exist_ok=True)
+        (self.results / PRESET_FILE).write_text(json.dumps(self.preset.to_json(), indent=2))
+        state = read_state(self.results)
+        counts = {"done": 0, "failed": 0, "skipped-failed": 0, "not-run": 0}
+        started = 0
+        try:
+            for cell in self.selected_cells(grids):
+                st = cell_status(self.results, cell.cell_id, state.get(cell.cell_id, []))
+                if st == "done" or (st == "failed" and not retry_failed):
+                    counts["done" if st == "done" else "skipped-failed"] += 1
+                elif limit is not None and started >= limit:
+                    counts["not-run"] += 1
+                else:
+                    started += 1
+                    self.progress(f"[{cell.cell_id}] {cell.grid}: {cell.label()} ({st})")
+                    counts[self.run_cell(cell)] += 1
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(f"done {counts['done']} failed "
+                                        f"{counts['failed'] + counts['skipped-failed']}")
+        finally:
+            self.link.close()
+        return counts
