@@ -91,7 +91,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     preset, results = _load(args)
     out = (args.out or default_report_dir(preset)).resolve()
-    files = write_report(preset, results, out, command=args.command_note)
+    source = None
+    if args.preset is not None:
+        path = args.preset.resolve()
+        source = str(path.relative_to(APP_DIR) if path.is_relative_to(APP_DIR) else path)
+    files = write_report(preset, results, out, command=args.command_note, source=source)
     print(f"[experiments] report of {results} written to {out}: "
           + ", ".join(sorted(p.name for p in files)))
     return 0

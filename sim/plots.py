@@ -20,13 +20,17 @@ def _label(point: dict[str, Any]) -> str:
 
 
 def mean_curve(cells: list[CellResult]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rounds, mean and std of test accuracy over the cells, on the rounds all of them have."""
+    """Rounds, mean and std of test accuracy per round over the cells that reached it (an
+    unfinished seed contributes the rounds it has)."""
     curves = [c.curve() for c in cells if len(c.curve()[0])]
     if not curves:
         return np.array([]), np.array([]), np.array([])
-    n = min(len(x) for x, _ in curves)
-    ys = np.stack([y[:n] for _, y in curves])
-    return curves[0][0][:n], ys.mean(axis=0), ys.std(axis=0)
+    n = max(len(x) for x, _ in curves)
+    ys = np.full((len(curves), n), np.nan)
+    for i, (_, y) in enumerate(curves):
+        ys[i, :len(y)] = y
+    x = next(x for x, _ in curves if len(x) == n)
+    return x, np.nanmean(ys, axis=0), np.nanstd(ys, axis=0)
 
 
 def plot_curves(grid: Grid, preset: Preset, res: dict[str, CellResult], path: Path) -> Path:

@@ -93,7 +93,7 @@ def ranking_notes(stats: dict[tuple[Any, ...], Stat], rows: list[Any],
                          f"({means[ours].mean:.2f}); better: {better}.")
         else:
             notes.append(f"{_fmt_point(col)}: {ours} has the best mean "
-                         f"({means[ours].mean:.2f}).")
+                         f"({means[ours].mean:.2f}) of {len(ranked)} methods with results.")
     return notes
 
 
@@ -185,18 +185,21 @@ def grid_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
     return md, csv_rows, files
 
 
-def write_report(preset: Preset, results: Path, out: Path,
-                 command: str | None = None) -> list[Path]:
-    """Write README.md, final_accuracy.csv and the PNGs of every grid to ``out``."""
+def write_report(preset: Preset, results: Path, out: Path, command: str | None = None,
+                 source: str | None = None) -> list[Path]:
+    """Write README.md, final_accuracy.csv and the PNGs of every grid to ``out``.
+
+    ``source`` is the preset file as the commands should name it (default
+    ``conf/<name>.toml``); ``command`` replaces the quoted run command."""
     from sim.adversarial import adversarial_section
 
     out.mkdir(parents=True, exist_ok=True)
     res = load_results(preset, results)
     done = sum(r.finished for r in res.values())
-    run_cmd = command or f"python -m sim.experiments run conf/{preset.name}.toml"
+    source = source or f"conf/{preset.name}.toml"
+    run_cmd = command or f"python -m sim.experiments run {source}"
     md = [f"# {preset.name}", "", preset.description, "",
-          f"- Produced by: `{run_cmd}` then "
-          f"`python -m sim.experiments report conf/{preset.name}.toml` "
+          f"- Produced by: `{run_cmd}` then `python -m sim.experiments report {source}` "
           f"(regenerated from `results/{preset.name}/*/rounds.jsonl`).",
           f"- Cells finished: {done} of {len(res)}; {preset.num_supernodes} virtual clients.",
           f"- Reductions: {preset.reductions or 'none'}", ""]
