@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 
 from fedowen_strategy.valuation import ESTIMATORS, estimate
 from fedowen_strategy.valuation.games import TableGame, interaction_game, voting_game
+from tests.stats import t_critical
 
 FL_GAME = Path(__file__).parent / "data" / "fl_game_mnist_lenet_n10.json"
 GAMES: dict[str, Any] = {
@@ -28,17 +28,6 @@ GAMES: dict[str, Any] = {
 MS = (4, 10, 40)
 N_SEEDS = 100
 N_CHECKS = len(GAMES) * len(MS) * 10  # players x games x budgets (all games have n = 10)
-
-
-def t_critical(alpha: float, df: int) -> float:
-    """Two-sided Student-t critical value (Cornish-Fisher expansion; scipy-free)."""
-    z = NormalDist().inv_cdf(1 - alpha / 2)
-    return (
-        z
-        + (z**3 + z) / (4 * df)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-    )
 
 
 T_CRIT = t_critical(0.01 / N_CHECKS, N_SEEDS - 1)

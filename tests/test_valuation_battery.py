@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from statistics import NormalDist
 
 import numpy as np
 import pytest
 
 from fedowen_strategy.valuation import ESTIMATORS, Valuation, estimate
 from fedowen_strategy.valuation.games import AdditiveGame, TableGame
+from tests.stats import t_critical
 
 METHODS = sorted(ESTIMATORS)
 N = 6
@@ -18,17 +18,6 @@ N_SEEDS = 20
 # Statistical checks in this file: null player + symmetry, per method. Bonferroni keeps the
 # family-wise false-alarm rate below 1%.
 N_STAT_CHECKS = 2 * len(METHODS)
-
-
-def t_critical(alpha: float, df: int) -> float:
-    """Two-sided Student-t critical value (Cornish-Fisher expansion; scipy-free)."""
-    z = NormalDist().inv_cdf(1 - alpha / 2)
-    return (
-        z
-        + (z**3 + z) / (4 * df)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-    )
 
 
 T_CRIT = t_critical(0.01 / N_STAT_CHECKS, N_SEEDS - 1)
