@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="report the min over repeats")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--out-json", default=None)
     parser.add_argument("--out-md", default=None)
     args = parser.parse_args(argv)
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.coalitions > 2**args.clients - 1:
         parser.error(f"only {2**args.clients - 1} distinct non-empty coalitions exist")
     device = resolve_device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     machine = {
         "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
