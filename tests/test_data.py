@@ -80,12 +80,12 @@ def test_cache_file_is_written_then_reused_and_refreshed_when_stale(
     first = load_dataset("medmnist", tmp_path / "data")
     assert cache_file.is_file()
     # Reuse: a reader that cannot decode still loads (from the cache file)
-    reader = data._READERS["medmnist"]
+    reader = data.READERS["medmnist"]
 
     def refuse(*_: object) -> dict[str, np.ndarray]:
         raise AssertionError("decoded although the cache is fresh")
 
-    monkeypatch.setitem(data._READERS, "medmnist", dataclasses.replace(reader, decode=refuse))
+    monkeypatch.setitem(data.READERS, "medmnist", dataclasses.replace(reader, decode=refuse))
     data._load_cached.cache_clear()
     again = load_dataset("medmnist", tmp_path / "data")
     np.testing.assert_array_equal(first.x_train, again.x_train)
