@@ -57,7 +57,7 @@ class RunConfig:
     epsilon: float = 0.1
     ucb_c: float = 0.1
     tau: float = 0.0
-    max_norm_ratio: float = 0.0
+    max_norm_ratio: float = 10.0
     round_timeout: float = 600.0
     resume_from: str = ""
     adversary_fraction: float = 0.0

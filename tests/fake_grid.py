@@ -1,7 +1,9 @@
 """An in-process Flower ``Grid`` for unit tests: no SuperLink, no Ray.
 
 Messages are handed straight to a ClientApp-style handler ``(msg, context) -> Message``;
-a handler that raises becomes an error reply, as a real SuperNode would report it.
+a handler that raises becomes an error reply, as a real SuperNode would report it, except
+``TimeoutError``, which stands for a node that never answers (timed out or disconnected):
+its message simply gets no reply.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class InProcessGrid(Grid):
             node = msg.metadata.dst_node_id
             try:
                 reply = self.handler(msg, self.contexts[node])
+            except TimeoutError:
+                continue
             except Exception as err:  # a crashing client becomes an error reply
                 reply = Message(Error(code=1, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
             key = f"{len(self._replies)}-{i}"

@@ -31,6 +31,8 @@ def toy_handler(msg: Message, ctx: Context) -> Message:
     w = record_to_state(msg.content["arrays"])["w"]
     if pid == int(ctx.node_config.get("crash-id", -1)):
         raise RuntimeError("simulated client crash")
+    if pid == int(ctx.node_config.get("silent-id", -1)):
+        raise TimeoutError  # the grid sends no reply: a timed-out or disconnected node
     step = -(TARGET - w) if pid in BAD else 0.5 * (TARGET - w)
     new = {"w": (w + step + 0.01 * pid).astype(np.float32)}
     if pid == int(ctx.node_config.get("nan-id", -1)):
@@ -135,6 +137,13 @@ def test_state_is_keyed_by_client_id_and_counts_only_returns() -> None:
     assert "c2" not in strategy.counts and "c2" not in strategy.phi
     assert all(strategy.counts[f"c{i}"] == 2 for i in (0, 1, 3, 4, 5))
     assert set(strategy.client_of_node.values()) == {"c0", "c1", "c3", "c4", "c5"}
+
+
+def test_silent_client_costs_nothing_but_its_update(tmp_path: Any) -> None:
+    strategy = run_toy("owen", rounds=2, tmp_path=tmp_path, node_extra={"silent-id": 3})
+    rounds = read_rounds(tmp_path)
+    assert all(len(r["returned"]) == 5 and "c3" not in r["returned"] for r in rounds[1:])
+    assert "c3" not in strategy.counts and "c3" not in strategy.phi
 
 
 def test_malformed_update_is_rejected_and_round_goes_on(tmp_path: Any) -> None:

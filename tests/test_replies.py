@@ -1,0 +1,68 @@
+"""Per-reply validation: each malformed reply is dropped with its reason, the rest kept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+
+from fedowen_strategy.replies import parse_replies, state_to_record
+
+REF = {"w": np.ones((2, 3), np.float32), "b": np.zeros(3, np.float32)}
+
+
+def reply(state: dict[str, np.ndarray] | None, num_examples: Any = 10, cid: str = "a",
+          node: int = 1) -> Message:
+    request = Message(RecordDict(), message_type=MessageType.TRAIN, dst_node_id=node)
+    content = RecordDict({"metrics": MetricRecord({"num-examples": num_examples}),
+                          "client": ConfigRecord({"client-id": cid})})
+    if state is not None:
+        content["arrays"] = state_to_record(state)
+    return Message(content, reply_to=request)
+
+
+def good(scale: float = 1.01) -> dict[str, np.ndarray]:
+    return {"w": REF["w"] * scale, "b": REF["b"] + 0.01}
+
+
+@pytest.mark.parametrize(("state", "num_examples", "reason"), [
+    ({"w": np.full((2, 3), np.nan, np.float32), "b": REF["b"]}, 10, "NaN or Inf"),
+    ({"w": np.full((2, 3), np.inf, np.float32), "b": REF["b"]}, 10, "NaN or Inf"),
+    ({"w": np.ones((3, 2), np.float32), "b": REF["b"]}, 10, "expected float32[2, 3]"),
+    ({"w": np.ones((2, 3), np.float64), "b": REF["b"]}, 10, "expected float32[2, 3]"),
+    ({"w": REF["w"]}, 10, "missing ['b']"),
+    (None, 10, "no ArrayRecord"),
+    (good(), 0, "num-examples=0 must be a positive number"),
+    (good(), -3, "num-examples=-3"),
+    ({"w": REF["w"] * 1000, "b": REF["b"]}, 10, "exceeds 10.0 x the global model's norm"),
+])
+def test_each_malformed_reply_is_rejected_with_its_reason(
+        state: dict[str, np.ndarray] | None, num_examples: Any, reason: str) -> None:
+    # Prepare: one bad reply among two good ones
+    replies = [reply(good(), cid="ok1"), reply(state, num_examples, cid="bad"),
+               reply(good(1.02), cid="ok2")]
+    # Execute
+    parsed = parse_replies(replies, REF, max_norm_ratio=10.0)
+    # Assert
+    assert [u.client_id for u in parsed.updates] == ["ok1", "ok2"]
+    assert list(parsed.rejected) == ["bad"] and reason in parsed.rejected["bad"]
+
+
+def test_error_replies_count_as_failures() -> None:
+    request = Message(RecordDict(), message_type=MessageType.TRAIN, dst_node_id=7)
+    failed = Message(Error(code=3, reason="out of memory"), reply_to=request)
+    parsed = parse_replies([failed, reply(good())], REF)
+    assert parsed.failed == {"node:7": "error 3: out of memory"}
+    assert len(parsed.updates) == 1
+
+
+def test_second_reply_of_a_client_is_rejected() -> None:
+    parsed = parse_replies([reply(good(), cid="a"), reply(good(1.02), cid="a", node=2)], REF)
+    assert len(parsed.updates) == 1 and "second reply" in parsed.rejected["a"]
+
+
+def test_norm_check_off_by_zero() -> None:
+    huge = {"w": REF["w"] * 1000, "b": REF["b"]}
+    assert len(parse_replies([reply(huge)], REF, max_norm_ratio=0.0).updates) == 1
