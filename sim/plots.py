@@ -72,8 +72,9 @@ def plot_valuation_time(grid: Grid, preset: Preset, res: dict[str, CellResult],
         names.append(str(row[grid.rows]))
         m = float(np.mean(secs))
         means.append(m)
-        lo.append(m - float(np.percentile(secs, 10)))
-        hi.append(float(np.percentile(secs, 90)) - m)
+        # a few slow rounds can put the mean outside the 10-90% range: clip the bars at 0
+        lo.append(max(0.0, m - float(np.percentile(secs, 10))))
+        hi.append(max(0.0, float(np.percentile(secs, 90)) - m))
     fig, ax = plt.subplots(figsize=(1.1 * max(len(names), 3) + 2, 4))
     ax.bar(names, means, yerr=[lo, hi], capsize=4, color="tab:blue", alpha=0.8)
     for i, m in enumerate(means):
