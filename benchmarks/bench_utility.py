@@ -117,6 +117,7 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
             seconds, cpu_seconds, out = _timed(jobs[key], device)
             runs[key].append(seconds)
             cpu[key].append(cpu_seconds)
+            print(f"{name} run {r + 1}/{args.repeats} {key}: {seconds:.2f} s wall", flush=True)
             if key == "naive":
                 v_naive = out
             elif key == "batched":
