@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from fedowen_task.models import build_model, state_to_numpy
-from server_app.utility import CoalitionUtility, naive_utility, resolve_device
+from server_app.utility import CoalitionUtility, resolve_device
+from server_app.utility_reference import naive_utility
 
 SETUPS = {"lenet": ((1, 28, 28), "lenet-eval"), "resnet18": ((3, 32, 32), "resnet-eval")}
 

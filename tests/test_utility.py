@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fedowen_task.models import build_model, state_to_numpy
-from server_app.utility import CoalitionUtility, coalition_coefficients, naive_utility
+from server_app.utility import CoalitionUtility, coalition_coefficients
+from server_app.utility_reference import naive_utility
 
 Case = tuple[
     torch.nn.Module,
