@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import sim.partition
-from fedowen_task import partition
+from fedowen_task import dirichlet
 from fedowen_task.data import DatasetArrays
 from fedowen_task.partition import (
     federated_split,
@@ -111,9 +111,9 @@ def test_per_class_plain_draw_leaves_clients_empty_so_top_up_is_needed(
     mnist_like: np.ndarray,
 ) -> None:
     rng = np.random.default_rng(0)
-    owner = partition._split_per_class(mnist_like, 100, 0.01, rng)
+    owner = dirichlet.split_per_class(mnist_like, 100, 0.01, rng)
     assert np.sum(np.bincount(owner, minlength=100) == 0) > 20
-    partition._top_up(owner, mnist_like, 100, 10, rng)
+    dirichlet.top_up(owner, mnist_like, 100, 10, rng)
     assert np.bincount(owner, minlength=100).min() >= 10
 
 
