@@ -15,6 +15,14 @@ is loaded per coalition; forward passes go through ``torch.func.functional_call`
   ``(n+1) * E * C * H * W * 4`` bytes (LeNet, 10 clients, 600 images: 124 MB; ResNet-18 on
   CIFAR, 10 clients, 500 images: 1.44 GB) and is skipped above ``memory_cap_bytes``.
 
+  The combination reads all ``n+1`` cached outputs per coalition, so it is memory-bound, while
+  recomputing a stem with few input channels reads only the images. Measured on this project's
+  CPU (LeNet, n = 10, 600 images, 40 coalitions, 1 thread): with the cache a call took 1.35 s
+  plus 0.18 s to build it, without it 1.29 s plus 0.01 s, against 1.42 s for 40 plain
+  forwards. ``stem_cache="auto"`` therefore uses the cache only where the stem does clearly
+  more work per output than the combination (``in_channels * kernel area > 4 (n + 1)``),
+  which is off for LeNet (25 vs 44) and ResNet-18 (27 vs 44) at 10 clients.
+
 Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: they only count
 training steps and do not affect an eval-mode forward. The batched utility keeps the global
 state's; the naive reference takes the max over the coalition. BatchNorm runs in eval mode with
@@ -37,6 +45,7 @@ from torch.func import functional_call, vmap
 from fedowen_task.models import load_numpy_state
 
 logger = logging.getLogger(__name__)
+STEM_CACHE = ("auto", "on", "off")
 
 METRICS = ("accuracy", "neg-loss")
 MODES = ("auto", "vmap", "loop")
@@ -191,6 +200,8 @@ class CoalitionUtility:
         ``auto``: vmap on CUDA, loop (with the stem cache) on the CPU.
     memory_cap_bytes : int
         Upper bound on the stem cache and on one chunk's combined stem outputs.
+    stem_cache : {"auto", "on", "off"}
+        Reuse the stem's output on the CPU path (see the module docstring for ``auto``).
     """
 
     def __init__(
@@ -208,7 +219,10 @@ class CoalitionUtility:
         chunk_size: int | None = None,
         mode: str = "auto",
         memory_cap_bytes: int = 2 * 2**30,
+        stem_cache: str = "auto",
     ) -> None:
+        if stem_cache not in STEM_CACHE:
+            raise ValueError(f"stem_cache={stem_cache!r} must be one of {STEM_CACHE}")
         _check_args(metric, mode, x_eval, y_eval, batch_size)
         reference = model.state_dict()
         check_states(reference, global_state, client_states, num_examples)
@@ -219,6 +233,7 @@ class CoalitionUtility:
         self.batch_size = batch_size
         self.chunk_size = chunk_size or (16 if self.mode == "vmap" else 8)
         self.memory_cap_bytes = memory_cap_bytes
+        self.stem_cache = stem_cache
         self.num_examples = [int(m) for m in num_examples]
         self.n_model_evals = 0
         self._cache: dict[bytes, float] = {}
@@ -266,6 +281,9 @@ class CoalitionUtility:
         """Every model's stem output on the eval set, (n+1, E, C, H, W), or None if not used."""
         stem = getattr(self._net.model, "stem", None)
         if not isinstance(stem, nn.Conv2d) or not hasattr(self._net.model, "forward_from_stem"):
+            return None
+        work = stem.in_channels * stem.kernel_size[0] * stem.kernel_size[1]
+        if self.stem_cache == "off" or (self.stem_cache == "auto" and work <= 4 * (self.n + 1)):
             return None
         with torch.inference_mode():
             sample = stem(self._x[:1])

@@ -60,9 +60,10 @@ def _setup(name: str, n: int, n_eval: int, seed: int = 0) -> Case:
     return model, glob, clients, num_examples, x, y, rng
 
 
-@pytest.mark.parametrize("mode", ["loop", "vmap"])
+@pytest.mark.parametrize(("mode", "stem_cache"), [("loop", "on"), ("loop", "off"),
+                                                  ("vmap", "auto")])
 @pytest.mark.parametrize("metric", ["accuracy", "neg-loss"])
-def test_lenet_matches_naive(metric: str, mode: str) -> None:
+def test_lenet_matches_naive(metric: str, mode: str, stem_cache: str) -> None:
     # Prepare
     model, glob, clients, num_examples, x, y, rng = _setup("lenet", 5, 64)
     masks = _masks(5, 6, rng)
@@ -78,7 +79,9 @@ def test_lenet_matches_naive(metric: str, mode: str) -> None:
         mode=mode,
         batch_size=40,
         chunk_size=3,
+        stem_cache=stem_cache,
     )
+    assert (utility.stem_cache_bytes > 0) == (stem_cache == "on")
     # Execute
     got = utility(masks)
     expected = naive_utility(model, glob, clients, num_examples, x, y, masks, metric)
@@ -112,7 +115,8 @@ def test_resnet18_matches_naive_with_batchnorm(
     # Prepare: cap=0 turns the stem cache off
     case, masks, expected = resnet_case
     utility = CoalitionUtility(
-        *case[:-1], metric=metric, device="cpu", mode=mode, memory_cap_bytes=cap
+        *case[:-1], metric=metric, device="cpu", mode=mode, memory_cap_bytes=cap,
+        stem_cache="on",
     )
     # Execute
     got = utility(masks)
@@ -120,6 +124,16 @@ def test_resnet18_matches_naive_with_batchnorm(
     assert (utility.stem_cache_bytes == 0) == (mode == "vmap" or cap == 0)
     np.testing.assert_allclose(got, expected[metric], rtol=0, atol=1e-5)
     assert len(np.unique(expected[metric])) > 2  # the check is not vacuous
+
+
+@pytest.mark.parametrize(("n", "cached"), [(5, True), (10, False)])
+def test_auto_stem_cache_only_where_the_stem_outweighs_the_combination(n: int,
+                                                                        cached: bool) -> None:
+    # LeNet's stem does 1 x 5 x 5 = 25 MACs per output; combining n + 1 cached outputs costs
+    # n + 1 memory-bound reads: worth it only when 25 > 4 (n + 1)
+    model, glob, clients, num_examples, x, y, _ = _setup("lenet", n, 8)
+    utility = CoalitionUtility(model, glob, clients, num_examples, x, y, device="cpu")
+    assert (utility.stem_cache_bytes > 0) == cached
 
 
 def test_empty_coalition_is_global_model_and_cache_counts_distinct() -> None:
