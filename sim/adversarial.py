@@ -31,6 +31,7 @@ from sim.report import markdown_table
 from sim.results import CellResult, Stat
 
 COLS = ("adversary-kind", "adversary-fraction")
+NO_PHI = ("none", "multikrum")
 DEFAULTS = {"adversary-kind": "label-flip", "adversary-fraction": 0.0}  # pyproject.toml's
 
 
@@ -129,9 +130,13 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
         row = {"share": _nanmean(cat["share"]), "share_2nd_half": _nanmean(half),
                "weight_share": _nanmean(cat["weight_share"]),
                "adv_rank": _nanmean(cat["adv_rank"]), "honest_rank": _nanmean(cat["honest_rank"])}
+        if key[0] in NO_PHI:  # their phi is a placeholder, not a contribution estimate
+            row["adv_rank"] = row["honest_rank"] = math.nan
+        ranks = ("- | -" if math.isnan(row["adv_rank"]) else
+                 f"{row['adv_rank']:.3f} | {row['honest_rank']:.3f}")
         md.append(f"| {key[0]} | {key[1]} | {key[2]} | {float(key[2]):.2f} | {row['share']:.3f}"
                   f" / {row['share_2nd_half']:.3f} | {row['weight_share']:.3f} | "
-                  f"{row['adv_rank']:.3f} | {row['honest_rank']:.3f} | {len(cat['round'])} |")
+                  f"{ranks} | {len(cat['round'])} |")
         st = stats[key]
         csv_rows.append({"grid": "adversarial", "metric": "final", "row_key": "valuation",
                          "row": key[0], "columns": f"{COLS[0]}={key[1]}, {COLS[1]}={key[2]}",
@@ -141,7 +146,8 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
                          "values": " ".join(f"{v:.2f}" for v in st.values), "paper": "",
                          **{k: round(v, 4) for k, v in row.items()}})
     png = plot_selection_share(groups, preset.num_supernodes, cols, out / "selection-share.png")
-    md += ["", "NaN means the method records no phi (FedAvg, Multi-Krum) or no weights.", "",
+    md += ["", "Phi ranks only for contribution-valuing methods (FedAvg and Multi-Krum value "
+           "nobody); the weight share is the adversaries' part of the aggregate.", "",
            f"![selection share]({png.name})", ""]
     return md, csv_rows, [png]
 
@@ -159,9 +165,12 @@ def plot_selection_share(groups: dict[tuple[Any, ...], list[CellResult]], num_pa
                          cols: list[dict[str, Any]], path: Path, smooth: int = 5) -> Path:
     """Adversaries' share of each round's participants (mean over seeds, ``smooth``-round
     moving average) per method, one panel per (kind, fraction), base rate dashed."""
-    fig, axes = plt.subplots(1, max(len(cols), 1), figsize=(5.5 * max(len(cols), 1), 4),
-                             squeeze=False)
-    for ax, col in zip(axes[0], cols, strict=False):
+    ncol = min(max(len(cols), 1), 2)
+    nrow = math.ceil(max(len(cols), 1) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(6 * ncol, 4.2 * nrow), squeeze=False)
+    for ax in axes.flat[len(cols):]:
+        ax.set_visible(False)
+    for ax, col in zip(axes.flat, cols, strict=False):
         for key, members in groups.items():
             if list(key[1:]) != list(col.values()):
                 continue

@@ -52,7 +52,7 @@ def plot_curves(grid: Grid, preset: Preset, res: dict[str, CellResult], path: Pa
             ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.12)
         ax.set(title=_label(col), xlabel="round", ylabel="test accuracy (%)")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="lower right")
+    axes[0][0].legend(fontsize=7, loc="best")
     fig.suptitle(f"{preset.name} / {grid.name}: accuracy vs round (mean over seeds, ±1 std)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -78,8 +78,8 @@ def plot_valuation_time(grid: Grid, preset: Preset, res: dict[str, CellResult],
     fig, ax = plt.subplots(figsize=(1.1 * max(len(names), 3) + 2, 4))
     ax.bar(names, means, yerr=[lo, hi], capsize=4, color="tab:blue", alpha=0.8)
     for i, m in enumerate(means):
-        ax.annotate(f"{m:.2f}", (i, m), ha="center", va="bottom", fontsize=8,
-                    xytext=(0, 2), textcoords="offset points")
+        ax.annotate(f"{m:.3g} s", (i, 0), ha="center", va="bottom", fontsize=8,
+                    xytext=(0, 3), textcoords="offset points")
     ax.set(ylabel="valuation seconds per round", title=f"{grid.name}: valuation time "
            "(mean; bars: 10-90% of rounds)")
     ax.tick_params(axis="x", rotation=30)

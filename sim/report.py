@@ -171,10 +171,14 @@ def grid_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
                              col_keys)]
     if grid.kind == "table" and "owen" in rows:
         md += ["Where FedOwen stands (final accuracy):", "",
-               *[f"- {n}" for n in ranking_notes(final, rows, cols)], ""]
+               *[f"- {n}" for n in ranking_notes(final, rows, cols)], "",
+               f"Where FedOwen stands (mean of the last {LAST_K} rounds):", "",
+               *[f"- {n}" for n in ranking_notes(lastk, rows, cols)], ""]
     files = []
     if grid.kind == "table":
-        md += ["Valuation cost:", "", valuation_table(grid, preset, res), ""]
+        md += ["Valuation cost (wall time on the machine that ran the cells; on a shared "
+               "machine it follows the load more than the method, the utility-call count "
+               "is the fair cost):", "", valuation_table(grid, preset, res), ""]
         files.append(plot_curves(grid, preset, res, out / f"{grid.name}-accuracy.png"))
         files.append(plot_valuation_time(grid, preset, res, out / f"{grid.name}-valuation.png"))
     else:
