@@ -123,3 +123,18 @@ def test_multikrum_drops_the_outliers_and_averages_the_rest() -> None:
     # Assert
     assert val.phi.tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]
     np.testing.assert_allclose(val.weights, [0.25, 0.25, 0.25, 0.25, 0.0])
+
+
+def test_l1_scale_bounds_cancelling_contributions() -> None:
+    # Contributions that nearly cancel: the gain is 0.003, each value is +-0.08
+    from fedowen_strategy.contribution import scale_phi
+
+    raw = np.array([0.0815, -0.0785, 0.0])
+    normalised = scale_phi(raw, 0.003, "normalised")
+    l1 = scale_phi(raw, 0.003, "l1")
+    assert np.abs(normalised).max() == pytest.approx(27.17, abs=0.01)
+    assert np.abs(l1).sum() == pytest.approx(1.0) and np.abs(l1).max() < 1
+    # same-sign contributions: l1 and normalised agree
+    same = np.array([0.02, 0.05, 0.03])
+    np.testing.assert_allclose(scale_phi(same, 0.1, "l1"), scale_phi(same, 0.1, "normalised"))
+    np.testing.assert_allclose(scale_phi(raw, 0.0, "normalised"), raw)  # flat round: raw kept
