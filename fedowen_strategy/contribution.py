@@ -7,8 +7,8 @@ budget, and how its output becomes weights.
 Scale of phi. Estimators return values in the utility's raw units (accuracy gained). With ten
 clients these are a few hundredths, and ``softmax(phi)`` of such numbers is uniform to within
 a few percent, so the paper's aggregation would silently be FedAvg. FedOwen therefore uses the
-*normalised* scale by default, the one Algorithm 1 works on: ``phi / |nu(N) - nu(empty)|``, so
-a round's values sum to +-1 (the sign of the round's total gain). When
+*normalised* scale Algorithm 1 works on, ``phi / |nu(N) - nu(empty)|``, so a round's values sum
+to +-1 (the sign of the round's total gain), guarded as ``l1`` below (the default). When
 ``|nu(N) - nu(empty)| < 1e-9`` nothing can be normalised and the raw values (all ~0) are used,
 which gives uniform softmax weights. ``phi-scale = "raw"`` keeps raw gains.
 
@@ -16,7 +16,10 @@ The normalised scale has one failure mode, seen in the CPU experiments at alpha 
 the clients' contributions nearly cancel (raw values of +-0.08 summing to a gain of 0.003) it
 inflates them to +-24 and the softmax puts all weight on one client. ``phi-scale = "l1"``
 divides by ``sum |phi|`` instead, which equals ``|gain|`` for an efficient estimator whenever
-all contributions share a sign and keeps ``|phi| <= 1`` when they cancel.
+all contributions share a sign and keeps ``|phi| <= 1`` when they cancel. Measured
+(docs/results/phi-scale-mnist, MNIST, 20 rounds, 3 seeds): the largest weight any client got
+was 0.23 with ``l1`` against 1.00 in 4 of 6 cells with ``normalised``; final accuracy 33.1 vs
+26.1 at alpha 0.01, 64.2 vs 64.7 at alpha 0.1. ``l1`` is therefore the default.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class ValuationSettings:
     method: str = "owen"
     budget_m: int = 4
     params: Mapping[str, Any] = field(default_factory=dict)
-    phi_scale: str = "normalised"
+    phi_scale: str = "l1"
     temperature: float = 1.0
     krum_malicious: int = 0
 

@@ -52,7 +52,7 @@ class RunConfig:
     budget_m: int = 4
     owen_q: int = 2
     utility_metric: str = "accuracy"
-    phi_scale: str = "normalised"
+    phi_scale: str = "l1"
     temperature: float = 1.0
     epsilon: float = 0.1
     ucb_c: float = 0.1

@@ -45,7 +45,7 @@ def test_single_returned_client_gets_all_weight(method: str) -> None:
     val = value_round(states([1, 1, 1]), [5], GLOBAL, ValuationSettings(method=method),
                       factory_for(closeness), np.random.default_rng(0))
     assert val.weights.tolist() == [1.0]
-    # the lone player's value is the whole gain: normalised to +1
+    # the lone player's value is the whole gain: +1 on the l1 (default) and normalised scales
     assert val.phi[0] == pytest.approx(1.0)
 
 
@@ -54,7 +54,8 @@ def test_paper_algorithm_credits_a_lone_client_only_on_its_mask_levels() -> None
     # with Q = 2 (q = 1/2, 1) the expected credit is (1/2 + 1) / 2 = 3/4 of the gain: the
     # grid bias the README describes. Averaged over seeds it converges there, not to 1.
     vals = [value_round(states([1, 1, 1]), [5], GLOBAL,
-                        ValuationSettings(method="owen-paper", budget_m=40),
+                        ValuationSettings(method="owen-paper", budget_m=40,
+                                          phi_scale="normalised"),
                         factory_for(closeness), np.random.default_rng(s)).phi[0]
             for s in range(40)]
     assert np.mean(vals) == pytest.approx(0.75, abs=0.05)
@@ -89,7 +90,8 @@ def test_round_that_lowers_utility_sums_to_minus_one() -> None:
     # global w = 1 is perfect; both clients move away, one twice as far
     perfect = {"w": np.ones(3, np.float32)}
     val = value_round(states([0, 1, 1], [-1, 1, 1]), [1, 1], perfect,
-                      ValuationSettings(method="exact"), factory_for(closeness),
+                      ValuationSettings(method="exact", phi_scale="normalised"),
+                      factory_for(closeness),
                       np.random.default_rng(3))
     assert val.nu_full < val.nu_empty
     assert val.phi.sum() == pytest.approx(-1.0)

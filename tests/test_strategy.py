@@ -117,12 +117,12 @@ def test_start_runs_six_clients_three_rounds(method: str, tmp_path: Any) -> None
             list(rounds[1]["weights"].values()), example_weights([10, 11, 12, 13, 14, 15])
         )
     else:
-        assert dist[3]["distance"] < 0.5 * dist[0]["distance"]
+        assert dist[3]["distance"] < 0.75 * dist[0]["distance"]
         phi = rounds[1]["phi"]
         assert min(phi[f"c{i}"] for i in range(4)) > max(phi[f"c{i}"] for i in BAD)
         assert rounds[1]["n_evals"] <= 6 * 10
-        # normalised scale: a round's values sum to +-1
-        assert abs(abs(sum(phi.values())) - 1.0) < 1e-6
+        # l1 scale (the default): a round's absolute values sum to 1
+        assert abs(sum(abs(v) for v in phi.values()) - 1.0) < 1e-6
         # softmax weights favour the good clients
         w = rounds[1]["weights"]
         assert min(w[f"c{i}"] for i in range(4)) > max(w[f"c{i}"] for i in BAD)
