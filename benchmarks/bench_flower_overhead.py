@@ -5,7 +5,7 @@ Two ways to run the same ``--rounds`` FedOwen rounds (MNIST, ``--supernodes`` vi
 
 * ``flower``: a real ``flwr run`` (:func:`sim.launcher.flwr_run`) on a SuperLink of our own,
   simulation engine with Ray, ``client-resources-num-cpus=1`` (2 actors on 2 cores);
-* ``inprocess``: :func:`server_app.app.run` over :class:`tests.fake_grid.InProcessGrid`, which
+* ``inprocess``: :func:`server_app.app.run` over :class:`sim.inline_grid.InProcessGrid`, which
   calls the real ClientApp ``train_handler`` one client after the other in one process.
 
 Seconds per round come from ``rounds.jsonl`` (``elapsed_seconds`` differences, measured by the
@@ -96,16 +96,16 @@ def _inprocess_child(cfg: dict[str, Any], supernodes: int, threads: int) -> None
     import torch
     from flwr.supercore.task_identity import TaskIdentity
 
-    from client_app.app import train_handler
+    from client_app.app import app as client_app
     from server_app.app import run
     from server_app.config import parse_run_config
-    from tests.fake_grid import InProcessGrid
+    from sim.inline_grid import InProcessGrid
 
     torch.set_num_threads(threads)
     # Messages built outside a running app need a task identity (internal API, as in the tests).
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
     nodes = [{"partition-id": i, "num-partitions": supernodes} for i in range(supernodes)]
-    run(InProcessGrid(train_handler, nodes, cfg), parse_run_config(cfg), Path(cfg["output-dir"]))
+    run(InProcessGrid(client_app, nodes, cfg), parse_run_config(cfg), Path(cfg["output-dir"]))
 
 
 def inprocess_job(args: argparse.Namespace, work: Path) -> dict[str, Any]:

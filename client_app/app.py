@@ -44,6 +44,16 @@ def _data_dir(cfg: RunConfig, context: Context) -> Path:
     return resolve_data_dir(cfg.data_dir or None)
 
 
+def _client_id(context: Context) -> str:
+    """This client's stable name: node config ``client-id``, else ``partition-id``."""
+    node = context.node_config
+    name = node.get("client-id", node.get("partition-id"))
+    if name is None or str(name) == "":
+        raise ValueError(f"node config {dict(node)} names no client: start the SuperNode with "
+                         "--node-config 'client-id=\"site-a\"' or 'partition-id=0 ...'")
+    return str(name)
+
+
 def _partition(cfg: RunConfig, context: Context
                ) -> tuple[torch.Tensor, torch.Tensor, str, bool]:
     """(x, y, client id, adversarial?) of this node's partition."""
@@ -67,7 +77,7 @@ def _partition(cfg: RunConfig, context: Context
     x = to_tensor(ds.x_train[idx], ds.name)
     y = torch.as_tensor(ds.y_train[idx], dtype=torch.long)
     bad = pid in adversary_ids(num, cfg.adversary_fraction, cfg.seed)
-    return x, y, str(node.get("client-id", pid)), bad
+    return x, y, _client_id(context), bad
 
 
 def _model(cfg: RunConfig, msg: Message, context: Context) -> torch.nn.Module:
@@ -80,6 +90,17 @@ def _model(cfg: RunConfig, msg: Message, context: Context) -> torch.nn.Module:
 def _last_weight(model: torch.nn.Module) -> str:
     """Key of the classifier's weight (its rows are the classes)."""
     return [k for k, v in model.state_dict().items() if v.ndim == 2][-1]
+
+
+def _named(content: RecordDict, client_id: str) -> RecordDict:
+    content[CLIENT_RECORD_KEY] = ConfigRecord({CLIENT_ID_FIELD: client_id})
+    return content
+
+
+@app.query()
+def query_handler(msg: Message, context: Context) -> Message:
+    """Name this client: the server orders nodes by client id before it selects any."""
+    return Message(content=_named(RecordDict(), _client_id(context)), reply_to=msg)
 
 
 @app.train()
@@ -109,9 +130,8 @@ def train_handler(msg: Message, context: Context) -> Message:
     content = RecordDict({
         "arrays": ArrayRecord(state),
         "metrics": MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y)}),
-        CLIENT_RECORD_KEY: ConfigRecord({CLIENT_ID_FIELD: client_id}),
     })
-    return Message(content=content, reply_to=msg)
+    return Message(content=_named(content, client_id), reply_to=msg)
 
 
 @app.evaluate()
@@ -123,6 +143,5 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     content = RecordDict({
         "metrics": MetricRecord({"eval-loss": loss, "eval-accuracy": acc,
                                  "num-examples": len(y)}),
-        CLIENT_RECORD_KEY: ConfigRecord({CLIENT_ID_FIELD: client_id}),
     })
-    return Message(content=content, reply_to=msg)
+    return Message(content=_named(content, client_id), reply_to=msg)

@@ -1,8 +1,10 @@
 """Contribution-aware aggregation (FedOwen paper, Sec. 3.5).
 
-The new global model is ``W = sum_i alpha_i W_i`` with ``alpha = softmax(phi / T)`` over the
-clients that returned an update this round. Arrays are plain ``dict[str, numpy.ndarray]``
-(one state dict per client); no Flower or torch here.
+The new global model is ``W = sum_i alpha_i W_i`` over the clients that returned an update this
+round. FedOwen's ``alpha`` is ``softmax(phi / T)``; the ``aggregation`` axis also offers
+FedAvg's ``n_i / sum n`` (``examples``) and equal weights (``uniform``), so each ablation
+changes one choice only. Arrays are plain ``dict[str, numpy.ndarray]`` (one state dict per
+client); no Flower or torch here.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 State = Mapping[str, NDArray]
+#: How a round's updates are weighted: softmax(phi / T), FedAvg's num-examples, equal.
+AGGREGATIONS = ("softmax", "examples", "uniform")
+#: The aggregations that need contributions phi.
+NEEDS_PHI = ("softmax",)
 
 
 def softmax_weights(phi: NDArray[np.float64], temperature: float = 1.0) -> NDArray[np.float64]:
@@ -41,6 +47,25 @@ def example_weights(num_examples: Sequence[int]) -> NDArray[np.float64]:
     if n.size == 0 or np.any(n <= 0) or not np.all(np.isfinite(n)):
         raise ValueError(f"num-examples must be positive and finite, got {list(num_examples)}")
     return n / n.sum()
+
+
+def uniform_weights(n: int) -> NDArray[np.float64]:
+    """Equal weights ``1 / n``."""
+    if n < 1:
+        raise ValueError(f"uniform weights need at least one update, got n={n}")
+    return np.full(n, 1.0 / n)
+
+
+def round_weights(kind: str, phi: NDArray[np.float64], num_examples: Sequence[int],
+                  temperature: float = 1.0) -> NDArray[np.float64]:
+    """The aggregation weights of one round under aggregation ``kind`` (see AGGREGATIONS)."""
+    if kind == "softmax":
+        return softmax_weights(phi, temperature)
+    if kind == "examples":
+        return example_weights(num_examples)
+    if kind == "uniform":
+        return uniform_weights(len(num_examples))
+    raise ValueError(f"aggregation={kind!r} is not one of {AGGREGATIONS}")
 
 
 def weighted_average(states: Sequence[State], weights: NDArray[np.float64]) -> dict[str, NDArray]:

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.aggregation import example_weights, softmax_weights
+from fedowen_strategy.aggregation import AGGREGATIONS, NEEDS_PHI, round_weights
+from fedowen_strategy.selection import SELECTIONS
 from fedowen_strategy.shapfed import shapfed_scores
 from fedowen_strategy.valuation import ESTIMATORS, estimate
 
@@ -44,15 +45,50 @@ UtilityFactory = Callable[[Mapping[str, NDArray], Sequence[Mapping[str, NDArray]
 #: multikrum (Flower's Multi-Krum selection, then FedAvg over the kept updates; a robustness
 #: baseline, not a valuation).
 METHODS: tuple[str, ...] = (*ESTIMATORS, "shapfed-wa", "none", "multikrum")
-#: Methods that use no contributions, so selection stays uniform.
-UNIFORM_SELECTION = ("none", "multikrum")
+#: Methods that compute no contributions phi (multikrum's "phi" is its 0/1 keep mask), so
+#: neither the bandit nor softmax aggregation can use them.
+NO_PHI = ("none", "multikrum")
 PHI_SCALES = ("normalised", "l1", "raw")
 _FLAT = 1e-9
 
 
+def resolve_axes(method: str, selection: str, aggregation: str) -> tuple[str, str]:
+    """The (selection, aggregation) a run uses; ``auto`` picks FedOwen's choices (``adaptive``,
+    ``softmax``) for a valuation method and FedAvg's (``random``, ``examples``) for the methods
+    in NO_PHI.
+
+    Raises
+    ------
+    ValueError
+        For a value outside its choices, or a combination that needs contributions from a
+        method that computes none (e.g. ``valuation = "none"`` with ``softmax``).
+    """
+    no_phi = method in NO_PHI
+    if selection == "auto":
+        selection = "random" if no_phi else "adaptive"
+    if aggregation == "auto":
+        aggregation = "examples" if no_phi else "softmax"
+    problems = []
+    if selection not in SELECTIONS:
+        problems.append(f"selection={selection!r} is not one of auto, {', '.join(SELECTIONS)}")
+    if aggregation not in AGGREGATIONS:
+        problems.append(f"aggregation={aggregation!r} is not one of auto, "
+                        f"{', '.join(AGGREGATIONS)}")
+    if no_phi and selection == "adaptive":
+        problems.append(f"selection='adaptive' ranks clients by phi, which valuation={method!r} "
+                        "does not compute: use selection='random' (or 'auto')")
+    if no_phi and aggregation in NEEDS_PHI:
+        problems.append(f"aggregation={aggregation!r} weights by phi, which valuation="
+                        f"{method!r} does not compute: use 'examples' or 'uniform' (or 'auto')")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return selection, aggregation
+
+
 @dataclass(frozen=True)
 class ValuationSettings:
-    """How a round is valued and aggregated (see the module docstring for ``phi_scale``)."""
+    """How a round is valued and aggregated (see the module docstring for ``phi_scale``);
+    ``aggregation = "auto"`` resolves as in :func:`resolve_axes`."""
 
     method: str = "owen"
     budget_m: int = 4
@@ -60,10 +96,13 @@ class ValuationSettings:
     phi_scale: str = "l1"
     temperature: float = 1.0
     krum_malicious: int = 0
+    aggregation: str = "auto"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"valuation={self.method!r} is not one of {', '.join(METHODS)}")
+        _, aggregation = resolve_axes(self.method, "random", self.aggregation)
+        object.__setattr__(self, "aggregation", aggregation)
         if self.budget_m < 1:
             raise ValueError(f"budget M={self.budget_m!r} must be >= 1 (paper: 4)")
         if self.phi_scale not in PHI_SCALES:
@@ -134,17 +173,20 @@ def value_round(
         raise ValueError("value_round needs at least one returned update")
     if settings.method == "none":
         zeros = np.zeros(n)
-        return RoundValuation(zeros, zeros, example_weights(num_examples), 0,
+        return RoundValuation(zeros, zeros, round_weights(settings.aggregation, zeros,
+                                                          num_examples), 0,
                               time.perf_counter() - start)
     if settings.method == "multikrum":
         kept = multikrum_keep(states, settings.krum_malicious)
-        weights = np.where(kept, example_weights(num_examples), 0.0)
+        base = round_weights(settings.aggregation, kept.astype(np.float64), num_examples)
+        weights = np.where(kept, base, 0.0)
         return RoundValuation(kept.astype(np.float64), kept.astype(np.float64),
                               weights / weights.sum(), 0, time.perf_counter() - start)
     if settings.method == "shapfed-wa":
         key = last_layer_key(global_state)
         phi = shapfed_scores([s[key] for s in states], global_state[key])
-        return RoundValuation(phi, phi, softmax_weights(phi, settings.temperature), 0,
+        return RoundValuation(phi, phi, round_weights(settings.aggregation, phi, num_examples,
+                                                      settings.temperature), 0,
                               time.perf_counter() - start)
     if utility_factory is None:
         raise ValueError(f"valuation={settings.method!r} needs a utility over coalitions")
@@ -155,6 +197,6 @@ def value_round(
     result = estimate(settings.method, utility, n, budget=budget, seed=seed, **settings.params)
     phi_raw = np.asarray(result.values, dtype=np.float64)
     phi = scale_phi(phi_raw, nu_full - nu_empty, settings.phi_scale)
-    weights = softmax_weights(phi, settings.temperature)
+    weights = round_weights(settings.aggregation, phi, num_examples, settings.temperature)
     return RoundValuation(phi, phi_raw, weights, int(result.n_evals),
                           time.perf_counter() - start, nu_empty, nu_full)

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+#: Algorithm 2's bandit, or uniform sampling (FedAvg's, and the paper's ablation).
+SELECTIONS = ("adaptive", "random")
+
 
 @dataclass(frozen=True)
 class SelectionParams:

@@ -8,9 +8,12 @@ truncated Owen sampling by default) and averages the updates with ``softmax(phi 
 (:mod:`fedowen_strategy.aggregation`). The strategy itself is thin glue over those modules.
 
 Per-client state (latest phi, times selected) is keyed by a stable client id that each
-ClientApp sends back in its reply (``partition-id`` in simulation, a node-config ``client-id``
-in deployment), so it is meaningful across restarts; the node id -> client id map is learned
-from replies. Nodes never heard from yet are keyed ``node:<id>`` and count as fresh clients.
+ClientApp sends back (``partition-id`` in simulation, a node-config ``client-id`` in
+deployment), so it is meaningful across restarts. Node ids are random in every run, so before
+it selects from a node it has not heard from, the strategy asks it for its client id with a
+cheap ``query`` message, and it always selects from the nodes ordered by client id: the same
+run config and seed select the same clients in every run. A node that does not answer is
+keyed ``node:<id>`` (ordered last) and counts as a fresh client.
 """
 
 from __future__ import annotations
@@ -27,16 +30,21 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedowen_strategy.aggregation import weighted_average
 from fedowen_strategy.contribution import (
-    UNIFORM_SELECTION,
     UtilityFactory,
     ValuationSettings,
+    resolve_axes,
     value_round,
 )
-from fedowen_strategy.replies import ParsedReplies, parse_replies, record_to_state, state_to_record
+from fedowen_strategy.replies import (
+    ParsedReplies,
+    client_id_of,
+    parse_replies,
+    record_to_state,
+    state_to_record,
+)
 from fedowen_strategy.selection import SelectionParams, select_clients, select_uniform
 
 log = logging.getLogger(__name__)
-SELECTIONS = ("adaptive", "random")
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
 
 
@@ -52,9 +60,9 @@ class FedOwen(FedAvg):
         by every game-based valuation method.
     valuation : ValuationSettings
         Estimator, budget M, parameters, phi scale and softmax temperature.
-    selection : {"adaptive", "random"}
-        Algorithm 2, or uniform sampling (the paper's ablation). ``valuation.method ==
-        "none"`` (FedAvg) and ``"multikrum"`` always sample uniformly.
+    selection : {"auto", "adaptive", "random"}
+        Algorithm 2, or uniform sampling (FedAvg's; the paper's ablation). ``auto``: adaptive
+        for a valuation method, random for ``none`` and ``multikrum`` (which compute no phi).
     selection_params : SelectionParams
         epsilon, c, tau of Algorithm 2.
     seed : int
@@ -63,28 +71,35 @@ class FedOwen(FedAvg):
         Wait until this many nodes are connected before selecting (at least k).
     max_norm_ratio : float
         Reject updates farther from the global model than this multiple of its norm (0: off).
+    node_wait_timeout : float
+        Seconds to wait for ``min_available_nodes`` before failing with a message that says
+        how many are connected and how to add nodes.
+    query_timeout : float
+        Seconds to wait for new nodes to name themselves (their client ids).
     on_round : callable, optional
         ``(round, record, ledger_rows)`` called after every aggregation (the ServerApp writes
         the records with it).
     """
 
     def __init__(self, *, clients_per_round: int, utility_factory: UtilityFactory | None,
-                 valuation: ValuationSettings | None = None, selection: str = "adaptive",
+                 valuation: ValuationSettings | None = None, selection: str = "auto",
                  selection_params: SelectionParams | None = None, seed: int = 0,
                  min_available_nodes: int = 2, max_norm_ratio: float = 0.0,
+                 node_wait_timeout: float = 60.0, query_timeout: float = 300.0,
                  on_round: RoundHook | None = None) -> None:
         if clients_per_round < 1:
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1")
-        if selection not in SELECTIONS:
-            raise ValueError(f"selection={selection!r} is not one of {SELECTIONS}")
+        valuation = valuation or ValuationSettings()
+        selection, _ = resolve_axes(valuation.method, selection, valuation.aggregation)
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0,
                          min_available_nodes=max(min_available_nodes, clients_per_round))
         self.clients_per_round = clients_per_round
         self.utility_factory = utility_factory
-        self.valuation = valuation or ValuationSettings()
+        self.valuation = valuation
         self.selection = selection
         self.selection_params = selection_params or SelectionParams()
         self.max_norm_ratio = max_norm_ratio
+        self.node_wait_timeout, self.query_timeout = node_wait_timeout, query_timeout
         self.on_round = on_round
         sel_seq, val_seq = np.random.SeedSequence(seed).spawn(2)
         self.select_rng = np.random.default_rng(sel_seq)
@@ -116,22 +131,57 @@ class FedOwen(FedAvg):
     def summary(self) -> None:
         """Log the settings."""
         v, p = self.valuation, self.selection_params
-        log.info("FedOwen: k=%d, valuation=%s (M=%d, params=%s, phi-scale=%s, T=%g)",
-                 self.clients_per_round, v.method, v.budget_m, dict(v.params), v.phi_scale,
-                 v.temperature)
+        log.info("FedOwen: k=%d, valuation=%s (M=%d, params=%s, phi-scale=%s), aggregation=%s "
+                 "(T=%g)", self.clients_per_round, v.method, v.budget_m, dict(v.params),
+                 v.phi_scale, v.aggregation, v.temperature)
         log.info("FedOwen: selection=%s (epsilon=%g, c=%g, tau=%g), max-norm-ratio=%g",
                  self.selection, p.epsilon, p.c, p.tau, self.max_norm_ratio)
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
-        while len(nodes := sorted(grid.get_node_ids())) < self.min_available_nodes:
-            log.info("Waiting for nodes: %d connected, %d needed", len(nodes),
-                     self.min_available_nodes)
-            time.sleep(1.0)
+        """The connected node ids once ``min_available_nodes`` are there; fails after
+        ``node_wait_timeout`` seconds with what to do."""
+        need, started = self.min_available_nodes, time.monotonic()
+        next_log = started
+        while len(nodes := sorted(grid.get_node_ids())) < need:
+            waited = time.monotonic() - started
+            if waited >= self.node_wait_timeout:
+                raise RuntimeError(
+                    f"only {len(nodes)} node(s) connected after {waited:.0f}s, {need} needed "
+                    f"(clients-per-round={self.clients_per_round}). In simulation run with "
+                    f"--federation-config \"num-supernodes={max(need, 100)}\" (any value >= "
+                    f"{need}); in a deployment start more SuperNodes; or lower "
+                    "clients-per-round. node-wait-timeout sets how long to wait.")
+            if time.monotonic() >= next_log:
+                log.info("Waiting for nodes: %d connected, %d needed", len(nodes), need)
+                next_log += 10.0
+            time.sleep(0.5)
         return nodes
+
+    def _identify(self, grid: Grid, nodes: list[int]) -> None:
+        """Ask nodes not heard from yet for their client ids (one ``query`` message each)."""
+        unknown = [node for node in nodes if node not in self.client_of_node]
+        if not unknown:
+            return
+        record = RecordDict({self.configrecord_key: ConfigRecord({"identify": 1})})
+        replies = grid.send_and_receive(
+            self._construct_messages(record, unknown, MessageType.QUERY),
+            timeout=self.query_timeout)
+        named = 0
+        for reply in replies:
+            if not reply.has_error():
+                self.client_of_node[reply.metadata.src_node_id] = client_id_of(reply)
+                named += 1
+        log.info("Identified %d of %d new nodes by client id", named, len(unknown))
+
+    def _keys(self, nodes: list[int]) -> tuple[list[int], list[str]]:
+        """Nodes and their client ids, ordered by client id (numbers numerically)."""
+        keyed = [(self.client_of_node.get(node, f"node:{node}"), node) for node in nodes]
+        keyed.sort(key=lambda kn: _client_order(kn[0]))
+        return [n for _, n in keyed], [k for k, _ in keyed]
 
     def _choose(self, server_round: int, keys: list[str]) -> tuple[np.ndarray, bool]:
         k = min(self.clients_per_round, len(keys))
-        if self.selection == "random" or self.valuation.method in UNIFORM_SELECTION:
+        if self.selection == "random":
             return select_uniform(len(keys), k, self.select_rng), True
         phi = np.array([self.phi.get(key, 0.0) for key in keys])
         counts = np.array([self.counts.get(key, 0) for key in keys])
@@ -143,8 +193,9 @@ class FedOwen(FedAvg):
         """Select clients with Algorithm 2 and send them the global model."""
         server_round += self.round_offset
         self._global = arrays
-        nodes = self._wait_for_nodes(grid)
-        keys = [self.client_of_node.get(node, f"node:{node}") for node in nodes]
+        found = self._wait_for_nodes(grid)
+        self._identify(grid, found)
+        nodes, keys = self._keys(found)
         chosen, explored = self._choose(server_round, keys)
         self._selected = [keys[i] for i in chosen]
         log.info("configure_train: round %d, %s %d of %d clients: %s", server_round,
@@ -213,3 +264,10 @@ class FedOwen(FedAvg):
         if self.on_round is not None:
             self.on_round(server_round, record, rows)
         return MetricRecord({k: v for k, v in scalars.items() if np.isfinite(v)})
+
+
+def _client_order(client_id: str) -> tuple[int, int, str]:
+    """Sort key: numeric ids by value, then other names, then unnamed ``node:<id>`` keys."""
+    if client_id.isdigit():
+        return (0, int(client_id), "")
+    return (2 if client_id.startswith("node:") else 1, 0, client_id)

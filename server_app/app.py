@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 app = ServerApp()
 
 
-def _route_library_logs() -> None:
+def route_library_logs() -> None:
     """Send the library's INFO logs through Flower's handlers (shown by ``--stream``)."""
     for name in ("fedowen_strategy", "fedowen_task", "server_app"):
         lib = logging.getLogger(name)
@@ -85,13 +85,16 @@ def make_utility_factory(model: torch.nn.Module, x_eval: torch.Tensor, y_eval: t
 def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    recorder: RunRecorder | None) -> FedOwen:
     """The strategy the run config describes."""
+    selection, aggregation = cfg.axes()
     valuation = ValuationSettings(method=cfg.valuation, budget_m=cfg.budget_m,
                                   params=cfg.estimator_params(), phi_scale=cfg.phi_scale,
-                                  temperature=cfg.temperature, krum_malicious=cfg.krum_malicious)
+                                  temperature=cfg.temperature, krum_malicious=cfg.krum_malicious,
+                                  aggregation=aggregation)
     return FedOwen(clients_per_round=cfg.clients_per_round, utility_factory=factory,
-                   valuation=valuation, selection=cfg.selection,
+                   valuation=valuation, selection=selection,
                    selection_params=cfg.selection_params(), seed=cfg.seed,
-                   max_norm_ratio=cfg.max_norm_ratio,
+                   max_norm_ratio=cfg.max_norm_ratio, node_wait_timeout=cfg.node_wait_timeout,
+                   query_timeout=cfg.round_timeout,
                    on_round=recorder.log_train if recorder else None)
 
 
@@ -116,6 +119,8 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     ``resume-from`` set it continues from there and reproduces the remaining rounds of the
     uninterrupted run.
     """
+    if cfg.torch_threads:  # torch's default (all cores) was 4-6x slower on a shared 2-core box
+        torch.set_num_threads(cfg.torch_threads)
     recorder = RunRecorder(out_dir)
     device = pick_device(cfg.device)
     ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
@@ -162,7 +167,7 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Flower entry point."""
-    _route_library_logs()
+    route_library_logs()
     cfg = parse_run_config(context.run_config)
     out_dir = cfg.resolved_output_dir(context.run_id)
     log.info("FedOwen run %s: results go to %s", context.run_id, out_dir)

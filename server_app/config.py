@@ -14,9 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedowen_strategy.contribution import METHODS, PHI_SCALES
+from fedowen_strategy.contribution import METHODS, PHI_SCALES, resolve_axes
 from fedowen_strategy.selection import SelectionParams
-from fedowen_strategy.strategy import SELECTIONS
 
 SCHEMES = ("per-class", "per-client", "writer")
 ADVERSARY_KINDS = ("label-flip", "noise", "free-rider")
@@ -48,7 +47,8 @@ class RunConfig:
     test_max_samples: int = 0
     valuation: str = "owen"
     valuation_params: str = ""
-    selection: str = "adaptive"
+    selection: str = "auto"
+    aggregation: str = "auto"
     budget_m: int = 4
     owen_q: int = 2
     utility_metric: str = "accuracy"
@@ -59,6 +59,8 @@ class RunConfig:
     tau: float = 0.0
     max_norm_ratio: float = 10.0
     round_timeout: float = 600.0
+    node_wait_timeout: float = 15.0
+    torch_threads: int = 1
     resume_from: str = ""
     adversary_fraction: float = 0.0
     adversary_kind: str = "label-flip"
@@ -71,6 +73,10 @@ class RunConfig:
         if self.model != "auto":
             return self.model
         return "resnet18" if self.dataset == "cifar10" else "lenet"
+
+    def axes(self) -> tuple[str, str]:
+        """(selection, aggregation) with ``auto`` resolved for this valuation."""
+        return resolve_axes(self.valuation, self.selection, self.aggregation)
 
     def selection_params(self) -> SelectionParams:
         """Algorithm 2's constants."""
@@ -127,12 +133,13 @@ def _check_ranges(cfg: RunConfig) -> list[str]:
         (cfg.lr > 0 and cfg.batch_size >= 1 and cfg.local_epochs >= 1,
          "lr must be > 0, batch-size and local-epochs >= 1"),
         (cfg.valuation in METHODS, f"valuation must be one of {', '.join(METHODS)}"),
-        (cfg.selection in SELECTIONS, f"selection must be one of {SELECTIONS}"),
         (cfg.budget_m >= 1 and cfg.owen_q >= 1, "budget-m and owen-q must be >= 1"),
         (cfg.utility_metric in METRICS, f"utility-metric must be one of {METRICS}"),
         (cfg.phi_scale in PHI_SCALES, f"phi-scale must be one of {PHI_SCALES}"),
         (cfg.temperature > 0, "temperature must be > 0"),
         (cfg.round_timeout > 0, "round-timeout must be > 0"),
+        (cfg.node_wait_timeout > 0, "node-wait-timeout must be > 0"),
+        (cfg.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
         (cfg.data_dir == "" or os.path.isabs(cfg.data_dir), "data-dir must be absolute"),
         (cfg.output_dir == "" or os.path.isabs(cfg.output_dir), "output-dir must be absolute"),
         (0 <= cfg.adversary_fraction <= 1, "adversary-fraction must lie in [0, 1]"),
@@ -145,11 +152,11 @@ def _check_ranges(cfg: RunConfig) -> list[str]:
     for ok, message in checks:
         if not ok:
             bad.append(message)
-    try:
-        cfg.selection_params()
-        cfg.estimator_params()
-    except ValueError as err:
-        bad.append(str(err))
+    for check in (cfg.selection_params, cfg.estimator_params, cfg.axes):
+        try:
+            check()
+        except ValueError as err:
+            bad.append(str(err))
     return bad
 
 

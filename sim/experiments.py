@@ -1,13 +1,16 @@
-"""Experiment grids from TOML presets: run them (real ``flwr run`` per cell) and report.
+"""Experiment grids from TOML presets: run them (a real ``flwr run`` per cell, or the inline
+backend: same ServerApp and ClientApp code in one process per cell, no Ray) and report.
 
     python -m sim.experiments run conf/paper-mnist-cpu.toml       # resumable; rerun to continue
+    python -m sim.experiments run conf/ablation-mnist.toml --backend inline --jobs 2
     python -m sim.experiments status conf/paper-mnist-cpu.toml    # cells done / partial / failed
     python -m sim.experiments report conf/paper-mnist-cpu.toml    # tables + plots to docs/results
     python -m sim.experiments report --results results/paper-mnist-cpu --out docs/results/x
 
-Results go to ``results/<preset>/<cell-id>/`` (git-ignored); reports are regenerated from the
-JSON lines there alone. See :mod:`sim.grid` for the preset schema and :mod:`sim.runner` for
-the resume/retry rules.
+Results go to ``results/<preset>/<cell-id>/`` (git-ignored; ``results/<preset>-<backend>/`` when
+``--backend`` overrides the preset's); reports are regenerated from the JSON lines there
+alone. See :mod:`sim.grid` for the preset schema and :mod:`sim.runner` for the resume/retry
+rules.
 """
 
 from __future__ import annotations
@@ -18,16 +21,18 @@ import logging
 import sys
 from pathlib import Path
 
-from sim.grid import Preset, PresetError, load_preset, parse_preset
+from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
 from sim.launcher import APP_DIR
 from sim.runner import PRESET_FILE, Runner, cell_status, read_state
 
 log = logging.getLogger(__name__)
 
 
-def default_results(preset: Preset) -> Path:
-    """``results/<preset name>`` in the repository (git-ignored)."""
-    return APP_DIR / "results" / preset.name
+def default_results(preset: Preset, backend: str | None = None) -> Path:
+    """``results/<preset name>`` in the repository (git-ignored), suffixed ``-<backend>`` when
+    the backend is not the preset's own."""
+    suffix = f"-{backend}" if backend and backend != preset.backend else ""
+    return APP_DIR / "results" / f"{preset.name}{suffix}"
 
 
 def default_report_dir(preset: Preset) -> Path:
@@ -38,7 +43,8 @@ def default_report_dir(preset: Preset) -> Path:
 def _load(args: argparse.Namespace) -> tuple[Preset, Path]:
     if args.preset is not None:
         preset = load_preset(args.preset)
-        return preset, (args.results or default_results(preset)).resolve()
+        backend = getattr(args, "backend", None)
+        return preset, (args.results or default_results(preset, backend)).resolve()
     if args.results is None:
         raise SystemExit("give a preset TOML file or --results <dir with preset.json>")
     stored = args.results / PRESET_FILE
@@ -49,17 +55,29 @@ def _load(args: argparse.Namespace) -> tuple[Preset, Path]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
     from tqdm import tqdm
 
+    from sim.inline import inline_run
     from sim.launcher import LocalSuperLink, flwr_run
     from sim.run import default_data_dir
 
     preset, results = _load(args)
+    backend = args.backend or preset.backend
+    if backend != "inline" and args.jobs > 1:
+        raise SystemExit(f"--jobs {args.jobs} needs --backend inline (flwr runs share one "
+                         "SuperLink and its Ray cluster)")
     data_dir = (args.data_dir or default_data_dir()).resolve()
-    runner = Runner(preset, results, data_dir, run_fn=flwr_run, link_factory=LocalSuperLink)
+    if backend == "inline":
+        runner = Runner(preset, results, data_dir, run_fn=inline_run, link_factory=nullcontext,
+                        jobs=args.jobs)
+    else:
+        runner = Runner(preset, results, data_dir, run_fn=flwr_run, link_factory=LocalSuperLink)
     cells = runner.selected_cells(args.grid)
     print(f"[experiments] {preset.name}: {len(cells)} cells, {preset.num_supernodes} virtual "
-          f"clients, results in {results}, data {data_dir}", flush=True)
+          f"clients, backend {backend} (jobs {args.jobs}), results in {results}, data "
+          f"{data_dir}", flush=True)
     bar = tqdm(total=len(cells), desc=preset.name, unit="cell", file=sys.stdout,
                dynamic_ncols=True, mininterval=5.0)
     runner.progress = bar.write
@@ -112,6 +130,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         s.add_argument("--results", type=Path, default=None,
                        help="results dir (default results/<preset name>)")
     run, status, report = (sub.choices[n] for n in ("run", "status", "report"))
+    for sub_parser in (run, status, report):
+        sub_parser.add_argument("--backend", choices=BACKENDS, default=None,
+                                help="flwr (a real flwr run per cell) or inline (no Ray); "
+                                     "default: the preset's")
+    run.add_argument("--jobs", type=int, default=1,
+                     help="cells at once (inline backend only; one process each)")
     run.add_argument("--data-dir", type=Path, default=None)
     run.add_argument("--retry-failed", action="store_true",
                      help="run cells marked failed again (one more retry each)")

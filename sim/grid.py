@@ -9,6 +9,9 @@ A preset file has three kinds of tables (unknown keys anywhere are an error)::
     cell-timeout = 3600       # seconds per flwr run
     [base]                    # run-config keys shared by every cell (pyproject.toml names)
     num-server-rounds = 20
+    backend = "flwr"          # flwr (a real flwr run per cell) | inline (sim.inline, no Ray)
+    [variants]                # optional named bundles of run-config keys, an axis "variant"
+    fedavg = { valuation = "none", selection = "random", aggregation = "examples" }
     [[grid]]                  # one table / sweep / ablation; cells = product of its axes
     name = "main"
     kind = "table"            # table | sweep | adversarial
@@ -19,9 +22,10 @@ A preset file has three kinds of tables (unknown keys anywhere are an error)::
     where = { dataset = "mnist", imbalance-factor = 0.01, alpha = 0.01 }
     values = { owen = 84.77, none = 77.60 }
 
-A cell is one ``flwr run``: ``base`` + ``set`` + one point of ``axes``. Its id is a hash of
-that run config (without paths, which differ between machines) and the simulation settings,
-so the same cell has the same id in every preset and on every machine.
+A cell is one run: ``base`` + ``set`` + one point of ``axes`` (a ``variant`` value expands to
+its run-config keys). Its id is a hash of that run config (without paths, which differ between
+machines) and the simulation settings, so the same cell has the same id in every preset, on
+every machine and under either backend.
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ from typing import Any
 from server_app.config import parse_run_config
 
 PRESET_KEYS = {"name", "description", "num-supernodes", "cpus-per-client", "cell-timeout",
-               "reductions"}
-GRID_KEYS = {"name", "kind", "set", "axes", "rows", "x", "paper", "description"}
+               "reductions", "backend"}
+BACKENDS = ("flwr", "inline")
+VARIANT = "variant"
+GRID_KEYS = {"name", "kind", "set", "axes", "rows", "x", "paper", "description", "reference"}
 PAPER_KEYS = {"where", "values"}
-KINDS = ("table", "sweep", "adversarial")
+KINDS = ("table", "sweep", "adversarial", "ablation")
 # Keys the runner owns (paths are per machine; resume-from is how a cell continues).
 RUNNER_KEYS = ("output-dir", "resume-from", "data-dir")
-TOP_KEYS = {"preset", "base", "grid"}
+TOP_KEYS = {"preset", "base", "grid", "variants"}
 
 
 class PresetError(ValueError):
@@ -70,6 +76,7 @@ class Grid:
     x: str = ""
     paper: tuple[PaperRef, ...] = ()
     description: str = ""
+    reference: str = ""
 
     @property
     def column_keys(self) -> list[str]:
@@ -103,6 +110,8 @@ class Preset:
     base: dict[str, Any]
     grids: tuple[Grid, ...]
     reductions: str = ""
+    backend: str = "flwr"
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def cells(self) -> list[Cell]:
         """Every cell of every grid (a cell shared by two grids appears once), seed by seed:
@@ -124,21 +133,33 @@ class Preset:
         """The raw TOML structure again (stored beside the results for the report)."""
         grids = [{"name": g.name, "kind": g.kind, "set": g.fixed, "axes": g.axes,
                   "rows": g.rows, "x": g.x, "description": g.description,
+                  "reference": g.reference,
                   "paper": [{"where": p.where, "values": p.values} for p in g.paper]}
                  for g in self.grids]
         return {"preset": {"name": self.name, "description": self.description,
                            "num-supernodes": self.num_supernodes,
                            "cpus-per-client": self.cpus_per_client,
-                           "cell-timeout": self.cell_timeout, "reductions": self.reductions},
-                "base": self.base, "grid": grids}
+                           "cell-timeout": self.cell_timeout, "reductions": self.reductions,
+                           "backend": self.backend},
+                "base": self.base, "variants": self.variants, "grid": grids}
 
 
 def cell_id(run_config: dict[str, Any], num_supernodes: int) -> str:
-    """12 hex digits of the SHA-256 of the cell's run config (paths dropped) and federation."""
+    """12 hex digits of the SHA-256 of the cell's run config (paths dropped, ``auto`` selection
+    and aggregation resolved, so equal runs share an id) and federation."""
     payload = {k: v for k, v in run_config.items() if k not in RUNNER_KEYS}
+    payload["selection"], payload["aggregation"] = parse_run_config(payload).axes()
     text = json.dumps({"run-config": payload, "num-supernodes": num_supernodes},
                       sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def point_config(point: dict[str, Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A grid point's run-config keys: its ``variant`` (if any) expanded, then the rest."""
+    cfg = {k: v for k, v in point.items() if k != VARIANT}
+    if VARIANT in point:
+        cfg = {**variants[point[VARIANT]], **cfg}
+    return cfg
 
 
 def expand_grid(preset: Preset, grid: Grid) -> list[Cell]:
@@ -147,7 +168,7 @@ def expand_grid(preset: Preset, grid: Grid) -> list[Cell]:
     cells = []
     for values in itertools.product(*(grid.axes[k] for k in keys)):
         point = dict(zip(keys, values, strict=True))
-        cfg = {**preset.base, **grid.fixed, **point}
+        cfg = {**preset.base, **grid.fixed, **point_config(point, preset.variants)}
         cells.append(Cell(cell_id(cfg, preset.num_supernodes), grid.name, cfg, point))
     return cells
 
@@ -157,8 +178,8 @@ def _unknown(where: str, got: dict[str, Any], allowed: set[str]) -> list[str]:
             for k in got if k not in allowed]
 
 
-def _parse_grid(raw: dict[str, Any], i: int, base: dict[str, Any]) -> tuple[Grid | None,
-                                                                              list[str]]:
+def _parse_grid(raw: dict[str, Any], i: int, base: dict[str, Any],
+                variants: dict[str, dict[str, Any]]) -> tuple[Grid | None, list[str]]:
     where = f"[[grid]] #{i + 1} ({raw.get('name', '?')})"
     problems = _unknown(where, raw, GRID_KEYS)
     kind = raw.get("kind", "table")
@@ -175,17 +196,27 @@ def _parse_grid(raw: dict[str, Any], i: int, base: dict[str, Any]) -> tuple[Grid
         problems.append(f"{where}: rows={rows!r} is neither an axis nor a fixed key")
     if kind == "sweep" and x not in axes:
         problems.append(f"{where}: a sweep needs x = one of its axes {list(axes)}")
+    reference = str(raw.get("reference", ""))
+    if kind == "ablation" and reference not in axes.get(rows, []):
+        problems.append(f"{where}: an ablation needs reference = one of its rows "
+                        f"{axes.get(rows, [])} (the baseline of the paired differences)")
     refs = []
     for j, ref in enumerate(raw.get("paper", [])):
         problems += _unknown(f"{where} paper #{j + 1}", ref, PAPER_KEYS)
         refs.append(PaperRef(dict(ref.get("where", {})),
                              {str(k): float(v) for k, v in ref.get("values", {}).items()}))
-    # Validate one config per grid against the app's own parser (types, ranges, unknown keys).
-    sample = {**base, **raw.get("set", {}), **{k: v[0] for k, v in axes.items()}}
+    unknown = [v for v in axes.get(VARIANT, []) if v not in variants]
+    if unknown:
+        problems.append(f"{where}: variants {unknown} are not defined in [variants] "
+                        f"(defined: {sorted(variants)})")
+        return None, problems
+    # Validate one config per axis value against the app's own parser (types, ranges, keys).
+    first = {k: v[0] for k, v in axes.items()}
     for key, values in axes.items():
         for value in values:
+            point = point_config({**first, key: value}, variants)
             try:
-                parse_run_config({**sample, key: value})
+                parse_run_config({**base, **raw.get("set", {}), **point})
             except ValueError as err:
                 problems.append(f"{where}: {key}={value!r}: {err}")
                 break
@@ -194,7 +225,7 @@ def _parse_grid(raw: dict[str, Any], i: int, base: dict[str, Any]) -> tuple[Grid
         fixed[rows] = base[rows]  # same config, but the grid now names its row value
     grid = Grid(str(raw.get("name", f"grid{i + 1}")), kind, fixed,
                 {k: list(v) for k, v in axes.items()}, rows, x, tuple(refs),
-                str(raw.get("description", "")))
+                str(raw.get("description", "")), reference)
     return grid, problems
 
 
@@ -217,9 +248,16 @@ def parse_preset(raw: dict[str, Any]) -> Preset:
         parse_run_config(base)
     except ValueError as err:
         problems.append(f"[base]: {err}")
+    variants = {str(k): dict(v) for k, v in raw.get("variants", {}).items()
+                if isinstance(v, dict)}
+    if len(variants) != len(raw.get("variants", {})):
+        problems.append("[variants]: every entry must be a table of run-config keys")
+    backend = meta.get("backend", "flwr")
+    if backend not in BACKENDS:
+        problems.append(f"[preset]: backend={backend!r} must be one of {BACKENDS}")
     grids = []
     for i, graw in enumerate(raw.get("grid", [])):
-        grid, errs = _parse_grid(graw, i, base)
+        grid, errs = _parse_grid(graw, i, base, variants)
         problems += errs
         if grid is not None:
             grids.append(grid)
@@ -232,7 +270,7 @@ def parse_preset(raw: dict[str, Any]) -> Preset:
     return Preset(str(meta["name"]), str(meta.get("description", "")),
                   int(meta.get("num-supernodes", 100)), float(meta.get("cpus-per-client", 1.0)),
                   float(meta.get("cell-timeout", 3600)), base, tuple(grids),
-                  str(meta.get("reductions", "")))
+                  str(meta.get("reductions", "")), str(backend), variants)
 
 
 def load_preset(path: str | Path) -> Preset:

@@ -1,4 +1,4 @@
-"""Run a preset's cells one ``flwr run`` at a time, resumably.
+"""Run a preset's cells resumably: one ``flwr run`` at a time, or inline cells in parallel.
 
 Each cell's output dir is ``<results>/<cell-id>/`` (the app writes ``rounds.jsonl``,
 ``ledger.csv``, ``config.json``, ``checkpoint.npz`` and, when finished, ``summary.json`` there;
@@ -11,7 +11,8 @@ the runner adds ``flwr.log``, the run's streamed log). State lives in the files:
   invocations skip it unless asked to retry failed cells).
 
 One SuperLink serves all cells of an invocation; it is restarted when it died or a run failed
-(a timed-out run may still be running on it).
+(a timed-out run may still be running on it). The inline backend needs no SuperLink and runs
+``jobs`` cells at once, each in its own process.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ FRESH_START_FILES = ("rounds.jsonl", "ledger.csv", "config.json")
 
 RunFn = Callable[..., Any]  # sim.launcher.flwr_run's signature
 LinkFactory = Callable[[Path], AbstractContextManager[Any]]
+_STATE_LOCK = threading.Lock()  # parallel cells append to one cells.jsonl
 
 
 def read_state(results: Path) -> dict[str, list[dict[str, Any]]]:
@@ -56,7 +59,7 @@ def read_state(results: Path) -> dict[str, list[dict[str, Any]]]:
 def append_state(results: Path, event: dict[str, Any]) -> None:
     """Append one event (flushed at once) to ``cells.jsonl``."""
     results.mkdir(parents=True, exist_ok=True)
-    with (results / STATE_FILE).open("a") as fh:
+    with _STATE_LOCK, (results / STATE_FILE).open("a") as fh:
         fh.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event}) + "\n")
 
 
@@ -136,13 +139,17 @@ def _follow_rounds(path: Path, on_round: Callable[[dict[str, Any]], None],
 class Runner:
     """Runs a preset's cells resumably; ``run_fn`` and ``link_factory`` are injectable
     (tests pass fakes; the CLI passes :func:`sim.launcher.flwr_run` and
-    :class:`sim.launcher.LocalSuperLink`)."""
+    :class:`sim.launcher.LocalSuperLink`, or :func:`sim.inline.inline_run` and no link).
+    ``jobs`` > 1 runs that many cells at once (only for a ``run_fn`` that needs no shared
+    SuperLink)."""
 
     def __init__(self, preset: Preset, results: Path, data_dir: Path, *, run_fn: RunFn,
                  link_factory: LinkFactory, flwr_home: Path | None = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, jobs: int = 1) -> None:
+        if jobs < 1:
+            raise ValueError(f"jobs={jobs} must be >= 1")
         self.preset, self.results, self.data_dir = preset, results, data_dir
-        self.run_fn = run_fn
+        self.run_fn, self.jobs = run_fn, jobs
         self.link = _Link(link_factory, flwr_home or results / ".flwr-home")
         self.progress = progress or (lambda msg: log.info("%s", msg))
 
@@ -230,22 +237,40 @@ class Runner:
         (self.results / PRESET_FILE).write_text(json.dumps(self.preset.to_json(), indent=2))
         state = read_state(self.results)
         counts = {"done": 0, "failed": 0, "skipped-failed": 0, "not-run": 0}
-        started = 0
+
+        def tick() -> None:
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"done {counts['done']} failed "
+                                    f"{counts['failed'] + counts['skipped-failed']}")
+
+        todo: list[tuple[Cell, str]] = []
+        for cell in self.selected_cells(grids):
+            st = cell_status(self.results, cell.cell_id, state.get(cell.cell_id, []))
+            if st == "done" or (st == "failed" and not retry_failed):
+                counts["done" if st == "done" else "skipped-failed"] += 1
+            elif limit is not None and len(todo) >= limit:
+                counts["not-run"] += 1
+            else:
+                todo.append((cell, st))
+                continue
+            tick()
+
+        def work(cell: Cell, st: str) -> str:
+            self.progress(f"[{cell.cell_id}] {cell.grid}: {cell.label()} ({st})")
+            return self.run_cell(cell)
+
         try:
-            for cell in self.selected_cells(grids):
-                st = cell_status(self.results, cell.cell_id, state.get(cell.cell_id, []))
-                if st == "done" or (st == "failed" and not retry_failed):
-                    counts["done" if st == "done" else "skipped-failed"] += 1
-                elif limit is not None and started >= limit:
-                    counts["not-run"] += 1
-                else:
-                    started += 1
-                    self.progress(f"[{cell.cell_id}] {cell.grid}: {cell.label()} ({st})")
-                    counts[self.run_cell(cell)] += 1
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix_str(f"done {counts['done']} failed "
-                                        f"{counts['failed'] + counts['skipped-failed']}")
+            if self.jobs == 1:
+                for cell, st in todo:
+                    counts[work(cell, st)] += 1
+                    tick()
+            else:
+                with ThreadPoolExecutor(self.jobs) as pool:
+                    futures = [pool.submit(work, cell, st) for cell, st in todo]
+                    for future in as_completed(futures):
+                        counts[future.result()] += 1
+                        tick()
         finally:
             self.link.close()
         return counts

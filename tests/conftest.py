@@ -33,14 +33,9 @@ def fedowen_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
 
 @pytest.fixture(autouse=True)
 def flower_task_identity() -> Iterator[None]:
-    """Let tests build Flower ``Message``s outside a running app.
+    """Let tests build Flower ``Message``s outside a running app (see
+    :func:`sim.inline_grid.task_identity`)."""
+    from sim.inline_grid import task_identity
 
-    Flower 1.4x reads the run and node ids of the current task from
-    ``TaskIdentity`` (an internal API, touched only here); dummy ids stand in.
-    """
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+    with task_identity():
+        yield

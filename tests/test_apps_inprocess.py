@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from client_app.app import train_handler
+from client_app.app import app as client_app
 from fedowen_strategy.records import read_rounds
 from server_app.app import run
 from server_app.config import parse_run_config
-from tests.fake_grid import InProcessGrid
+from sim.inline_grid import InProcessGrid
 
 
 def small_run_config(shared_data_dir: Path, out: Path, **extra: Any) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def test_server_and_clients_in_process(valuation: str, shared_data_dir: Path,
     # Prepare
     run_config = small_run_config(shared_data_dir, tmp_path, valuation=valuation)
     nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
-    grid = InProcessGrid(train_handler, nodes, run_config)
+    grid = InProcessGrid(client_app, nodes, run_config)
     # Execute
     summary = run(grid, parse_run_config(run_config), tmp_path)
     # Assert: 3 rounds of 4 clients each, records, ledger and final model on disk

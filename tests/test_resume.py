@@ -55,7 +55,8 @@ def _server(config: dict[str, Any], tmp_path: Path, name: str) -> subprocess.Pop
     cfg_file = tmp_path / f"{name}.json"
     cfg_file.write_text(json.dumps(config))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "tests.server_process", str(cfg_file)],
+    return subprocess.Popen([sys.executable, "-m", "sim.inline", "--run-config", str(cfg_file),
+                             "--num-supernodes", "6"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, start_new_session=True)
 

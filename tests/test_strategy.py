@@ -20,7 +20,7 @@ from fedowen_strategy.records import RunRecorder, read_rounds
 from fedowen_strategy.replies import record_to_state, state_to_record
 from fedowen_strategy.selection import SelectionParams
 from fedowen_strategy.strategy import FedOwen
-from tests.fake_grid import InProcessGrid
+from sim.inline_grid import InProcessGrid
 
 TARGET = np.array([1.0, -2.0, 0.5, 3.0])
 BAD = {4, 5}
@@ -28,6 +28,9 @@ BAD = {4, 5}
 
 def toy_handler(msg: Message, ctx: Context) -> Message:
     pid = int(ctx.node_config["partition-id"])
+    if msg.metadata.message_type == "query":  # the strategy asks new nodes for their ids
+        return Message(RecordDict({"client": ConfigRecord({"client-id": f"c{pid}"})}),
+                       reply_to=msg)
     w = record_to_state(msg.content["arrays"])["w"]
     if pid == int(ctx.node_config.get("crash-id", -1)):
         raise RuntimeError("simulated client crash")
@@ -136,7 +139,8 @@ def test_state_is_keyed_by_client_id_and_counts_only_returns() -> None:
     # Assert: the crashed client is never counted nor valued; others counted twice
     assert "c2" not in strategy.counts and "c2" not in strategy.phi
     assert all(strategy.counts[f"c{i}"] == 2 for i in (0, 1, 3, 4, 5))
-    assert set(strategy.client_of_node.values()) == {"c0", "c1", "c3", "c4", "c5"}
+    # every node named itself before round 1, the crashing one too
+    assert set(strategy.client_of_node.values()) == {f"c{i}" for i in range(6)}
 
 
 def test_silent_client_costs_nothing_but_its_update(tmp_path: Any) -> None:

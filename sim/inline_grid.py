@@ -1,20 +1,38 @@
-"""An in-process Flower ``Grid`` for unit tests: no SuperLink, no Ray.
+"""An in-process Flower ``Grid``: no SuperLink, no Ray (the inline backend, and tests).
 
-Messages are handed straight to a ClientApp-style handler ``(msg, context) -> Message``;
+Messages are handed straight to a ClientApp (or any handler ``(msg, context) -> Message``);
 a handler that raises becomes an error reply, as a real SuperNode would report it, except
 ``TimeoutError``, which stands for a node that never answers (timed out or disconnected):
-its message simply gets no reply.
+its message simply gets no reply. Node ids are ``1000 + i`` for the i-th node config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
 
 Handler = Callable[[Message, Context], Message]
+
+
+@contextmanager
+def task_identity() -> Iterator[None]:
+    """Let ``Message``s be built outside a running Flower app.
+
+    Flower 1.4x reads the run and node ids of the current task from ``TaskIdentity`` (an
+    internal API, touched only here); dummy ids stand in and are restored afterwards.
+    """
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    try:
+        yield
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
 
 
 class InProcessGrid(Grid):
@@ -44,7 +62,7 @@ class InProcessGrid(Grid):
         """Nothing to set: the grid serves one run."""
 
     @property
-    def run(self) -> Any:  # type: ignore[override]
+    def run(self) -> Any:
         return None
 
     def create_message(

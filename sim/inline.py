@@ -1,0 +1,102 @@
+"""The inline backend: one cell in one process, no Ray and no SuperLink.
+
+It runs exactly what ``flwr run`` runs, minus the transport: the ServerApp's
+:func:`server_app.app.run` (the real ``FedOwen.start``, records and checkpoints) over an
+:class:`~sim.inline_grid.InProcessGrid` whose nodes are served by the real ClientApp
+(:data:`client_app.app.app`), with the node configs a Flower simulation gives its virtual
+clients (``partition-id``, ``num-partitions``). For sweeps on one machine (cells in parallel
+processes, ``python -m sim.experiments run PRESET --backend inline --jobs N``) and for
+accelerator machines where Ray cannot be installed. ``flwr`` stays the default backend.
+
+    python -m sim.inline --run-config cell.json --num-supernodes 100   # one cell, in this process
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sim.launcher import APP_DIR, RunOutcome
+
+log = logging.getLogger(__name__)
+COMPLETED = "finished:completed"
+
+
+def run_cell(run_config: dict[str, Any], num_supernodes: int) -> dict[str, Any]:
+    """Run one cell in this process; returns the ServerApp's summary."""
+    from client_app.app import app as client_app
+    from server_app.app import route_library_logs, run
+    from server_app.config import parse_run_config
+    from sim.inline_grid import InProcessGrid, task_identity
+
+    cfg = parse_run_config(run_config)
+    if num_supernodes < 1:
+        raise ValueError(f"num_supernodes={num_supernodes} must be >= 1")
+    nodes = [{"partition-id": i, "num-partitions": num_supernodes}
+             for i in range(num_supernodes)]
+    route_library_logs()
+    with task_identity():
+        grid = InProcessGrid(client_app, nodes, run_config)
+        return run(grid, cfg, cfg.resolved_output_dir(0))
+
+
+def inline_run(_link: Any, run_config: dict[str, Any], *, num_supernodes: int,
+               cpus_per_client: float = 1.0, timeout: float = 3600,
+               stream_to: Any = None) -> RunOutcome:
+    """Run one cell in a child process (the runner's ``run_fn`` for the inline backend).
+
+    The child gets one torch/OpenMP thread (``cpus_per_client`` is ignored: a cell is one
+    process); its output streams to ``stream_to``; past ``timeout`` seconds it is killed.
+    """
+    out = Path(str(run_config["output-dir"]))
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_file = out / "inline-run-config.json"
+    cfg_file.write_text(json.dumps(run_config, indent=1))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONPATH": str(APP_DIR) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "sim.inline", "--run-config", str(cfg_file),
+           "--num-supernodes", str(num_supernodes)]
+    lines: list[str] = []
+    with subprocess.Popen(cmd, env=env, cwd=APP_DIR, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if stream_to is not None:
+                    stream_to.write(line)
+                    stream_to.flush()
+                if time.monotonic() > deadline:
+                    lines.append(f"[inline] timed out after {timeout:.0f}s; killed\n")
+                    break
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+    status = COMPLETED if code == 0 else f"finished:failed (exit {code})"
+    return RunOutcome(None, status, "".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run-config", type=Path, required=True, help="JSON file of run-config keys")
+    p.add_argument("--num-supernodes", type=int, default=100, help="virtual clients")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    summary = run_cell(json.loads(args.run_config.read_text()), args.num_supernodes)
+    print(f"[inline] completed: final test accuracy {summary['final_test_accuracy']}; "
+          f"results in {summary['output_dir']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
