@@ -217,6 +217,9 @@ class FedOwen(FedAvg):
                                max_norm_ratio=self.max_norm_ratio)
         for upd in parsed.updates:
             self.client_of_node[upd.node_id] = upd.client_id
+        # Replies arrive in any order; value and average them in client-id order, so the
+        # estimator's sampled orders (and float sums) do not depend on arrival times.
+        parsed.updates.sort(key=lambda upd: _client_order(upd.client_id))
         if not parsed.updates:
             log.warning("round %d: no usable update (%d failed, %d rejected); global model kept",
                         server_round, len(parsed.failed), len(parsed.rejected))

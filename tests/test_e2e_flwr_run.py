@@ -1,36 +1,60 @@
-"""A real ``flwr run``: our SuperLink in simulation mode, Ray, 10 virtual clients, 2 rounds.
+"""Real ``flwr run``s: our SuperLink in simulation mode, Ray, 8 virtual clients, 2 rounds.
 
-``flwr run`` exits 0 even when the run failed, so the final status is read back from the
-SuperLink and asserted, as are the records the ServerApp wrote.
+Two independent ``flwr run``s with the same run config must select the same clients, compute the
+same phi and weights and reach the same accuracy (node ids are random in every run; the strategy
+orders nodes by the client ids they report), and the inline backend (no Ray, no SuperLink) must
+write the same records. ``flwr run`` exits 0 even when the run failed, so the final status is
+read back from the SuperLink and asserted.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fedowen_strategy.records import read_rounds
+from sim.inline import inline_run
 from sim.launcher import LocalSuperLink, flwr_run
 
 pytestmark = pytest.mark.e2e
+NODES = 8
+COMPARED = ("selected", "returned", "phi", "phi_raw", "weights", "n_evals", "nu_empty",
+            "nu_full", "test_accuracy", "test_loss")
 
 
-def test_flwr_run_completes_two_rounds(shared_data_dir: Path, tmp_path: Path) -> None:
+def _config(data: Path, out: Path) -> dict[str, Any]:
+    return {"dataset": "mnist", "data-dir": str(data), "output-dir": str(out),
+            "num-server-rounds": 2, "clients-per-round": 4, "client-max-samples": 100,
+            "test-max-samples": 1000, "valuation": "owen", "alpha": 0.5}
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    return [{k: r.get(k) for k in COMPARED} for r in read_rounds(out)]
+
+
+def test_flwr_runs_repeat_exactly_and_match_the_inline_backend(shared_data_dir: Path,
+                                                               tmp_path: Path) -> None:
     # Prepare
-    out = tmp_path / "out"
-    run_config = {"dataset": "mnist", "data-dir": str(shared_data_dir), "output-dir": str(out),
-                  "num-server-rounds": 2, "clients-per-round": 4, "client-max-samples": 100,
-                  "test-max-samples": 1000, "valuation": "owen"}
-    # Execute
+    outs = [tmp_path / name for name in ("flwr-a", "flwr-b", "inline")]
+    # Execute: two flwr runs on one SuperLink (fresh random node ids each), one inline run
     with LocalSuperLink(tmp_path / "flwr-home") as link:
-        outcome = flwr_run(link, run_config, num_supernodes=10, timeout=600)
-    # Assert
-    assert outcome.ok, f"run {outcome.run_id} ended {outcome.status}:\n{outcome.output[-3000:]}"
-    rounds = read_rounds(out)
-    assert [r["round"] for r in rounds] == [0, 1, 2]
-    assert all(len(r["returned"]) == 4 for r in rounds[1:])
-    assert (out / "final_model.pt").is_file() and (out / "summary.json").is_file()
+        outcomes = [flwr_run(link, _config(shared_data_dir, out), num_supernodes=NODES,
+                             timeout=600) for out in outs[:2]]
+    outcomes.append(inline_run(None, _config(shared_data_dir, outs[2]), num_supernodes=NODES,
+                               timeout=600))
+    # Assert: all completed, 2 rounds of 4 clients, and identical records
+    for outcome in outcomes:
+        assert outcome.ok, f"run ended {outcome.status}:\n{outcome.output[-3000:]}"
+    first = _records(outs[0])
+    assert [r["selected"] is not None for r in first] == [False, True, True]
+    assert all(len(r["returned"]) == 4 for r in first[1:])
+    assert all(len(r["phi"]) == 4 for r in first[1:])
+    assert _records(outs[1]) == first, "two flwr runs with one config differ"
+    assert _records(outs[2]) == first, "the inline backend differs from flwr run"
+    for out in outs:
+        assert (out / "final_model.pt").is_file() and (out / "summary.json").is_file()
     assert link.process is not None and link.process.poll() is not None  # SuperLink stopped
 
 
