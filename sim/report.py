@@ -195,6 +195,7 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
 
     ``source`` is the preset file as the commands should name it (default
     ``conf/<name>.toml``); ``command`` replaces the quoted run command."""
+    from sim.ablation import ablation_section
     from sim.adversarial import adversarial_section
 
     out.mkdir(parents=True, exist_ok=True)
@@ -211,6 +212,11 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
     files: list[Path] = []
     for grid in preset.grids:
         if grid.kind == "adversarial":
+            continue
+        if grid.kind == "ablation":
+            lines, pngs = ablation_section(grid, preset, res, out)
+            md += lines
+            files += pngs
             continue
         lines, rows, pngs = grid_section(grid, preset, res, out)
         md += lines

@@ -1,0 +1,201 @@
+"""Report of an ``ablation`` grid: each variant against the grid's reference, paired by seed.
+
+Per column point (e.g. alpha x partition scheme): final accuracy and the mean of the last rounds
+as mean ± 95% CI over seeds; the **paired** difference of every variant against the reference
+variant (same seeds, so same partitions and initial model) with its 95% CI; the largest
+aggregation weight per round. Plots: accuracy vs round (mean, light 95% CI band) and largest
+weight vs round, one panel per column point. ``rounds.csv`` holds every cell's per-round data so
+the plots can be redrawn without the raw results.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import MaxNLocator
+
+from sim.grid import Grid, Preset, expand_grid
+from sim.results import LAST_K, CellResult, grid_points, matches, paper_value
+from sim.stats import Interval, mean_interval, paired_interval
+
+ROUND_FIELDS = ("variant", "column", "seed", "round", "test_accuracy", "max_weight",
+                "num_returned")
+
+
+def max_weights(cell: CellResult) -> list[tuple[int, float]]:
+    """(round, largest aggregation weight) of every aggregated round."""
+    return [(int(r["round"]), max(r["weights"].values())) for r in cell.rounds
+            if r.get("round", 0) > 0 and r.get("weights")]
+
+
+def _label(col: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in col.items()) or "all"
+
+
+class AblationData:
+    """The grid's finished-cell metrics by (variant, column label) -> {seed: value}."""
+
+    def __init__(self, grid: Grid, preset: Preset, res: dict[str, CellResult]) -> None:
+        self.grid, self.preset = grid, preset
+        self.cols = grid_points(grid, grid.column_keys)
+        self.rows = [p[grid.rows] for p in grid_points(grid, [grid.rows])]
+        self.cells = [res[c.cell_id] for c in expand_grid(preset, grid)]
+
+    def of(self, row: Any, col: dict[str, Any]) -> list[CellResult]:
+        return [c for c in self.cells if matches_point(c, {**col, self.grid.rows: row})]
+
+    def by_seed(self, row: Any, col: dict[str, Any], metric: str) -> dict[int, float]:
+        out = {}
+        for cell in self.of(row, col):
+            value = cell.final_accuracy() if metric == "final" else cell.last_k_accuracy()
+            if value is not None:
+                out[int(cell.cell.run_config.get("seed", 0))] = value
+        return out
+
+    def interval(self, row: Any, col: dict[str, Any], metric: str) -> Interval:
+        return mean_interval(list(self.by_seed(row, col, metric).values()))
+
+    def paired(self, row: Any, col: dict[str, Any], metric: str) -> Interval:
+        return paired_interval(self.by_seed(row, col, metric),
+                               self.by_seed(self.grid.reference, col, metric))
+
+
+def matches_point(cell: CellResult, point: dict[str, Any]) -> bool:
+    """Whether the cell sits at ``point`` (grid-point keys such as ``variant`` included)."""
+    keys = {k: v for k, v in point.items() if k in cell.cell.point}
+    rest = {k: v for k, v in point.items() if k not in cell.cell.point}
+    return all(cell.cell.point[k] == v for k, v in keys.items()) and matches(cell.cell, rest)
+
+
+def _table(data: AblationData, metric: str, paired: bool) -> list[str]:
+    head = f"| {data.grid.rows} | " + " | ".join(_label(c) for c in data.cols) + " |"
+    lines = [head, "|" + "---|" * (len(data.cols) + 1)]
+    for row in data.rows:
+        if paired and row == data.grid.reference:
+            continue
+        cells = []
+        for col in data.cols:
+            iv = data.paired(row, col, metric) if paired else data.interval(row, col, metric)
+            text = iv.text(signed=paired)
+            expected = len(data.grid.axes.get("seed", [0]))
+            if iv.n and iv.n < expected:
+                text += f" (n={iv.n}/{expected})"
+            cells.append(f"**{text}**" if paired and iv.excludes_zero else text)
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _weight_table(data: AblationData) -> list[str]:
+    head = f"| {data.grid.rows} | " + " | ".join(_label(c) for c in data.cols) + " |"
+    lines = [head, "|" + "---|" * (len(data.cols) + 1)]
+    for row in data.rows:
+        cells = []
+        for col in data.cols:
+            ws = [w for cell in data.of(row, col) for _, w in max_weights(cell)]
+            cells.append("-" if not ws else f"{np.median(ws):.2f} / {np.max(ws):.2f}")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _paper_lines(data: AblationData) -> list[str]:
+    lines = []
+    for col in data.cols:
+        where = {**data.preset.base, **data.grid.fixed, **col}
+        for row in data.rows:
+            ref = paper_value(data.grid, where, row)
+            if ref is not None:
+                ours = data.interval(row, col, "final")
+                lines.append(f"- {_label(col)}, {row}: ours {ours.text()}, paper {ref:.2f}")
+    return lines
+
+
+def plot_ablation(data: AblationData, path: Path, weights: bool) -> Path:
+    """Accuracy (or largest weight) vs round per variant: mean and a light 95% CI band."""
+    ncol = min(len(data.cols), 2)
+    nrow = -(-len(data.cols) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(6.5 * ncol, 4.4 * nrow), squeeze=False)
+    for ax, col in zip(axes.flat, data.cols, strict=False):
+        for row in data.rows:
+            series = [max_weights(c) if weights else list(zip(*c.curve(), strict=True))
+                      for c in data.of(row, col)]
+            series = [s for s in series if s]
+            if not series:
+                continue
+            n = max(len(s) for s in series)
+            ys = np.full((len(series), n), np.nan)
+            for i, s in enumerate(series):
+                ys[i, :len(s)] = [v for _, v in s]
+            x = np.array([r for r, _ in next(s for s in series if len(s) == n)])
+            mean = np.nanmean(ys, axis=0)
+            half = np.array([mean_interval(list(ys[:, j])).half for j in range(n)])
+            (line,) = ax.plot(x, mean, label=str(row),
+                              lw=2.0 if row == data.grid.reference else 1.2)
+            ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=_label(col), xlabel="round",
+               ylabel="largest aggregation weight" if weights else "test accuracy (%)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="best")
+    what = "largest aggregation weight" if weights else "test accuracy"
+    fig.suptitle(f"{data.preset.name}: {what} vs round (mean over seeds, 95% CI band)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_rounds_csv(data: AblationData, path: Path) -> Path:
+    """Every cell's per-round accuracy and largest weight (the data behind the plots)."""
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=ROUND_FIELDS)
+        writer.writeheader()
+        for col in data.cols:
+            for row in data.rows:
+                for cell in data.of(row, col):
+                    weights = dict(max_weights(cell))
+                    for rec in cell.rounds:
+                        acc = rec.get("test_accuracy")
+                        writer.writerow({
+                            "variant": row, "column": _label(col),
+                            "seed": cell.cell.run_config.get("seed", 0),
+                            "round": rec["round"],
+                            "test_accuracy": "" if acc is None else round(100 * acc, 2),
+                            "max_weight": round(weights[rec["round"]], 4)
+                            if rec["round"] in weights else "",
+                            "num_returned": len(rec.get("returned") or [])})
+    return path
+
+
+def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
+                     out: Path) -> tuple[list[str], list[Path]]:
+    """Markdown lines and files (PNGs, rounds CSV) of one ablation grid."""
+    data = AblationData(grid, preset, res)
+    done = sum(c.finished for c in data.cells)
+    ref = grid.reference
+    md = [f"## {grid.name}", "", grid.description, "",
+          f"Cells finished: {done} of {len(data.cells)}. Mean ± half-width of the 95% "
+          "Student-t confidence interval over seeds.", "",
+          "Final test accuracy (%):", "", *_table(data, "final", False), "",
+          f"Mean test accuracy (%) of the last {LAST_K} rounds:", "",
+          *_table(data, "last", False), "",
+          f"Paired difference against `{ref}` (percentage points, same seeds; bold where the "
+          "95% CI excludes 0), final accuracy:", "", *_table(data, "final", True), "",
+          f"The same, mean of the last {LAST_K} rounds:", "", *_table(data, "last", True), "",
+          "Largest aggregation weight of a round (median / max over rounds and seeds):", "",
+          *_weight_table(data), ""]
+    paper = _paper_lines(data)
+    if paper:
+        md += ["The paper's numbers for the same cells (100 rounds, 10 seeds):", "", *paper, ""]
+    files = [plot_ablation(data, out / f"{grid.name}-accuracy.png", weights=False),
+             plot_ablation(data, out / f"{grid.name}-max-weight.png", weights=True),
+             write_rounds_csv(data, out / f"{grid.name}-rounds.csv")]
+    md += [f"![{f.stem}]({f.name})" for f in files[:2]]
+    md += ["", f"Per-round data: [{files[2].name}]({files[2].name}).", ""]
+    return md, files

@@ -1,0 +1,120 @@
+"""Ablation presets: variants, parallel inline cells (runner faked), paired-CI report."""
+
+from __future__ import annotations
+
+import csv
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sim.grid import PresetError, parse_preset
+from sim.report import write_report
+from sim.runner import Runner, read_state
+from sim.stats import mean_interval, paired_interval
+from tests.test_experiments import FakeFlwr, fake_link, write_rounds
+
+VARIANTS = {"fedavg-equal": {"valuation": "none", "aggregation": "uniform"},
+            "fedowen": {"valuation": "owen"}}
+
+
+def ablation_preset(**grid_extra: Any) -> dict[str, Any]:
+    grid = {"name": "abl", "kind": "ablation", "reference": "fedavg-equal", "rows": "variant",
+            "axes": {"seed": [0, 1, 2], "alpha": [0.1], "variant": list(VARIANTS)},
+            **grid_extra}
+    return {"preset": {"name": "abl", "num-supernodes": 10, "backend": "inline"},
+            "base": {"dataset": "mnist", "num-server-rounds": 3},
+            "variants": VARIANTS, "grid": [grid]}
+
+
+def test_intervals_by_hand() -> None:
+    # mean 2, sd 1, t(0.975, 2) = 4.3027 -> half-width 4.3027 / sqrt(3)
+    iv = mean_interval([1.0, 2.0, 3.0])
+    assert iv.mean == pytest.approx(2.0) and iv.half == pytest.approx(4.3027 / math.sqrt(3),
+                                                                      rel=1e-4)
+    assert iv.lo == pytest.approx(2.0 - iv.half) and not iv.excludes_zero  # lo = -0.48
+    assert mean_interval([1.0, 1.1, 0.9]).excludes_zero
+    # paired on the shared seeds 0 and 1 only: differences 1 and 2
+    diff = paired_interval({0: 1.0, 1: 3.0, 2: 9.0}, {0: 0.0, 1: 1.0})
+    assert diff.n == 2 and diff.mean == pytest.approx(1.5)
+    assert diff.half == pytest.approx(12.7062 * math.sqrt(0.5) / math.sqrt(2), rel=1e-4)
+    assert not diff.excludes_zero
+    assert mean_interval([5.0]).text() == "5.00 (n=1)" and mean_interval([]).text() == "-"
+
+
+def test_variants_expand_to_their_keys_and_validate() -> None:
+    # Execute
+    cells = parse_preset(ablation_preset()).cells()
+    # Assert: a variant's keys are in the run config; the name is only in the point
+    owen = [c for c in cells if c.point["variant"] == "fedowen"]
+    assert len(cells) == 6 and owen[0].run_config["valuation"] == "owen"
+    assert "variant" not in owen[0].run_config
+    bad = ablation_preset()
+    bad["variants"] = {**VARIANTS, "broken": {"valuation": "none", "aggregation": "softmax"}}
+    bad["grid"][0]["axes"]["variant"] = ["fedavg-equal", "broken"]
+    with pytest.raises(PresetError, match="weights by phi"):
+        parse_preset(bad)
+    with pytest.raises(PresetError, match="not defined in"):
+        parse_preset(ablation_preset(axes={"seed": [0], "variant": ["nope"]}))
+    with pytest.raises(PresetError, match="reference"):
+        parse_preset(ablation_preset(reference="fedavg"))
+
+
+def test_auto_axes_share_a_cell_with_their_explicit_values() -> None:
+    raw = ablation_preset(kind="table", axes={"seed": [0], "variant": ["fedowen"]})
+    raw["grid"].append({"name": "explicit", "rows": "valuation", "axes": {"seed": [0]},
+                        "set": {"valuation": "owen", "selection": "adaptive",
+                                "aggregation": "softmax"}})
+    assert len(parse_preset(raw).cells()) == 1
+
+
+def test_parallel_jobs_run_every_cell_once(tmp_path: Path) -> None:
+    # Prepare: a fake run that records how many cells run at the same time
+    fake, lock, live, peak = FakeFlwr([]), threading.Lock(), [0], [0]
+
+    def slow_run(link: Any, cfg: dict[str, Any], **kw: Any) -> Any:
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        threading.Event().wait(0.2)
+        with lock:
+            live[0] -= 1
+            return fake(link, cfg, **kw)
+
+    runner = Runner(parse_preset(ablation_preset()), tmp_path / "res", tmp_path / "data",
+                    run_fn=slow_run, link_factory=fake_link, progress=lambda m: None, jobs=3)
+    # Execute
+    counts = runner.run()
+    # Assert
+    assert counts["done"] == 6 and peak[0] == 3
+    assert sorted(c["output-dir"] for c in fake.calls) == sorted(
+        str((tmp_path / "res" / c.cell_id).resolve()) for c in runner.preset.cells())
+    assert all(ev[-1]["event"] == "done" for ev in read_state(tmp_path / "res").values())
+
+
+def test_ablation_report_pairs_seeds(tmp_path: Path) -> None:
+    # Prepare: fedowen beats the reference by 2, 3 and 4 points on seeds 0-2
+    preset = parse_preset(ablation_preset())
+    finals = {"fedavg-equal": [0.80, 0.70, 0.60], "fedowen": [0.82, 0.73, 0.64]}
+    for cell in preset.cells():
+        acc = finals[cell.point["variant"]][cell.run_config["seed"]]
+        weights = {"a": 0.7, "b": 0.3} if cell.point["variant"] == "fedowen" else {"a": 0.5,
+                                                                                   "b": 0.5}
+        write_rounds(tmp_path / "res" / cell.cell_id, [0.1, 0.5, 0.6, acc],
+                     {"weights": weights, "returned": ["a", "b"]})
+    # Execute
+    write_report(preset, tmp_path / "res", tmp_path / "out")
+    # Assert: differences 2, 3, 4: mean 3, sd 1 -> half-width 4.3027 / sqrt(3) = 2.48
+    md = (tmp_path / "out" / "README.md").read_text()
+    assert "| fedowen | **+3.00 ± 2.48** |" in md
+    assert "| fedavg-equal | 70.00 ± 24.84 |" in md
+    assert "| fedowen | 0.70 / 0.70 |" in md
+    with (tmp_path / "out" / "abl-rounds.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 6 * 4
+    last = [r for r in rows if r["variant"] == "fedowen" and r["seed"] == "2" and
+            r["round"] == "3"]
+    assert last[0]["test_accuracy"] == "64.0" and last[0]["max_weight"] == "0.7"
+    assert (tmp_path / "out" / "abl-accuracy.png").stat().st_size > 10_000
