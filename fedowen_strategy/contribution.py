@@ -38,8 +38,9 @@ from fedowen_strategy.shapfed import shapfed_scores
 from fedowen_strategy.valuation import ESTIMATORS, estimate
 
 Utility = Callable[[NDArray[np.bool_]], NDArray[np.float64]]
-UtilityFactory = Callable[[Mapping[str, NDArray], Sequence[Mapping[str, NDArray]], Sequence[int]],
-                          Utility]
+#: ``(global_state, client_states, num_examples[, shares=p]) -> utility``; ``shares`` is passed
+#: only for the delta game.
+UtilityFactory = Callable[..., Utility]
 
 #: Valuation methods the strategy accepts: every game estimator, ShapFed-WA, none (FedAvg) and
 #: multikrum (Flower's Multi-Krum selection, then FedAvg over the kept updates; a robustness
@@ -49,6 +50,10 @@ METHODS: tuple[str, ...] = (*ESTIMATORS, "shapfed-wa", "none", "multikrum")
 #: neither the bandit nor softmax aggregation can use them.
 NO_PHI = ("none", "multikrum")
 PHI_SCALES = ("normalised", "l1", "raw")
+#: The coalition game: ``average`` (a coalition's model is the num-examples average of its
+#: members' models) or ``delta`` (``global + sum_{i in S} p_i delta_i``, p = the aggregation's
+#: base weights; a client that changed nothing is a null player).
+GAMES = ("average", "delta")
 _FLAT = 1e-9
 
 
@@ -97,8 +102,11 @@ class ValuationSettings:
     temperature: float = 1.0
     krum_malicious: int = 0
     aggregation: str = "auto"
+    game: str = "average"
 
     def __post_init__(self) -> None:
+        if self.game not in GAMES:
+            raise ValueError(f"game={self.game!r} is not one of {GAMES}")
         if self.method not in METHODS:
             raise ValueError(f"valuation={self.method!r} is not one of {', '.join(METHODS)}")
         _, aggregation = resolve_axes(self.method, "random", self.aggregation)
@@ -147,6 +155,16 @@ def multikrum_keep(states: Sequence[Mapping[str, NDArray]], malicious: int) -> N
     return np.array([id(c) in chosen for c in contents])
 
 
+def delta_shares(aggregation: str, num_examples: Sequence[int]) -> NDArray[np.float64]:
+    """The delta game's shares p: the weights the server applies before contributions are
+    known, i.e. FedAvg's ``n_i / n`` for ``examples`` and ``1 / n`` otherwise (softmax's weights
+    at T -> infinity; its applied weights depend on phi itself, so they cannot define the game).
+    """
+    if aggregation == "examples":
+        return round_weights("examples", np.zeros(len(num_examples)), num_examples)
+    return round_weights("uniform", np.zeros(len(num_examples)), num_examples)
+
+
 def scale_phi(phi_raw: NDArray[np.float64], gain: float, scale: str) -> NDArray[np.float64]:
     """Put raw contributions on the configured scale (see the module docstring).
 
@@ -190,7 +208,9 @@ def value_round(
                               time.perf_counter() - start)
     if utility_factory is None:
         raise ValueError(f"valuation={settings.method!r} needs a utility over coalitions")
-    utility = utility_factory(global_state, states, num_examples)
+    utility = (utility_factory(global_state, states, num_examples) if settings.game == "average"
+               else utility_factory(global_state, states, num_examples,
+                                    shares=delta_shares(settings.aggregation, num_examples)))
     ends = utility(np.array([np.zeros(n, bool), np.ones(n, bool)]))
     nu_empty, nu_full = float(ends[0]), float(ends[1])
     budget = 2**n if settings.method == "exact" else n * settings.budget_m

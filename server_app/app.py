@@ -75,9 +75,10 @@ def make_utility_factory(model: torch.nn.Module, x_eval: torch.Tensor, y_eval: t
 
     def factory(global_state: Mapping[str, np.ndarray],
                 client_states: Sequence[Mapping[str, np.ndarray]],
-                num_examples: Sequence[int]) -> CoalitionUtility:
+                num_examples: Sequence[int],
+                shares: Sequence[float] | None = None) -> CoalitionUtility:
         return CoalitionUtility(model, global_state, client_states, num_examples, x_eval,
-                                y_eval, metric=metric, device=device)
+                                y_eval, metric=metric, device=device, shares=shares)
 
     return factory
 
@@ -89,7 +90,7 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
     valuation = ValuationSettings(method=cfg.valuation, budget_m=cfg.budget_m,
                                   params=cfg.estimator_params(), phi_scale=cfg.phi_scale,
                                   temperature=cfg.temperature, krum_malicious=cfg.krum_malicious,
-                                  aggregation=aggregation)
+                                  aggregation=aggregation, game=cfg.game)
     return FedOwen(clients_per_round=cfg.clients_per_round, utility_factory=factory,
                    valuation=valuation, selection=selection,
                    selection_params=cfg.selection_params(), seed=cfg.seed,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedowen_strategy.contribution import METHODS, PHI_SCALES, resolve_axes
+from fedowen_strategy.contribution import GAMES, METHODS, PHI_SCALES, resolve_axes
 from fedowen_strategy.selection import SelectionParams
 
 SCHEMES = ("per-class", "per-client", "writer")
@@ -52,6 +52,7 @@ class RunConfig:
     budget_m: int = 4
     owen_q: int = 2
     utility_metric: str = "accuracy"
+    game: str = "average"
     phi_scale: str = "l1"
     temperature: float = 1.0
     epsilon: float = 0.1
@@ -136,6 +137,7 @@ def _check_ranges(cfg: RunConfig) -> list[str]:
         (cfg.budget_m >= 1 and cfg.owen_q >= 1, "budget-m and owen-q must be >= 1"),
         (cfg.utility_metric in METRICS, f"utility-metric must be one of {METRICS}"),
         (cfg.phi_scale in PHI_SCALES, f"phi-scale must be one of {PHI_SCALES}"),
+        (cfg.game in GAMES, f"game must be one of {GAMES}"),
         (cfg.temperature > 0, "temperature must be > 0"),
         (cfg.round_timeout > 0, "round-timeout must be > 0"),
         (cfg.node_wait_timeout > 0, "node-wait-timeout must be > 0"),

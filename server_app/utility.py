@@ -68,11 +68,23 @@ def check_masks(masks: Any, n: int) -> np.ndarray:
     return masks
 
 
-def coalition_coefficients(masks: np.ndarray, num_examples: Sequence[int]) -> np.ndarray:
-    """Averaging weights (k, n+1): num-examples weights within S; column n is the global model.
+def coalition_coefficients(masks: np.ndarray, num_examples: Sequence[int],
+                           shares: Sequence[float] | None = None) -> np.ndarray:
+    """Coalition models as rows of weights (k, n+1) over the clients; column n is the global
+    model. Every row sums to 1; the empty coalition's row is ``e_n`` (the global model).
 
-    The empty coalition's row is ``e_n`` (the global model). Every row sums to 1.
+    ``shares`` None (the *average* game): num-examples weights within S. ``shares`` p (the
+    *delta* game): ``global + sum_{i in S} p_i (W_i - global)``, i.e. ``p_i`` for i in S and
+    ``1 - sum_{i in S} p_i`` for the global model, so a client whose model equals the global
+    one is exactly a null player.
     """
+    if shares is not None:
+        p = np.asarray(shares, dtype=np.float64)
+        if p.shape != (masks.shape[1],) or np.any(p < 0) or not np.isclose(p.sum(), 1.0):
+            raise ValueError(f"delta-game shares must be {masks.shape[1]} non-negative numbers "
+                             f"summing to 1, got {p.tolist()}")
+        a = masks * p
+        return np.concatenate([a, 1.0 - a.sum(axis=1, keepdims=True)], axis=1)
     w = np.asarray(num_examples, dtype=np.float64)
     a = masks * w
     totals = a.sum(axis=1, keepdims=True)
@@ -186,6 +198,10 @@ class CoalitionUtility:
         The n clients' returned states (parameters and buffers).
     num_examples : Sequence[int]
         Each client's number of training examples (> 0): the averaging weights.
+    shares : Sequence[float] or None
+        None: the average game (a coalition's model is the num-examples average of its
+        members'). Shares ``p`` (summing to 1): the delta game, ``global + sum_{i in S} p_i
+        delta_i`` (see :func:`coalition_coefficients`).
     x_eval, y_eval : torch.Tensor
         Server-held evaluation set.
     metric : {"accuracy", "neg-loss"}
@@ -220,6 +236,7 @@ class CoalitionUtility:
         mode: str = "auto",
         memory_cap_bytes: int = 2 * 2**30,
         stem_cache: str = "auto",
+        shares: Sequence[float] | None = None,
     ) -> None:
         if stem_cache not in STEM_CACHE:
             raise ValueError(f"stem_cache={stem_cache!r} must be one of {STEM_CACHE}")
@@ -235,6 +252,8 @@ class CoalitionUtility:
         self.memory_cap_bytes = memory_cap_bytes
         self.stem_cache = stem_cache
         self.num_examples = [int(m) for m in num_examples]
+        self.shares = None if shares is None else [float(x) for x in shares]
+        coalition_coefficients(np.ones((1, self.n), bool), self.num_examples, self.shares)
         self.n_model_evals = 0
         self._cache: dict[bytes, float] = {}
 
@@ -246,7 +265,13 @@ class CoalitionUtility:
         dtype = self._stacked.dtype
         self._x = x_eval.to(self.device, dtype)
         self._y = y_eval.to(self.device, torch.long)
-        self._stem_out = self._build_stem_cache() if self.mode == "loop" else None
+        # The delta game needs exact null players: its coalition parameters are formed as
+        # global + sum p_i (W_i - global), where a zero delta adds exactly nothing (the stem
+        # cache's combination would round differently, so it is not used there).
+        self._deltas = (self._stacked[: self.n] - self._stacked[self.n]
+                        if self.shares is not None else None)
+        self._stem_out = (self._build_stem_cache()
+                          if self.mode == "loop" and self._deltas is None else None)
         info = (self.n, self._stacked.shape[1], len(self._x), metric, self.device, self.mode)
         logger.info(
             "CoalitionUtility: n=%d, P=%d, eval=%d, metric=%s, device=%s, mode=%s, stem cache=%.0f"
@@ -304,7 +329,7 @@ class CoalitionUtility:
 
     @torch.inference_mode()
     def _evaluate(self, masks: np.ndarray) -> np.ndarray:
-        coef = torch.from_numpy(coalition_coefficients(masks, self.num_examples))
+        coef = torch.from_numpy(coalition_coefficients(masks, self.num_examples, self.shares))
         coef = coef.to(self.device, self._stacked.dtype)
         chunk = self.chunk_size
         if self._stem_out is not None:  # bound the chunk's combined stem outputs
@@ -313,7 +338,13 @@ class CoalitionUtility:
         sums = []
         for s in range(0, len(coef), chunk):
             a = coef[s : s + chunk]
-            params = self._params(a @ self._stacked)
+            if self._deltas is None:
+                theta = a @ self._stacked
+            else:  # one client at a time: every row sums its terms in the same order
+                theta = self._stacked[self.n].expand(len(a), -1).clone()
+                for i in range(self.n):
+                    theta += a[:, i : i + 1] * self._deltas[i]
+            params = self._params(theta)
             if self.mode == "vmap":
                 sums.append(self._sums_vmap(params))
             else:
