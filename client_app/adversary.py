@@ -5,7 +5,10 @@ A seeded fraction of the partitions misbehaves in one of three ways:
 - ``label-flip``: trains honestly on labels mapped ``y -> C - 1 - y`` (a poisoned update);
 - ``noise``: returns the global model plus i.i.d. Gaussian noise of std ``noise_std`` instead
   of a trained update (a random update);
-- ``free-rider``: returns the global model unchanged while claiming its examples (no work).
+- ``free-rider``: returns the global model unchanged while claiming its examples (no work);
+- ``sybil``: one actor behind many identities: every adversary trains on the data of the
+  group's first partition with that partition's seed, so whenever two of them are selected in
+  one round they return copies of one update (each under its own client id).
 
 Which partitions are adversarial is a pure function of (num_partitions, fraction, seed), so
 the benchmark that reads the records can name them without asking the clients.
@@ -18,7 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-KINDS = ("label-flip", "noise", "free-rider")
+KINDS = ("label-flip", "noise", "free-rider", "sybil")
 
 
 def adversary_ids(num_partitions: int, fraction: float, seed: int) -> frozenset[int]:
@@ -28,6 +31,13 @@ def adversary_ids(num_partitions: int, fraction: float, seed: int) -> frozenset[
     count = round(fraction * num_partitions)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xAD]))
     return frozenset(int(i) for i in rng.permutation(num_partitions)[:count])
+
+
+def sybil_master(adversaries: frozenset[int]) -> int:
+    """The partition whose data and seed every Sybil copies (the smallest adversary id)."""
+    if not adversaries:
+        raise ValueError("sybil_master needs at least one adversary")
+    return min(adversaries)
 
 
 def flip_labels(y: torch.Tensor, num_classes: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.adversary import adversary_ids, flip_labels, noise_update
+from client_app.adversary import adversary_ids, flip_labels, noise_update, sybil_master
 from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY
 from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
@@ -56,7 +56,8 @@ def _client_id(context: Context) -> str:
 
 def _partition(cfg: RunConfig, context: Context
                ) -> tuple[torch.Tensor, torch.Tensor, str, bool]:
-    """(x, y, client id, adversarial?) of this node's partition."""
+    """(x, y, training seed name, adversarial?) of this node's partition (a Sybil's data and
+    seed name are its group master's, see :mod:`client_app.adversary`)."""
     node = context.node_config
     try:
         pid, num = int(node["partition-id"]), int(node["num-partitions"])
@@ -70,14 +71,18 @@ def _partition(cfg: RunConfig, context: Context
                             imbalance_factor=cfg.imbalance_factor, seed=cfg.seed,
                             scheme=cfg.partition_scheme, min_size=cfg.min_partition_size,
                             eval_fraction=cfg.eval_fraction)
+    adversaries = adversary_ids(num, cfg.adversary_fraction, cfg.seed)
+    bad, name = pid in adversaries, _client_id(context)
+    if bad and cfg.adversary_kind == "sybil":
+        pid = sybil_master(adversaries)
+        name = str(pid)
     idx = split.client_idx[pid]
     if cfg.client_max_samples and len(idx) > cfg.client_max_samples:
         rng = np.random.default_rng([cfg.seed, pid])
         idx = np.sort(rng.choice(idx, size=cfg.client_max_samples, replace=False))
     x = to_tensor(ds.x_train[idx], ds.name)
     y = torch.as_tensor(ds.y_train[idx], dtype=torch.long)
-    bad = pid in adversary_ids(num, cfg.adversary_fraction, cfg.seed)
-    return x, y, _client_id(context), bad
+    return x, y, name, bad
 
 
 def _model(cfg: RunConfig, msg: Message, context: Context) -> torch.nn.Module:
@@ -108,12 +113,13 @@ def train_handler(msg: Message, context: Context) -> Message:
     """Train locally for ``local-epochs`` and return the weights (or misbehave, when this
     partition is one of the run's adversaries; see :mod:`client_app.adversary`)."""
     cfg = _config(tuple(sorted(context.run_config.items())))
-    x, y, client_id, adversarial = _partition(cfg, context)
+    x, y, seed_name, adversarial = _partition(cfg, context)
+    client_id = _client_id(context)
     model = _model(cfg, msg, context)
     server_round = msg.content.config_records["config"].get("server-round", 0)
     if not isinstance(server_round, int):
         raise ValueError(f"server-round={server_round!r} in the train config must be an int")
-    seed = int(np.random.SeedSequence([cfg.seed, server_round, zlib.crc32(client_id.encode())]
+    seed = int(np.random.SeedSequence([cfg.seed, server_round, zlib.crc32(seed_name.encode())]
                                       ).generate_state(1)[0])
     kind = cfg.adversary_kind if adversarial else "honest"
     if kind in ("noise", "free-rider"):
@@ -138,7 +144,8 @@ def train_handler(msg: Message, context: Context) -> Message:
 def evaluate_handler(msg: Message, context: Context) -> Message:
     """Evaluate the received model on this client's partition."""
     cfg = _config(tuple(sorted(context.run_config.items())))
-    x, y, client_id, _ = _partition(cfg, context)
+    x, y, _, _ = _partition(cfg, context)
+    client_id = _client_id(context)
     loss, acc = evaluate(_model(cfg, msg, context), x, y)
     content = RecordDict({
         "metrics": MetricRecord({"eval-loss": loss, "eval-accuracy": acc,

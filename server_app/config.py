@@ -18,7 +18,7 @@ from fedowen_strategy.contribution import GAMES, METHODS, PHI_SCALES, resolve_ax
 from fedowen_strategy.selection import SelectionParams
 
 SCHEMES = ("per-class", "per-client", "writer")
-ADVERSARY_KINDS = ("label-flip", "noise", "free-rider")
+ADVERSARY_KINDS = ("label-flip", "noise", "free-rider", "sybil")
 METRICS = ("accuracy", "neg-loss")
 
 

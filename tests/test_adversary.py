@@ -38,10 +38,11 @@ def test_noise_update_perturbs_floats_only() -> None:
     torch.testing.assert_close(out["w"], noise_update(state, 0.5, seed=1)["w"])
 
 
-def _reply(kind: str, shared_data_dir: Path) -> tuple[dict[str, torch.Tensor], dict, float]:
+def _reply(kind: str, shared_data_dir: Path, pid: int = 0, fraction: float = 1.0
+           ) -> tuple[dict[str, torch.Tensor], dict, float]:
     run_config = {"dataset": "mnist", "data-dir": str(shared_data_dir), "client-max-samples": 40,
-                  "adversary-fraction": 1.0, "adversary-kind": kind}
-    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 4},
+                  "adversary-fraction": fraction, "adversary-kind": kind}
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": pid, "num-partitions": 4},
                   state=RecordDict(), run_config=run_config)
     model = build_model("lenet", 1, 10, seed=0)
     glob = {k: v.clone() for k, v in model.state_dict().items()}
@@ -64,3 +65,15 @@ def test_client_app_misbehaves_as_configured(kind: str, shared_data_dir: Path) -
         assert 0.1 < diff < 1.0 and np.isnan(loss)  # 0.05-std noise over ~60k weights
     else:
         assert diff > 0 and np.isfinite(loss)  # trained (on flipped labels)
+
+
+def test_sybils_return_copies_of_one_update(shared_data_dir: Path) -> None:
+    # Prepare: half of 4 partitions are Sybils of one actor; the other half honest
+    bad = sorted(adversary_ids(4, 0.5, 0))
+    good = sorted(set(range(4)) - set(bad))
+    # Execute
+    sybils = [_reply("sybil", shared_data_dir, pid, 0.5)[1] for pid in bad]
+    honest = _reply("sybil", shared_data_dir, good[0], 0.5)[1]
+    # Assert: the two Sybils' states are identical, the honest one's is not
+    assert all(torch.equal(sybils[0][k], sybils[1][k]) for k in honest)
+    assert not all(torch.equal(sybils[0][k], honest[k]) for k in honest)
