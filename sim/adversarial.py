@@ -61,12 +61,17 @@ def round_stats(rec: dict[str, Any], adv: frozenset[str]) -> dict[str, float]:
     weights = {str(k): float(v) for k, v in (rec.get("weights") or {}).items() if v is not None}
     total = sum(weights.values())
     wshare = sum(v for k, v in weights.items() if k in adv) / total if total else math.nan
-    ranks = rank_percentiles({str(k): v for k, v in (rec.get("phi") or {}).items()})
+    phi = {str(k): v for k, v in (rec.get("phi") or {}).items()}
+    ranks = rank_percentiles(phi)
     adv_r = [r for c, r in ranks.items() if c in adv]
     hon_r = [r for c, r in ranks.items() if c not in adv]
+    adv_p = [float(v) for c, v in phi.items() if c in adv and v is not None]
+    hon_p = [float(v) for c, v in phi.items() if c not in adv and v is not None]
     return {"share": share, "weight_share": wshare,
             "adv_rank": float(np.mean(adv_r)) if adv_r else math.nan,
-            "honest_rank": float(np.mean(hon_r)) if hon_r else math.nan}
+            "honest_rank": float(np.mean(hon_r)) if hon_r else math.nan,
+            "adv_phi": float(np.mean(adv_p)) if adv_p else math.nan,
+            "honest_phi": float(np.mean(hon_p)) if hon_p else math.nan}
 
 
 def cell_adversaries(result: CellResult, num_partitions: int) -> frozenset[str]:
@@ -82,7 +87,7 @@ def cell_series(result: CellResult, num_partitions: int) -> dict[str, np.ndarray
     adv = cell_adversaries(result, num_partitions)
     recs = [r for r in result.rounds if r.get("round", 0) > 0]
     stats = [round_stats(r, adv) for r in recs]
-    keys = ("share", "weight_share", "adv_rank", "honest_rank")
+    keys = ("share", "weight_share", "adv_rank", "honest_rank", "adv_phi", "honest_phi")
     return {"round": np.array([r["round"] for r in recs], dtype=float),
             **{k: np.array([s[k] for s in stats], dtype=float) for k in keys}}
 
@@ -91,18 +96,28 @@ def _nanmean(x: np.ndarray) -> float:
     return float(np.nanmean(x)) if np.isfinite(x).any() else math.nan
 
 
+def _row(result: CellResult, key: str) -> str:
+    """The cell's row value: a grid-point value (e.g. a variant name), else its run config's."""
+    return str(result.cell.point.get(key, result.cell.run_config.get(key)))
+
+
 def adversarial_section(preset: Preset, res: dict[str, CellResult],
                         out: Path) -> tuple[list[str], list[dict[str, Any]], list[Path]]:
-    """Markdown lines, CSV rows and the selection-share plot of all adversarial grids."""
-    cells = [res[c.cell_id] for g in preset.grids if g.kind == "adversarial"
-             for c in expand_grid(preset, g)]
-    rows = list(dict.fromkeys(str(r.cell.run_config.get("valuation")) for r in cells))
+    """Markdown lines, CSV rows and the selection-share plot of all adversarial grids (rows:
+    the grids' ``rows`` key, e.g. ``valuation`` or ``variant``)."""
+    grids = [g for g in preset.grids if g.kind == "adversarial"]
+    row_key = grids[0].rows
+    cells = [res[c.cell_id] for g in grids for c in expand_grid(preset, g)]
+    rows = list(dict.fromkeys(_row(r, row_key) for r in cells))
     cols = [dict(zip(COLS, k, strict=True)) for k in dict.fromkeys(
         _cols(r.cell.run_config) for r in cells)]
     groups: dict[tuple[Any, ...], list[CellResult]] = {}
+    no_phi: set[str] = set()
     for r in cells:
         cfg = r.cell.run_config
-        groups.setdefault((str(cfg.get("valuation")), *_cols(cfg)), []).append(r)
+        groups.setdefault((_row(r, row_key), *_cols(cfg)), []).append(r)
+        if cfg.get("valuation", "owen") in NO_PHI:
+            no_phi.add(_row(r, row_key))
     stats = {}
     for key, members in groups.items():
         vals = tuple(v for v in (m.final_accuracy() for m in members) if v is not None)
@@ -113,13 +128,14 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
     done = sum(r.finished for r in cells)
     md = ["## Adversarial clients", "",
           f"Cells finished: {done} of {len(cells)}. Final test accuracy (%), mean ± std over "
-          "seeds; best per column in bold.", "", markdown_table(stats, rows, cols, "valuation"),
+          "seeds; best per column in bold.", "", markdown_table(stats, rows, cols, row_key),
           "", "How each method treats the adversaries (all recorded rounds of finished and "
           "unfinished cells; rank percentile of phi within the round: 0 = top, 1 = bottom, "
           "0.5 = no signal; share = adversaries among the round's participants):", "",
-          "| valuation | " + " | ".join(COLS) + " | base rate | selected share (all / 2nd "
-          "half) | weight share | adversary phi rank | honest phi rank | rounds |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          f"| {row_key} | " + " | ".join(COLS) + " | base rate | selected share (all / 2nd "
+          "half) | weight share | adversary phi rank | honest phi rank | adversary mean phi | "
+          "honest mean phi | rounds |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     csv_rows: list[dict[str, Any]] = []
     for key, members in groups.items():
         series = [cell_series(m, preset.num_supernodes) for m in members if m.rounds]
@@ -129,16 +145,19 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
         half = np.concatenate([s["share"][len(s["share"]) // 2:] for s in series])
         row = {"share": _nanmean(cat["share"]), "share_2nd_half": _nanmean(half),
                "weight_share": _nanmean(cat["weight_share"]),
-               "adv_rank": _nanmean(cat["adv_rank"]), "honest_rank": _nanmean(cat["honest_rank"])}
-        if key[0] in NO_PHI:  # their phi is a placeholder, not a contribution estimate
-            row["adv_rank"] = row["honest_rank"] = math.nan
-        ranks = ("- | -" if math.isnan(row["adv_rank"]) else
-                 f"{row['adv_rank']:.3f} | {row['honest_rank']:.3f}")
+               "adv_rank": _nanmean(cat["adv_rank"]), "honest_rank": _nanmean(cat["honest_rank"]),
+               "adv_phi": _nanmean(cat["adv_phi"]), "honest_phi": _nanmean(cat["honest_phi"])}
+        if key[0] in no_phi:  # their phi is a placeholder, not a contribution estimate
+            for k in ("adv_rank", "honest_rank", "adv_phi", "honest_phi"):
+                row[k] = math.nan
+        ranks = ("- | - | - | -" if math.isnan(row["adv_rank"]) else
+                 f"{row['adv_rank']:.3f} | {row['honest_rank']:.3f} | {row['adv_phi']:+.4f} | "
+                 f"{row['honest_phi']:+.4f}")
         md.append(f"| {key[0]} | {key[1]} | {key[2]} | {float(key[2]):.2f} | {row['share']:.3f}"
                   f" / {row['share_2nd_half']:.3f} | {row['weight_share']:.3f} | "
                   f"{ranks} | {len(cat['round'])} |")
         st = stats[key]
-        csv_rows.append({"grid": "adversarial", "metric": "final", "row_key": "valuation",
+        csv_rows.append({"grid": "adversarial", "metric": "final", "row_key": row_key,
                          "row": key[0], "columns": f"{COLS[0]}={key[1]}, {COLS[1]}={key[2]}",
                          "n": st.n, "expected": st.expected,
                          "mean": "" if not st.n else round(st.mean, 4),
@@ -181,7 +200,7 @@ def plot_selection_share(groups: dict[tuple[Any, ...], list[CellResult]], num_pa
             share = np.nanmean(np.stack([s["share"][:n] for s in series]), axis=0)
             ax.plot(series[0]["round"][:n], moving_average(share, smooth),
                     label=f"{key[0]} ({len(series)} seed{'s' * (len(series) > 1)})",
-                    lw=2.2 if key[0] == "owen" else 1.2)
+                    lw=2.2 if key[0] in ("owen", "fedowen") else 1.2)
         ax.axhline(float(col["adversary-fraction"]), ls="--", color="gray", label="base rate")
         ax.set(title=", ".join(f"{k}={v}" for k, v in col.items()), xlabel="round",
                ylabel=f"adversaries among participants ({smooth}-round mean)", ylim=(0, 1))

@@ -282,6 +282,7 @@ def test_round_stats_by_hand() -> None:
     # Assert
     assert st["share"] == 0.25 and math.isclose(st["weight_share"], 0.1)
     assert st["adv_rank"] == 1.0 and math.isclose(st["honest_rank"], 1 / 3)
+    assert st["adv_phi"] == -1.0 and math.isclose(st["honest_phi"], 2.0)
 
 
 def test_moving_average_ignores_nan_and_shrinks_at_edges() -> None:
