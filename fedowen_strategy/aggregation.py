@@ -68,6 +68,45 @@ def round_weights(kind: str, phi: NDArray[np.float64], num_examples: Sequence[in
     raise ValueError(f"aggregation={kind!r} is not one of {AGGREGATIONS}")
 
 
+def duplicate_groups(states: Sequence[State], reference: State,
+                     tolerance: float) -> list[list[int]]:
+    """Groups (of two or more) of near-duplicate updates: ``i`` and ``j`` are near-duplicates
+    when ``||d_i - d_j|| <= tolerance * max(||d_i||, ||d_j||)`` for their deltas ``d`` to
+    ``reference`` (two unchanged models are duplicates); groups are connected components."""
+    if tolerance <= 0 or len(states) < 2:
+        return []
+    keys = [k for k, v in reference.items() if np.issubdtype(v.dtype, np.floating)]
+    deltas = np.stack([np.concatenate([(np.asarray(s[k], np.float64) - reference[k]).ravel()
+                                       for k in keys]) for s in states])
+    norms = np.linalg.norm(deltas, axis=1)
+    parent = list(range(len(states)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i in range(len(states)):
+        for j in range(i + 1, len(states)):
+            if np.linalg.norm(deltas[i] - deltas[j]) <= tolerance * max(norms[i], norms[j]):
+                parent[root(j)] = root(i)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(states)):
+        groups.setdefault(root(i), []).append(i)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def share_duplicates(weights: NDArray[np.float64],
+                     groups: Sequence[Sequence[int]]) -> NDArray[np.float64]:
+    """Each group of near-duplicates together gets the weight of one member (the group's mean
+    weight), split equally; all weights renormalised to sum 1. Copies gain nothing."""
+    out = np.asarray(weights, dtype=np.float64).copy()
+    for group in groups:
+        idx = list(group)
+        out[idx] = out[idx].mean() / len(idx)
+    return out / out.sum()
+
+
 def weighted_average(states: Sequence[State], weights: NDArray[np.float64]) -> dict[str, NDArray]:
     """Weighted sum ``sum_i w_i * states[i]`` key by key (weights must sum to 1).
 

@@ -18,6 +18,7 @@ keyed ``node:<id>`` (ordered last) and counts as a fresh client.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -28,13 +29,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from fedowen_strategy.aggregation import weighted_average
+from fedowen_strategy.aggregation import duplicate_groups, share_duplicates, weighted_average
 from fedowen_strategy.contribution import (
     UtilityFactory,
     ValuationSettings,
     resolve_axes,
     value_round,
 )
+from fedowen_strategy.identity import IdentityBook
 from fedowen_strategy.replies import (
     ParsedReplies,
     client_id_of,
@@ -76,6 +78,9 @@ class FedOwen(FedAvg):
         how many are connected and how to add nodes.
     query_timeout : float
         Seconds to wait for new nodes to name themselves (their client ids).
+    duplicate_tolerance : float
+        Updates within this relative distance of each other (Sybil copies) share one weight
+        (:func:`fedowen_strategy.aggregation.duplicate_groups`); 0 turns it off.
     on_round : callable, optional
         ``(round, record, ledger_rows)`` called after every aggregation (the ServerApp writes
         the records with it).
@@ -86,7 +91,7 @@ class FedOwen(FedAvg):
                  selection_params: SelectionParams | None = None, seed: int = 0,
                  min_available_nodes: int = 2, max_norm_ratio: float = 0.0,
                  node_wait_timeout: float = 60.0, query_timeout: float = 300.0,
-                 on_round: RoundHook | None = None) -> None:
+                 duplicate_tolerance: float = 0.0, on_round: RoundHook | None = None) -> None:
         if clients_per_round < 1:
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1")
         valuation = valuation or ValuationSettings()
@@ -100,16 +105,22 @@ class FedOwen(FedAvg):
         self.selection_params = selection_params or SelectionParams()
         self.max_norm_ratio = max_norm_ratio
         self.node_wait_timeout, self.query_timeout = node_wait_timeout, query_timeout
+        if duplicate_tolerance < 0:
+            raise ValueError(f"duplicate_tolerance={duplicate_tolerance!r} must be >= 0")
+        self.duplicate_tolerance = duplicate_tolerance
         self.on_round = on_round
         sel_seq, val_seq = np.random.SeedSequence(seed).spawn(2)
         self.select_rng = np.random.default_rng(sel_seq)
         self.value_rng = np.random.default_rng(val_seq)
         self.phi: dict[str, float] = {}
         self.counts: dict[str, int] = {}
-        self.client_of_node: dict[int, str] = {}
+        self.identities = IdentityBook()
+        self.refused: set[int] = set()  # nodes that claimed another connected node's id
+        self._connected: list[int] = []
         self.round_offset = 0
         self._global: ArrayRecord | None = None
         self._selected: list[str] = []
+        self._duplicates: list[list[str]] = []
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint (the global model is saved beside it)."""
@@ -123,10 +134,16 @@ class FedOwen(FedAvg):
         ``completed_rounds + 1`` for selection, seeds and records."""
         self.phi = {str(k): float(v) for k, v in state["phi"].items()}
         self.counts = {str(k): int(v) for k, v in state["counts"].items()}
-        self.client_of_node = {int(k): str(v) for k, v in state["client_of_node"].items()}
+        self.identities = IdentityBook({int(k): str(v)
+                                        for k, v in state["client_of_node"].items()})
         self.select_rng.bit_generator.state = state["select_rng"]
         self.value_rng.bit_generator.state = state["value_rng"]
         self.round_offset = completed_rounds
+
+    @property
+    def client_of_node(self) -> dict[int, str]:
+        """Node id -> the client id bound to it."""
+        return self.identities.client_of_node
 
     def summary(self) -> None:
         """Log the settings."""
@@ -168,14 +185,21 @@ class FedOwen(FedAvg):
             timeout=self.query_timeout)
         named = 0
         for reply in replies:
-            if not reply.has_error():
-                self.client_of_node[reply.metadata.src_node_id] = client_id_of(reply)
+            if reply.has_error():
+                continue
+            node = reply.metadata.src_node_id
+            refused = self.identities.claim(node, client_id_of(reply), nodes)
+            if refused:
+                log.warning("identity refused: %s; node %d is not selected", refused, node)
+                self.refused.add(node)
+            else:
                 named += 1
         log.info("Identified %d of %d new nodes by client id", named, len(unknown))
 
     def _keys(self, nodes: list[int]) -> tuple[list[int], list[str]]:
         """Nodes and their client ids, ordered by client id (numbers numerically)."""
-        keyed = [(self.client_of_node.get(node, f"node:{node}"), node) for node in nodes]
+        keyed = [(self.client_of_node.get(node, f"node:{node}"), node) for node in nodes
+                 if node not in self.refused]
         keyed.sort(key=lambda kn: _client_order(kn[0]))
         return [n for _, n in keyed], [k for k, _ in keyed]
 
@@ -195,6 +219,7 @@ class FedOwen(FedAvg):
         self._global = arrays
         found = self._wait_for_nodes(grid)
         self._identify(grid, found)
+        self._connected = found
         nodes, keys = self._keys(found)
         chosen, explored = self._choose(server_round, keys)
         self._selected = [keys[i] for i in chosen]
@@ -212,11 +237,11 @@ class FedOwen(FedAvg):
         if self._global is None:
             raise RuntimeError("aggregate_train called before configure_train")
         global_state = record_to_state(self._global)
+        replies, impostors = self._check_identities(replies)
         parsed = parse_replies(replies, global_state, arrays_key=self.arrayrecord_key,
                                weight_key=self.weighted_by_key,
                                max_norm_ratio=self.max_norm_ratio)
-        for upd in parsed.updates:
-            self.client_of_node[upd.node_id] = upd.client_id
+        parsed.rejected.update(impostors)
         # Replies arrive in any order; value and average them in client-id order, so the
         # estimator's sampled orders (and float sums) do not depend on arrival times.
         parsed.updates.sort(key=lambda upd: _client_order(upd.client_id))
@@ -230,12 +255,34 @@ class FedOwen(FedAvg):
         examples = [u.num_examples for u in parsed.updates]
         val = value_round(states, examples, global_state, self.valuation, self.utility_factory,
                           self.value_rng)
+        groups = duplicate_groups(states, global_state, self.duplicate_tolerance)
+        if groups:
+            val = dataclasses.replace(val, weights=share_duplicates(val.weights, groups))
+            self._duplicates = [[parsed.updates[i].client_id for i in g] for g in groups]
+            log.warning("round %d: near-duplicate updates share one weight: %s", server_round,
+                        self._duplicates)
         for upd, phi in zip(parsed.updates, val.phi, strict=True):
             self.phi[upd.client_id] = float(phi)
             self.counts[upd.client_id] = self.counts.get(upd.client_id, 0) + 1
         new_state = weighted_average(states, val.weights)
         metrics = self._report(server_round, parsed, val, examples)
         return state_to_record(new_state), metrics
+
+    def _check_identities(self, replies: Iterable[Message]
+                          ) -> tuple[list[Message], dict[str, str]]:
+        """Replies whose claimed id matches their node's binding, and the refused ones
+        (keyed ``node:<id>`` by the claiming node, so the victim is not blamed)."""
+        kept, refused = [], {}
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            reason = None if msg.has_error() else self.identities.claim(
+                node, client_id_of(msg), self._connected)
+            if reason:
+                refused[f"node:{node}"] = reason
+                log.warning("rejected a reply: %s", reason)
+            else:
+                kept.append(msg)
+        return kept, refused
 
     def _report(self, server_round: int, parsed: ParsedReplies, val: Any,
                 examples: list[int]) -> MetricRecord:
@@ -246,6 +293,8 @@ class FedOwen(FedAvg):
             "failed": parsed.failed, "rejected": parsed.rejected,
             "valuation": self.valuation.method,
         }
+        if self._duplicates:
+            record["duplicates"], self._duplicates = self._duplicates, []
         rows: list[dict[str, Any]] = []
         scalars: dict[str, float | int] = {"num-returned": len(ids),
                                            "num-failed": len(parsed.failed),

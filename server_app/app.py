@@ -96,6 +96,7 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    selection_params=cfg.selection_params(), seed=cfg.seed,
                    max_norm_ratio=cfg.max_norm_ratio, node_wait_timeout=cfg.node_wait_timeout,
                    query_timeout=cfg.round_timeout,
+                   duplicate_tolerance=cfg.duplicate_tolerance,
                    on_round=recorder.log_train if recorder else None)
 
 

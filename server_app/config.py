@@ -61,6 +61,7 @@ class RunConfig:
     max_norm_ratio: float = 10.0
     round_timeout: float = 600.0
     node_wait_timeout: float = 15.0
+    duplicate_tolerance: float = 0.05
     torch_threads: int = 1
     resume_from: str = ""
     adversary_fraction: float = 0.0
@@ -141,6 +142,7 @@ def _check_ranges(cfg: RunConfig) -> list[str]:
         (cfg.temperature > 0, "temperature must be > 0"),
         (cfg.round_timeout > 0, "round-timeout must be > 0"),
         (cfg.node_wait_timeout > 0, "node-wait-timeout must be > 0"),
+        (0 <= cfg.duplicate_tolerance < 1, "duplicate-tolerance must lie in [0, 1)"),
         (cfg.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
         (cfg.data_dir == "" or os.path.isabs(cfg.data_dir), "data-dir must be absolute"),
         (cfg.output_dir == "" or os.path.isabs(cfg.output_dir), "output-dir must be absolute"),

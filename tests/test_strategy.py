@@ -76,6 +76,7 @@ def run_toy(
     k: int = 6,
     tmp_path: Any = None,
     node_extra: dict[str, Any] | None = None,
+    aggregation: str = "auto",
     **kwargs: Any,
 ) -> FedOwen:
     nodes = [{"partition-id": i, **(node_extra or {})} for i in range(6)]
@@ -83,7 +84,7 @@ def run_toy(
     strategy = FedOwen(
         clients_per_round=k,
         utility_factory=toy_utility,
-        valuation=ValuationSettings(method=method, budget_m=10),
+        valuation=ValuationSettings(method=method, budget_m=10, aggregation=aggregation),
         on_round=recorder.log_train if recorder else None,
         seed=3,
         **kwargs,

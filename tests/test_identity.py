@@ -1,0 +1,82 @@
+"""Bound identities and Sybil copies: the book by hand, then through FedOwen's rounds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+
+from fedowen_strategy.aggregation import duplicate_groups, share_duplicates
+from fedowen_strategy.identity import IdentityBook
+from fedowen_strategy.records import read_rounds
+from fedowen_strategy.replies import record_to_state, state_to_record
+from tests.test_strategy import TARGET, run_toy
+
+
+def test_book_binds_first_claim_and_refuses_switches_and_impostors() -> None:
+    book = IdentityBook()
+    assert book.claim(1, "a", connected=[1, 2]) is None
+    assert book.claim(1, "a", connected=[1, 2]) is None
+    assert "cannot switch" in str(book.claim(1, "b", connected=[1, 2]))
+    assert "bound to connected node 1" in str(book.claim(2, "a", connected=[1, 2]))
+    assert book.client_of_node == {1: "a"}
+    # node 1 left: its id may be bound again (a restarted node)
+    assert book.claim(3, "a", connected=[2, 3]) is None
+    assert book.client_of_node == {3: "a"}
+
+
+def test_duplicate_groups_and_shared_weight_by_hand() -> None:
+    ref = {"w": np.zeros(3, np.float32)}
+    states = [{"w": np.array([1.0, 0, 0], np.float32)},
+              {"w": np.array([1.0, 0.01, 0], np.float32)},   # 1% away from state 0
+              {"w": np.array([0.0, 1.0, 0], np.float32)},
+              {"w": np.zeros(3, np.float32)}, {"w": np.zeros(3, np.float32)}]  # two free riders
+    groups = duplicate_groups(states, ref, tolerance=0.05)
+    assert sorted(map(sorted, groups)) == [[0, 1], [3, 4]]
+    assert duplicate_groups(states, ref, tolerance=0.0) == []
+    w = share_duplicates(np.array([0.3, 0.3, 0.2, 0.1, 0.1]), groups)
+    # groups keep one member's weight between them: 0.15, 0.15, 0.2, 0.05, 0.05 -> / 0.6
+    np.testing.assert_allclose(w, np.array([0.15, 0.15, 0.2, 0.05, 0.05]) / 0.6)
+
+
+def impostor_handler(msg: Message, ctx: Context) -> Message:
+    """The toy client, except that node 5 names itself ``c0`` (another node's id)."""
+    pid = int(ctx.node_config["partition-id"])
+    name = "c0" if pid == 5 else f"c{pid}"
+    if msg.metadata.message_type == "query":
+        return Message(RecordDict({"client": ConfigRecord({"client-id": name})}), reply_to=msg)
+    w = record_to_state(msg.content["arrays"])["w"]
+    copy_of = int(ctx.node_config.get("copy-of", -1))
+    src = 0 if pid == copy_of else pid
+    new = {"w": (w + 0.5 * (TARGET - w) + 0.3 * src * np.eye(4)[src % 4]).astype(np.float32)}
+    return Message(RecordDict({"arrays": state_to_record(new),
+                               "metrics": MetricRecord({"num-examples": 10, "train-loss": 1.0}),
+                               "client": ConfigRecord({"client-id": name})}), reply_to=msg)
+
+
+def test_impostor_is_refused_and_never_costs_the_victim(tmp_path: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tests.test_strategy.toy_handler", impostor_handler)
+    # Execute: 6 nodes, all selected each round; node 5 claims c0's id
+    strategy = run_toy("owen", rounds=2, k=5, tmp_path=tmp_path)
+    # Assert: c0 credited with its own reply every round it was selected; the impostor never
+    # selected (refused at identification), and not in the ledger
+    rounds = read_rounds(tmp_path)
+    assert all(r["returned"].count("c0") <= 1 for r in rounds[1:])
+    assert strategy.counts.get("c0") == 2
+    assert len(strategy.refused) == 1 and "c5" not in strategy.counts
+    assert sorted(strategy.client_of_node.values()) == ["c0", "c1", "c2", "c3", "c4"]
+
+
+def test_copied_updates_share_one_weight(tmp_path: Any,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tests.test_strategy.toy_handler", impostor_handler)
+    strategy = run_toy("owen", rounds=1, k=6, tmp_path=tmp_path, node_extra={"copy-of": 3},
+                       duplicate_tolerance=0.05, aggregation="uniform")
+    record = read_rounds(tmp_path)[1]
+    assert record["duplicates"] == [["c0", "c3"]]
+    w = record["weights"]
+    assert w["c0"] == pytest.approx(w["c3"]) and w["c0"] + w["c3"] == pytest.approx(w["c1"])
+    assert strategy.duplicate_tolerance == 0.05
