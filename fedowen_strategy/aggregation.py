@@ -15,10 +15,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 State = Mapping[str, NDArray]
-#: How a round's updates are weighted: softmax(phi / T), FedAvg's num-examples, equal.
-AGGREGATIONS = ("softmax", "examples", "uniform")
+#: How a round's updates are weighted: softmax(phi / T), softmax over the updates with
+#: phi > 0 only (the others get 0), FedAvg's num-examples, equal.
+AGGREGATIONS = ("softmax", "positive", "examples", "uniform")
 #: The aggregations that need contributions phi.
-NEEDS_PHI = ("softmax",)
+NEEDS_PHI = ("softmax", "positive")
 
 
 def softmax_weights(phi: NDArray[np.float64], temperature: float = 1.0) -> NDArray[np.float64]:
@@ -61,11 +62,43 @@ def round_weights(kind: str, phi: NDArray[np.float64], num_examples: Sequence[in
     """The aggregation weights of one round under aggregation ``kind`` (see AGGREGATIONS)."""
     if kind == "softmax":
         return softmax_weights(phi, temperature)
+    if kind == "positive":
+        phi = np.asarray(phi, dtype=np.float64)
+        keep = phi > 0
+        if not keep.any():  # nobody improved the utility: no evidence to weight by
+            return uniform_weights(len(phi))
+        out = np.zeros(len(phi))
+        out[keep] = softmax_weights(phi[keep], temperature)
+        return out
     if kind == "examples":
         return example_weights(num_examples)
     if kind == "uniform":
         return uniform_weights(len(num_examples))
     raise ValueError(f"aggregation={kind!r} is not one of {AGGREGATIONS}")
+
+
+def mix_and_cap(weights: NDArray[np.float64], uniform_mix: float = 0.0,
+                cap: float = 1.0) -> NDArray[np.float64]:
+    """``(1 - uniform_mix) * weights + uniform_mix / n``, then no weight above ``cap``: the
+    excess of capped weights goes to the others in proportion to their weights (equally when
+    those are all 0), repeated until none exceeds the cap. A cap below ``1 / n`` cannot be met
+    by any weights summing to 1; the weights are then uniform (the closest)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if not 0.0 <= uniform_mix <= 1.0 or not 0.0 < cap <= 1.0:
+        raise ValueError(f"uniform_mix={uniform_mix!r} must lie in [0, 1] and cap={cap!r} in "
+                         "(0, 1]")
+    n = w.size
+    w = (1.0 - uniform_mix) * w + uniform_mix / n
+    if cap * n <= 1.0 + 1e-12:
+        return uniform_weights(n)
+    fixed = np.zeros(n, dtype=bool)
+    while (over := (w > cap + 1e-15) & ~fixed).any():
+        excess = float((w[over] - cap).sum())
+        w[over], fixed = cap, fixed | over
+        free = ~fixed
+        base = w[free].sum()
+        w[free] += excess * (w[free] / base if base > 0 else 1.0 / free.sum())
+    return w / w.sum()
 
 
 def duplicate_groups(states: Sequence[State], reference: State,

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.aggregation import AGGREGATIONS, NEEDS_PHI, round_weights
+from fedowen_strategy.aggregation import AGGREGATIONS, NEEDS_PHI, mix_and_cap, round_weights
 from fedowen_strategy.selection import SELECTIONS
 from fedowen_strategy.shapfed import shapfed_scores
 from fedowen_strategy.valuation import ESTIMATORS, estimate
@@ -103,8 +103,11 @@ class ValuationSettings:
     krum_malicious: int = 0
     aggregation: str = "auto"
     game: str = "average"
+    uniform_mix: float = 0.0
+    weight_cap: float = 1.0
 
     def __post_init__(self) -> None:
+        mix_and_cap(np.ones(1), self.uniform_mix, self.weight_cap)  # validates both
         if self.game not in GAMES:
             raise ValueError(f"game={self.game!r} is not one of {GAMES}")
         if self.method not in METHODS:
@@ -155,6 +158,13 @@ def multikrum_keep(states: Sequence[Mapping[str, NDArray]], malicious: int) -> N
     return np.array([id(c) in chosen for c in contents])
 
 
+def _weights(settings: ValuationSettings, phi: NDArray[np.float64],
+             num_examples: Sequence[int]) -> NDArray[np.float64]:
+    """The aggregation's weights, mixed with uniform and capped as configured."""
+    weights = round_weights(settings.aggregation, phi, num_examples, settings.temperature)
+    return mix_and_cap(weights, settings.uniform_mix, settings.weight_cap)
+
+
 def delta_shares(aggregation: str, num_examples: Sequence[int]) -> NDArray[np.float64]:
     """The delta game's shares p: the weights the server applies before contributions are
     known, i.e. FedAvg's ``n_i / n`` for ``examples`` and ``1 / n`` otherwise (softmax's weights
@@ -203,8 +213,7 @@ def value_round(
     if settings.method == "shapfed-wa":
         key = last_layer_key(global_state)
         phi = shapfed_scores([s[key] for s in states], global_state[key])
-        return RoundValuation(phi, phi, round_weights(settings.aggregation, phi, num_examples,
-                                                      settings.temperature), 0,
+        return RoundValuation(phi, phi, _weights(settings, phi, num_examples), 0,
                               time.perf_counter() - start)
     if utility_factory is None:
         raise ValueError(f"valuation={settings.method!r} needs a utility over coalitions")
@@ -217,6 +226,6 @@ def value_round(
     result = estimate(settings.method, utility, n, budget=budget, seed=seed, **settings.params)
     phi_raw = np.asarray(result.values, dtype=np.float64)
     phi = scale_phi(phi_raw, nu_full - nu_empty, settings.phi_scale)
-    weights = round_weights(settings.aggregation, phi, num_examples, settings.temperature)
+    weights = _weights(settings, phi, num_examples)
     return RoundValuation(phi, phi_raw, weights, int(result.n_evals),
                           time.perf_counter() - start, nu_empty, nu_full)

@@ -29,6 +29,25 @@ from numpy.typing import NDArray
 
 #: Algorithm 2's bandit, or uniform sampling (FedAvg's, and the paper's ablation).
 SELECTIONS = ("adaptive", "random")
+#: What the bandit exploits: a client's latest phi (Algorithm 2), the running mean of its phi
+#: over the rounds it was valued, or an exponentially discounted mean.
+MEMORIES = ("latest", "mean", "discounted")
+
+
+def update_memory(previous: float | None, phi: float, count: int, memory: str = "latest",
+                  discount: float = 0.3) -> float:
+    """A client's exploitation estimate after its ``count``-th valuation (count >= 1) gave
+    ``phi``: ``latest`` -> phi; ``mean`` -> previous + (phi - previous) / count; ``discounted``
+    -> (1 - discount) * previous + discount * phi (phi itself the first time)."""
+    if memory not in MEMORIES:
+        raise ValueError(f"bandit memory {memory!r} is not one of {MEMORIES}")
+    if not 0.0 < discount <= 1.0:
+        raise ValueError(f"discount={discount!r} must lie in (0, 1]")
+    if memory == "latest" or previous is None or count <= 1:
+        return phi
+    if memory == "mean":
+        return previous + (phi - previous) / count
+    return (1.0 - discount) * previous + discount * phi
 
 
 @dataclass(frozen=True)

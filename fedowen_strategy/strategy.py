@@ -44,7 +44,12 @@ from fedowen_strategy.replies import (
     record_to_state,
     state_to_record,
 )
-from fedowen_strategy.selection import SelectionParams, select_clients, select_uniform
+from fedowen_strategy.selection import (
+    SelectionParams,
+    select_clients,
+    select_uniform,
+    update_memory,
+)
 
 log = logging.getLogger(__name__)
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
@@ -81,6 +86,9 @@ class FedOwen(FedAvg):
     duplicate_tolerance : float
         Updates within this relative distance of each other (Sybil copies) share one weight
         (:func:`fedowen_strategy.aggregation.duplicate_groups`); 0 turns it off.
+    bandit_memory, bandit_discount : str, float
+        What the bandit exploits per client: its latest phi, the running mean of its phi, or
+        a discounted mean (:func:`fedowen_strategy.selection.update_memory`).
     on_round : callable, optional
         ``(round, record, ledger_rows)`` called after every aggregation (the ServerApp writes
         the records with it).
@@ -91,7 +99,8 @@ class FedOwen(FedAvg):
                  selection_params: SelectionParams | None = None, seed: int = 0,
                  min_available_nodes: int = 2, max_norm_ratio: float = 0.0,
                  node_wait_timeout: float = 60.0, query_timeout: float = 300.0,
-                 duplicate_tolerance: float = 0.0, on_round: RoundHook | None = None) -> None:
+                 duplicate_tolerance: float = 0.0, bandit_memory: str = "latest",
+                 bandit_discount: float = 0.3, on_round: RoundHook | None = None) -> None:
         if clients_per_round < 1:
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1")
         valuation = valuation or ValuationSettings()
@@ -108,6 +117,8 @@ class FedOwen(FedAvg):
         if duplicate_tolerance < 0:
             raise ValueError(f"duplicate_tolerance={duplicate_tolerance!r} must be >= 0")
         self.duplicate_tolerance = duplicate_tolerance
+        update_memory(None, 0.0, 1, bandit_memory, bandit_discount)  # validates both
+        self.bandit_memory, self.bandit_discount = bandit_memory, bandit_discount
         self.on_round = on_round
         sel_seq, val_seq = np.random.SeedSequence(seed).spawn(2)
         self.select_rng = np.random.default_rng(sel_seq)
@@ -262,8 +273,11 @@ class FedOwen(FedAvg):
             log.warning("round %d: near-duplicate updates share one weight: %s", server_round,
                         self._duplicates)
         for upd, phi in zip(parsed.updates, val.phi, strict=True):
-            self.phi[upd.client_id] = float(phi)
-            self.counts[upd.client_id] = self.counts.get(upd.client_id, 0) + 1
+            count = self.counts.get(upd.client_id, 0) + 1
+            self.counts[upd.client_id] = count
+            self.phi[upd.client_id] = update_memory(self.phi.get(upd.client_id), float(phi),
+                                                    count, self.bandit_memory,
+                                                    self.bandit_discount)
         new_state = weighted_average(states, val.weights)
         metrics = self._report(server_round, parsed, val, examples)
         return state_to_record(new_state), metrics

@@ -90,13 +90,15 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
     valuation = ValuationSettings(method=cfg.valuation, budget_m=cfg.budget_m,
                                   params=cfg.estimator_params(), phi_scale=cfg.phi_scale,
                                   temperature=cfg.temperature, krum_malicious=cfg.krum_malicious,
-                                  aggregation=aggregation, game=cfg.game)
+                                  aggregation=aggregation, game=cfg.game,
+                                  uniform_mix=cfg.uniform_mix, weight_cap=cfg.weight_cap)
     return FedOwen(clients_per_round=cfg.clients_per_round, utility_factory=factory,
                    valuation=valuation, selection=selection,
                    selection_params=cfg.selection_params(), seed=cfg.seed,
                    max_norm_ratio=cfg.max_norm_ratio, node_wait_timeout=cfg.node_wait_timeout,
                    query_timeout=cfg.round_timeout,
                    duplicate_tolerance=cfg.duplicate_tolerance,
+                   bandit_memory=cfg.bandit_memory, bandit_discount=cfg.bandit_discount,
                    on_round=recorder.log_train if recorder else None)
 
 

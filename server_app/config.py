@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedowen_strategy.contribution import GAMES, METHODS, PHI_SCALES, resolve_axes
-from fedowen_strategy.selection import SelectionParams
+from fedowen_strategy.selection import MEMORIES, SelectionParams
 
 SCHEMES = ("per-class", "per-client", "writer")
 ADVERSARY_KINDS = ("label-flip", "noise", "free-rider", "sybil")
@@ -62,6 +62,10 @@ class RunConfig:
     round_timeout: float = 600.0
     node_wait_timeout: float = 15.0
     duplicate_tolerance: float = 0.05
+    uniform_mix: float = 0.0
+    weight_cap: float = 1.0
+    bandit_memory: str = "latest"
+    bandit_discount: float = 0.3
     torch_threads: int = 1
     resume_from: str = ""
     adversary_fraction: float = 0.0
@@ -143,6 +147,10 @@ def _check_ranges(cfg: RunConfig) -> list[str]:
         (cfg.round_timeout > 0, "round-timeout must be > 0"),
         (cfg.node_wait_timeout > 0, "node-wait-timeout must be > 0"),
         (0 <= cfg.duplicate_tolerance < 1, "duplicate-tolerance must lie in [0, 1)"),
+        (0 <= cfg.uniform_mix <= 1, "uniform-mix must lie in [0, 1]"),
+        (0 < cfg.weight_cap <= 1, "weight-cap must lie in (0, 1]"),
+        (cfg.bandit_memory in MEMORIES, f"bandit-memory must be one of {MEMORIES}"),
+        (0 < cfg.bandit_discount <= 1, "bandit-discount must lie in (0, 1]"),
         (cfg.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
         (cfg.data_dir == "" or os.path.isabs(cfg.data_dir), "data-dir must be absolute"),
         (cfg.output_dir == "" or os.path.isabs(cfg.output_dir), "output-dir must be absolute"),
