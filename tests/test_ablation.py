@@ -118,3 +118,17 @@ def test_ablation_report_pairs_seeds(tmp_path: Path) -> None:
             r["round"] == "3"]
     assert last[0]["test_accuracy"] == "64.0" and last[0]["max_weight"] == "0.7"
     assert (tmp_path / "out" / "abl-accuracy.png").stat().st_size > 10_000
+
+
+def test_committed_ablation_presets_follow_the_protocol() -> None:
+    # 100 rounds, >= 5 seeds, both alphas and schemes, paired against equal-weight FedAvg
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    from sim.grid import load_preset
+
+    for name, cells in (("ablation-mnist", 140), ("candidates-mnist", 140)):
+        preset = load_preset(conf / f"{name}.toml")
+        grid = preset.grids[0]
+        assert len(preset.cells()) == cells and preset.base["num-server-rounds"] == 100
+        assert len(grid.axes["seed"]) >= 5 and grid.axes["alpha"] == [0.01, 0.1]
+        assert set(grid.axes["partition-scheme"]) == {"per-class", "per-client"}
+        assert preset.variants[grid.reference]["aggregation"] == "uniform"
