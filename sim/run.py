@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server_app.config import _parse_scalar
+from fedowen_task.config import parse_scalar
 from sim.launcher import APP_DIR, LocalSuperLink, flwr_run
 
 
@@ -63,7 +63,7 @@ def build_run_config(args: argparse.Namespace) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. --set alpha=0.01")
-        cfg[key] = _parse_scalar(value)
+        cfg[key] = parse_scalar(value)
     return cfg
 
 

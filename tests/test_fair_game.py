@@ -7,10 +7,10 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from server_app.utility import CoalitionUtility, coalition_coefficients
 
 from fedowen_strategy.contribution import ValuationSettings, delta_shares, value_round
 from fedowen_task.models import build_model, state_to_numpy
-from server_app.utility import CoalitionUtility, coalition_coefficients
 
 # Estimators that keep the null-player axiom exactly (README's axiom table).
 NULL_EXACT = ("exact", "owen", "owen-paper", "mc-shapley", "gtg-shapley", "weighted-shap", "loo")
