@@ -39,7 +39,7 @@ _OWNED = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluat
 def strategy_class(name: str) -> type[Strategy]:
     """The class ``strategy = name`` names (a Flower strategy or ``module:Class``)."""
     if name in FLOWER:
-        return getattr(flwr_strategies, FLOWER[name])  # type: ignore[no-any-return]
+        return getattr(flwr_strategies, FLOWER[name])
     module, sep, attr = name.partition(":")
     if not sep or not module or not attr:
         raise ValueError(f"strategy={name!r} is not one of {', '.join(NAMES)}"
@@ -150,4 +150,4 @@ def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
     strategy = recorded(**strategy_kwargs(cfg, cls, num_nodes))
     strategy.on_round, strategy.round_offset = on_round, round_offset
     strategy.strategy_name = cfg.strategy
-    return strategy  # type: ignore[no-any-return]
+    return strategy

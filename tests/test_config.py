@@ -101,5 +101,5 @@ def test_client_reads_only_its_keys() -> None:
     # Server keys and a user's own keys are ignored; the task keys are still validated
     cfg = parse_task_config({"alpha": 0.5, "valuation": "whatever", "my-own-key": 1})
     assert cfg == TaskConfig(alpha=0.5)
-    with pytest.raises(ConfigError, match="lr=0.0 must be > 0"):
+    with pytest.raises(ConfigError, match=r"lr=0\.0 must be > 0"):
         parse_task_config({"lr": 0.0, "valuation": "whatever"})
