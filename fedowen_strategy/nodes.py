@@ -8,14 +8,16 @@ hang. :func:`wait_for_nodes` gives up after ``timeout`` seconds and names the fi
 from __future__ import annotations
 
 import time
-from logging import INFO
+from logging import INFO, WARNING
 
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 
-def wait_for_nodes(grid: Grid, need: int, timeout: float, *, what: str = "") -> list[int]:
-    """The connected node ids, sorted, once at least ``need`` are connected.
+def wait_for_nodes(grid: Grid, need: int, timeout: float, *, what: str = "",
+                   accept: int | None = None) -> list[int]:
+    """The connected node ids, sorted, once at least ``need`` are connected, or after
+    ``timeout`` seconds when at least ``accept`` are (with a warning).
 
     Raises
     ------
@@ -28,6 +30,10 @@ def wait_for_nodes(grid: Grid, need: int, timeout: float, *, what: str = "") -> 
     next_log = started
     while len(nodes := sorted(grid.get_node_ids())) < need:
         waited = time.monotonic() - started
+        if waited >= timeout and accept is not None and len(nodes) >= accept:
+            log(WARNING, "only %d node(s) connected after %.0fs, %d asked for%s: going on "
+                "with %d", len(nodes), waited, need, f" ({what})" if what else "", len(nodes))
+            return nodes
         if waited >= timeout:
             raise RuntimeError(
                 f"only {len(nodes)} node(s) connected after {waited:.0f}s, {need} needed"

@@ -78,3 +78,14 @@ def test_too_few_nodes_fail_fast_naming_the_fix(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r'--federation-config "num-supernodes=100"'):
         run(grid, parse_run_config(run_config), tmp_path)
     assert not (tmp_path / "rounds.jsonl").exists()  # nothing ran, no data was loaded
+
+
+def test_at_least_half_the_nodes_run_with_k_capped(shared_data_dir: Path,
+                                                   tmp_path: Path) -> None:
+    run_config = small_run_config(shared_data_dir, tmp_path, **{
+        "clients-per-round": 6, "num-server-rounds": 1, "node-wait-timeout": 1.0,
+        "valuation": "none"})
+    grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": 4}
+                                      for i in range(4)], run_config)
+    run(grid, parse_run_config(run_config), tmp_path)
+    assert len(read_rounds(tmp_path)[1]["returned"]) == 4
