@@ -3,7 +3,7 @@
 For each model, values ``--coalitions`` distinct random non-empty coalitions of ``--clients``
 clients three ways and reports wall-clock seconds:
 
-* ``batched``: ``CoalitionUtility`` construction (stacking, stem cache) plus one call;
+* ``batched``: ``CoalitionGame`` construction (stacking, stem cache) plus one call;
 * ``naive``: ``naive_utility`` (average state dicts, load, forward, per coalition);
 * ``forwards``: ``--coalitions`` plain forward passes of one model over the evaluation set.
 
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedowen_strategy.torch_utility.batched import CoalitionGame, resolve_device
 from fedowen_task.models import build_model, state_to_numpy
-from server_app.utility import CoalitionUtility, resolve_device
 from server_app.utility_reference import naive_utility
 
 SETUPS = {"lenet": ((1, 28, 28), "lenet-eval"), "resnet18": ((3, 32, 32), "resnet-eval")}
@@ -100,8 +100,8 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> di
                 for s in range(0, n_eval, args.batch_size):
                     net(xd[s : s + args.batch_size])
 
-    def batched() -> tuple[np.ndarray, CoalitionUtility]:
-        u = CoalitionUtility(*common, metric=args.metric, device=device,
+    def batched() -> tuple[np.ndarray, CoalitionGame]:
+        u = CoalitionGame(*common, metric=args.metric, device=device,
                              batch_size=args.batch_size)  # fmt: skip
         return u(masks), u
 

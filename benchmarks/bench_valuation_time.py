@@ -1,11 +1,11 @@
 r"""Benchmark: seconds of one round's valuation by method and number of participants n.
 
 What one call of :func:`fedowen_strategy.contribution.value_round` costs the server, with the
-real batched torch utility (:class:`server_app.utility.CoalitionUtility`, LeNet, the MNIST
-server evaluation set of 600 images = 1% of the 60k training images) at the server's budget
-``n x budget-m`` (``2^n`` for ``exact``), with the estimator parameters the ServerApp passes
-(``RunConfig.estimator_params``). The time covers building the utility (stacking the states,
-the stem cache), ``nu(empty)`` and ``nu(N)``, and the estimator.
+real batched torch utility (:class:`fedowen_strategy.torch_utility.batched.CoalitionGame`,
+LeNet, the MNIST server evaluation set of 600 images = 1% of the 60k training images) at the
+server's budget ``n x budget-m`` (``2^n`` for ``exact``), with the estimator parameters the
+ServerApp passes (``RunConfig.estimator_params``). The time covers building the utility
+(stacking the states, the stem cache), ``nu(empty)`` and ``nu(N)``, and the estimator.
 
 Client states: a seeded LeNet is trained for one epoch on ``--global-samples`` MNIST images
 (the round's global model); each of the n clients then trains a copy for one epoch on its own
@@ -14,7 +14,7 @@ really differ in accuracy (truncating methods such as GTG behave as in a run).
 
 Baseline, measured in the same run: one plain forward pass of the global LeNet over the 600
 images (``forward``); ``valuation / forward`` says how many forward passes a round's
-valuation costs (FedAvg itself values nothing). The stem-cache build (``CoalitionUtility``
+valuation costs (FedAvg itself values nothing). The stem-cache build (``CoalitionGame``
 construction alone) is timed separately. Jobs are repeated ``--repeats`` times in rotating
 order; the table shows the minimum seconds, and ``valuation / forward`` is the median over
 runs of each run's seconds over the mean of the forward passes timed just before and after
@@ -45,11 +45,11 @@ from benchmarks._common import (
     write_outputs,
 )
 from fedowen_strategy.contribution import ValuationSettings, value_round
+from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model, load_numpy_state, state_to_numpy
 from fedowen_task.partition import server_eval_split
 from fedowen_task.training import train
-from server_app.app import make_utility_factory
 from server_app.config import RunConfig
 
 METHODS = ("owen", "owen-paper", "mc-shapley", "gtg-shapley", "banzhaf", "weighted-shap", "loo",
@@ -90,7 +90,7 @@ def bench_n(n: int, repeats: int, args: argparse.Namespace) -> list[dict[str, An
 
     ``exact`` (2^n evaluations, a minute at n=10) runs in the first repeat only."""
     r = make_round(n, args)
-    factory = make_utility_factory(r["model"], r["x"], r["y"], "accuracy", torch.device("cpu"))
+    factory = CoalitionUtility(r["model"], r["x"], r["y"], device=torch.device("cpu"))
     methods = [m for m in args.methods if m != "exact" or n <= EXACT_MAX_N]
 
     def forward() -> None:

@@ -5,6 +5,10 @@ node config and the dataset/split settings in the run config; a deployed SuperNo
 set ``client-id`` (its stable name; default: the partition id) and ``data-dir`` (its local
 data; default: the run config's ``data-dir``, else ``$FEDOWEN_DATA``). The reply carries the trained
 weights, ``num-examples``, ``train-loss`` and the client id (in ConfigRecord ``client``).
+
+The ClientApp reads only its own run-config keys (:class:`fedowen_task.config.TaskConfig`)
+and ignores the rest, and trains with FedProx's proximal term when the server's train config
+carries ``proximal-mu`` (Flower's FedProx sends it).
 """
 
 from __future__ import annotations
@@ -21,22 +25,22 @@ from flwr.clientapp import ClientApp
 
 from client_app.adversary import adversary_ids, flip_labels, noise_update, sybil_master
 from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY
+from fedowen_task.config import TaskConfig, parse_task_config
 from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
 from fedowen_task.partition import federated_split
 from fedowen_task.training import evaluate, train
-from server_app.config import RunConfig, parse_run_config
 
 log = logging.getLogger(__name__)
 app = ClientApp()
 
 
 @lru_cache(maxsize=4)
-def _config(items: tuple[tuple[str, object], ...]) -> RunConfig:
-    return parse_run_config(dict(items))
+def _config(items: tuple[tuple[str, object], ...]) -> TaskConfig:
+    return parse_task_config(dict(items))
 
 
-def _data_dir(cfg: RunConfig, context: Context) -> Path:
+def _data_dir(cfg: TaskConfig, context: Context) -> Path:
     """A SuperNode's own ``data-dir`` node config, else the run config's, else the default."""
     node_dir = context.node_config.get("data-dir")
     if isinstance(node_dir, str) and node_dir:
@@ -54,7 +58,7 @@ def _client_id(context: Context) -> str:
     return str(name)
 
 
-def _partition(cfg: RunConfig, context: Context
+def _partition(cfg: TaskConfig, context: Context
                ) -> tuple[torch.Tensor, torch.Tensor, str, bool]:
     """(x, y, training seed name, adversarial?) of this node's partition (a Sybil's data and
     seed name are its group master's, see :mod:`client_app.adversary`)."""
@@ -85,7 +89,7 @@ def _partition(cfg: RunConfig, context: Context
     return x, y, name, bad
 
 
-def _model(cfg: RunConfig, msg: Message, context: Context) -> torch.nn.Module:
+def _model(cfg: TaskConfig, msg: Message, context: Context) -> torch.nn.Module:
     ds = load_dataset(cfg.dataset, _data_dir(cfg, context))
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
@@ -116,9 +120,13 @@ def train_handler(msg: Message, context: Context) -> Message:
     x, y, seed_name, adversarial = _partition(cfg, context)
     client_id = _client_id(context)
     model = _model(cfg, msg, context)
-    server_round = msg.content.config_records["config"].get("server-round", 0)
+    train_config = msg.content.config_records["config"]
+    server_round = train_config.get("server-round", 0)
     if not isinstance(server_round, int):
         raise ValueError(f"server-round={server_round!r} in the train config must be an int")
+    mu = train_config.get("proximal-mu", 0.0)
+    if isinstance(mu, bool) or not isinstance(mu, int | float) or mu < 0:
+        raise ValueError(f"proximal-mu={mu!r} in the train config must be a number >= 0")
     seed = int(np.random.SeedSequence([cfg.seed, server_round, zlib.crc32(seed_name.encode())]
                                       ).generate_state(1)[0])
     kind = cfg.adversary_kind if adversarial else "honest"
@@ -131,7 +139,8 @@ def train_handler(msg: Message, context: Context) -> Message:
         if kind == "label-flip":
             y = flip_labels(y, int(model.state_dict()[_last_weight(model)].shape[0]))
         stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
-                      batch_size=cfg.batch_size, weight_decay=cfg.weight_decay, seed=seed)
+                      batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
+                      proximal_mu=float(mu), seed=seed)
         state = model.state_dict()
     content = RecordDict({
         "arrays": ArrayRecord(state),

@@ -8,15 +8,14 @@ round goes on with the rest.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from logging import WARNING
 
 import numpy as np
 from flwr.app import ArrayRecord, Message
+from flwr.common.logger import log
 from numpy.typing import NDArray
-
-log = logging.getLogger(__name__)
 
 #: Key of the ConfigRecord in which a ClientApp names itself.
 CLIENT_RECORD_KEY = "client"
@@ -134,15 +133,15 @@ def parse_replies(
         who = client_id_of(msg)
         if msg.has_error():
             out.failed[who] = f"error {msg.error.code}: {msg.error.reason}"
-            log.warning("client %s failed this round: %s", who, out.failed[who])
+            log(WARNING, "client %s failed this round: %s", who, out.failed[who])
             continue
         result = _parse_one(msg, reference, arrays_key, weight_key, max_norm_ratio)
         if isinstance(result, str):
             out.rejected[who] = result
-            log.warning("rejected the update of client %s: %s", who, result)
+            log(WARNING, "rejected the update of client %s: %s", who, result)
         elif result.client_id in seen:
             out.rejected[who] = "a second reply from the same client in one round"
-            log.warning("rejected the update of client %s: %s", who, out.rejected[who])
+            log(WARNING, "rejected the update of client %s: %s", who, out.rejected[who])
         else:
             seen.add(result.client_id)
             out.updates.append(result)

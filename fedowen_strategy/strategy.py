@@ -19,24 +19,27 @@ keyed ``node:<id>`` (ordered last) and counts as a fresh client.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import time
+import math
 from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedowen_strategy.aggregation import duplicate_groups, share_duplicates, weighted_average
 from fedowen_strategy.contribution import (
+    RoundValuation,
     UtilityFactory,
     ValuationSettings,
     resolve_axes,
     value_round,
 )
 from fedowen_strategy.identity import IdentityBook
+from fedowen_strategy.nodes import client_order, wait_for_nodes
 from fedowen_strategy.replies import (
     ParsedReplies,
     client_id_of,
@@ -50,21 +53,31 @@ from fedowen_strategy.selection import (
     select_uniform,
     update_memory,
 )
+from fedowen_strategy.valuation import ESTIMATORS
 
-log = logging.getLogger(__name__)
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
+MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
 
 
 class FedOwen(FedAvg):
     """FedAvg with Algorithm 2 selection and contribution-weighted aggregation.
 
+    Takes every argument of Flower's ``FedAvg`` (``fraction_train``, ``fraction_evaluate``,
+    ``min_*_nodes``, the record keys, ``train_metrics_aggr_fn``, ``evaluate_metrics_aggr_fn``)
+    with the same meaning, plus the parameters below. Each round's ``MetricRecord`` (in the
+    ``Result``'s ``train_metrics_clientapp``) holds the clients' metrics aggregated by
+    ``train_metrics_aggr_fn`` and ``phi/<client-id>``, ``weight/<client-id>``, ``n-evals``,
+    ``valuation-seconds``, ``num-returned``, ``num-failed``, ``num-rejected``.
+
     Parameters
     ----------
-    clients_per_round : int
-        k, the number of clients asked to train each round.
+    clients_per_round : int or None
+        k, the number of clients asked to train each round; ``None``: like FedAvg,
+        ``max(int(connected * fraction_train), min_train_nodes)``.
     utility_factory : callable or None
         ``(global_state, client_states, num_examples) -> utility(masks) -> values``; needed
-        by every game-based valuation method.
+        by every game-based valuation method (a ready one for torch models:
+        ``fedowen_strategy.torch_utility.CoalitionUtility(model, x_eval, y_eval)``).
     valuation : ValuationSettings
         Estimator, budget M, parameters, phi scale and softmax temperature.
     selection : {"auto", "adaptive", "random"}
@@ -74,8 +87,6 @@ class FedOwen(FedAvg):
         epsilon, c, tau of Algorithm 2.
     seed : int
         Seeds the selection and valuation generators (independent streams).
-    min_available_nodes : int
-        Wait until this many nodes are connected before selecting (at least k).
     max_norm_ratio : float
         Reject updates farther from the global model than this multiple of its norm (0: off).
     node_wait_timeout : float
@@ -94,19 +105,38 @@ class FedOwen(FedAvg):
         the records with it).
     """
 
-    def __init__(self, *, clients_per_round: int, utility_factory: UtilityFactory | None,
+    def __init__(self, *, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int = 2, min_evaluate_nodes: int = 2,
+                 min_available_nodes: int = 2, weighted_by_key: str = "num-examples",
+                 arrayrecord_key: str = "arrays", configrecord_key: str = "config",
+                 train_metrics_aggr_fn: MetricsAggr | None = None,
+                 evaluate_metrics_aggr_fn: MetricsAggr | None = None,
+                 clients_per_round: int | None = None,
+                 utility_factory: UtilityFactory | None = None,
                  valuation: ValuationSettings | None = None, selection: str = "auto",
                  selection_params: SelectionParams | None = None, seed: int = 0,
-                 min_available_nodes: int = 2, max_norm_ratio: float = 0.0,
-                 node_wait_timeout: float = 60.0, query_timeout: float = 300.0,
-                 duplicate_tolerance: float = 0.0, bandit_memory: str = "latest",
-                 bandit_discount: float = 0.3, on_round: RoundHook | None = None) -> None:
-        if clients_per_round < 1:
-            raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1")
+                 max_norm_ratio: float = 0.0, node_wait_timeout: float = 60.0,
+                 query_timeout: float = 300.0, duplicate_tolerance: float = 0.0,
+                 bandit_memory: str = "latest", bandit_discount: float = 0.3,
+                 on_round: RoundHook | None = None) -> None:
+        if clients_per_round is not None and clients_per_round < 1:
+            raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1 (or None "
+                             "to derive k from fraction_train)")
         valuation = valuation or ValuationSettings()
+        if valuation.method in ESTIMATORS and utility_factory is None:
+            raise ValueError(
+                f"valuation={valuation.method!r} values coalitions of updates and needs "
+                "utility_factory: pass fedowen_strategy.torch_utility.CoalitionUtility(model, "
+                "x_eval, y_eval) or your own, or choose valuation 'shapfed-wa', 'none' or "
+                "'multikrum'")
         selection, _ = resolve_axes(valuation.method, selection, valuation.aggregation)
-        super().__init__(fraction_train=1.0, fraction_evaluate=0.0,
-                         min_available_nodes=max(min_available_nodes, clients_per_round))
+        super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
+                         min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=max(min_available_nodes, clients_per_round or 0),
+                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+                         configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn,
+                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
         self.clients_per_round = clients_per_round
         self.utility_factory = utility_factory
         self.valuation = valuation
@@ -159,31 +189,13 @@ class FedOwen(FedAvg):
     def summary(self) -> None:
         """Log the settings."""
         v, p = self.valuation, self.selection_params
-        log.info("FedOwen: k=%d, valuation=%s (M=%d, params=%s, phi-scale=%s), aggregation=%s "
-                 "(T=%g)", self.clients_per_round, v.method, v.budget_m, dict(v.params),
-                 v.phi_scale, v.aggregation, v.temperature)
-        log.info("FedOwen: selection=%s (epsilon=%g, c=%g, tau=%g), max-norm-ratio=%g",
-                 self.selection, p.epsilon, p.c, p.tau, self.max_norm_ratio)
-
-    def _wait_for_nodes(self, grid: Grid) -> list[int]:
-        """The connected node ids once ``min_available_nodes`` are there; fails after
-        ``node_wait_timeout`` seconds with what to do."""
-        need, started = self.min_available_nodes, time.monotonic()
-        next_log = started
-        while len(nodes := sorted(grid.get_node_ids())) < need:
-            waited = time.monotonic() - started
-            if waited >= self.node_wait_timeout:
-                raise RuntimeError(
-                    f"only {len(nodes)} node(s) connected after {waited:.0f}s, {need} needed "
-                    f"(clients-per-round={self.clients_per_round}). In simulation run with "
-                    f"--federation-config \"num-supernodes={max(need, 100)}\" (any value >= "
-                    f"{need}); in a deployment start more SuperNodes; or lower "
-                    "clients-per-round. node-wait-timeout sets how long to wait.")
-            if time.monotonic() >= next_log:
-                log.info("Waiting for nodes: %d connected, %d needed", len(nodes), need)
-                next_log += 10.0
-            time.sleep(0.5)
-        return nodes
+        k = self.clients_per_round or f"fraction_train={self.fraction_train:g}"
+        log(INFO, "FedOwen: k=%s, valuation=%s (M=%d, params=%s, phi-scale=%s), aggregation=%s "
+            "(T=%g)", k, v.method, v.budget_m, dict(v.params), v.phi_scale, v.aggregation,
+            v.temperature)
+        log(INFO, "FedOwen: selection=%s (epsilon=%g, c=%g, tau=%g), max-norm-ratio=%g, "
+            "fraction_evaluate=%g", self.selection, p.epsilon, p.c, p.tau, self.max_norm_ratio,
+            self.fraction_evaluate)
 
     def _identify(self, grid: Grid, nodes: list[int]) -> None:
         """Ask nodes not heard from yet for their client ids (one ``query`` message each)."""
@@ -201,21 +213,27 @@ class FedOwen(FedAvg):
             node = reply.metadata.src_node_id
             refused = self.identities.claim(node, client_id_of(reply), nodes)
             if refused:
-                log.warning("identity refused: %s; node %d is not selected", refused, node)
+                log(WARNING, "identity refused: %s; node %d is not selected", refused, node)
                 self.refused.add(node)
             else:
                 named += 1
-        log.info("Identified %d of %d new nodes by client id", named, len(unknown))
+        log(INFO, "Identified %d of %d new nodes by client id", named, len(unknown))
 
     def _keys(self, nodes: list[int]) -> tuple[list[int], list[str]]:
         """Nodes and their client ids, ordered by client id (numbers numerically)."""
         keyed = [(self.client_of_node.get(node, f"node:{node}"), node) for node in nodes
                  if node not in self.refused]
-        keyed.sort(key=lambda kn: _client_order(kn[0]))
+        keyed.sort(key=lambda kn: client_order(kn[0]))
         return [n for _, n in keyed], [k for k, _ in keyed]
 
+    def _k(self, num_nodes: int) -> int:
+        """k: ``clients_per_round``, else FedAvg's rule from ``fraction_train``."""
+        if self.clients_per_round is not None:
+            return min(self.clients_per_round, num_nodes)
+        return min(max(int(num_nodes * self.fraction_train), self.min_train_nodes), num_nodes)
+
     def _choose(self, server_round: int, keys: list[str]) -> tuple[np.ndarray, bool]:
-        k = min(self.clients_per_round, len(keys))
+        k = self._k(len(keys))
         if self.selection == "random":
             return select_uniform(len(keys), k, self.select_rng), True
         phi = np.array([self.phi.get(key, 0.0) for key in keys])
@@ -228,15 +246,17 @@ class FedOwen(FedAvg):
         """Select clients with Algorithm 2 and send them the global model."""
         server_round += self.round_offset
         self._global = arrays
-        found = self._wait_for_nodes(grid)
+        what = (f"clients-per-round={self.clients_per_round}" if self.clients_per_round
+                else "min_available_nodes")
+        found = wait_for_nodes(grid, self.min_available_nodes, self.node_wait_timeout, what=what)
         self._identify(grid, found)
         self._connected = found
         nodes, keys = self._keys(found)
         chosen, explored = self._choose(server_round, keys)
         self._selected = [keys[i] for i in chosen]
-        log.info("configure_train: round %d, %s %d of %d clients: %s", server_round,
-                 "explored" if explored else "exploited", len(chosen), len(nodes),
-                 ", ".join(self._selected))
+        log(INFO, "configure_train: round %d, %s %d of %d clients: %s", server_round,
+            "explored" if explored else "exploited", len(chosen), len(nodes),
+            ", ".join(self._selected))
         config["server-round"] = server_round
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._construct_messages(record, [nodes[i] for i in chosen], MessageType.TRAIN)
@@ -249,19 +269,18 @@ class FedOwen(FedAvg):
             raise RuntimeError("aggregate_train called before configure_train")
         global_state = record_to_state(self._global)
         replies, impostors = self._check_identities(replies)
+        contents = {r.metadata.src_node_id: r.content for r in replies if not r.has_error()}
         parsed = parse_replies(replies, global_state, arrays_key=self.arrayrecord_key,
                                weight_key=self.weighted_by_key,
                                max_norm_ratio=self.max_norm_ratio)
         parsed.rejected.update(impostors)
         # Replies arrive in any order; value and average them in client-id order, so the
         # estimator's sampled orders (and float sums) do not depend on arrival times.
-        parsed.updates.sort(key=lambda upd: _client_order(upd.client_id))
+        parsed.updates.sort(key=lambda upd: client_order(upd.client_id))
         if not parsed.updates:
-            log.warning("round %d: no usable update (%d failed, %d rejected); global model kept",
-                        server_round, len(parsed.failed), len(parsed.rejected))
-            self._report(server_round, parsed, None, [])
-            return None, MetricRecord({"num-returned": 0, "num-failed": len(parsed.failed),
-                                       "num-rejected": len(parsed.rejected)})
+            log(WARNING, "round %d: no usable update (%d failed, %d rejected); global model "
+                "kept", server_round, len(parsed.failed), len(parsed.rejected))
+            return None, self._report(server_round, parsed, None, [], MetricRecord())
         states = [u.state for u in parsed.updates]
         examples = [u.num_examples for u in parsed.updates]
         val = value_round(states, examples, global_state, self.valuation, self.utility_factory,
@@ -270,8 +289,8 @@ class FedOwen(FedAvg):
         if groups:
             val = dataclasses.replace(val, weights=share_duplicates(val.weights, groups))
             self._duplicates = [[parsed.updates[i].client_id for i in g] for g in groups]
-            log.warning("round %d: near-duplicate updates share one weight: %s", server_round,
-                        self._duplicates)
+            log(WARNING, "round %d: near-duplicate updates share one weight: %s", server_round,
+                self._duplicates)
         for upd, phi in zip(parsed.updates, val.phi, strict=True):
             count = self.counts.get(upd.client_id, 0) + 1
             self.counts[upd.client_id] = count
@@ -279,7 +298,9 @@ class FedOwen(FedAvg):
                                                     count, self.bandit_memory,
                                                     self.bandit_discount)
         new_state = weighted_average(states, val.weights)
-        metrics = self._report(server_round, parsed, val, examples)
+        client_metrics = self.train_metrics_aggr_fn(
+            [contents[u.node_id] for u in parsed.updates], self.weighted_by_key)
+        metrics = self._report(server_round, parsed, val, examples, client_metrics)
         return state_to_record(new_state), metrics
 
     def _check_identities(self, replies: Iterable[Message]
@@ -293,15 +314,15 @@ class FedOwen(FedAvg):
                 node, client_id_of(msg), self._connected)
             if reason:
                 refused[f"node:{node}"] = reason
-                log.warning("rejected a reply: %s", reason)
+                log(WARNING, "rejected a reply: %s", reason)
             else:
                 kept.append(msg)
         return kept, refused
 
-    def _report(self, server_round: int, parsed: ParsedReplies, val: Any,
-                examples: list[int]) -> MetricRecord:
+    def _report(self, server_round: int, parsed: ParsedReplies, val: RoundValuation | None,
+                examples: list[int], client_metrics: MetricRecord) -> MetricRecord:
+        """Call ``on_round`` with the round's record; the round's MetricRecord."""
         ids = [u.client_id for u in parsed.updates]
-        losses = np.array([u.train_loss for u in parsed.updates])
         record: dict[str, Any] = {
             "selected": list(self._selected), "returned": ids,
             "failed": parsed.failed, "rejected": parsed.rejected,
@@ -310,30 +331,27 @@ class FedOwen(FedAvg):
         if self._duplicates:
             record["duplicates"], self._duplicates = self._duplicates, []
         rows: list[dict[str, Any]] = []
-        scalars: dict[str, float | int] = {"num-returned": len(ids),
-                                           "num-failed": len(parsed.failed),
-                                           "num-rejected": len(parsed.rejected)}
+        metrics = MetricRecord({k: v for k, v in client_metrics.items()
+                                if not isinstance(v, float) or math.isfinite(v)})
+        metrics.update({"num-returned": len(ids), "num-failed": len(parsed.failed),
+                        "num-rejected": len(parsed.rejected)})
         if val is not None:
             record.update(phi=dict(zip(ids, val.phi.tolist(), strict=True)),
                           phi_raw=dict(zip(ids, val.phi_raw.tolist(), strict=True)),
                           weights=dict(zip(ids, val.weights.tolist(), strict=True)),
                           n_evals=val.n_evals, valuation_seconds=val.seconds,
                           nu_empty=val.nu_empty, nu_full=val.nu_full)
-            scalars.update({"n-evals": val.n_evals, "valuation-seconds": val.seconds,
-                            "train-loss": float(np.average(losses, weights=examples))})
+            metrics.update({"n-evals": val.n_evals, "valuation-seconds": val.seconds})
+            for cid, phi, weight in zip(ids, val.phi, val.weights, strict=True):
+                if math.isfinite(phi):
+                    metrics[f"phi/{cid}"] = float(phi)
+                metrics[f"weight/{cid}"] = float(weight)
             rows = [{"client_id": c, "round": server_round, "phi": p, "phi_raw": r,
                      "weight": w, "num_examples": e}
                     for c, p, r, w, e in zip(ids, val.phi, val.phi_raw, val.weights, examples,
                                              strict=True)]
-            log.info("aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
-                     server_round, len(ids), self.valuation.method, val.seconds, val.n_evals)
+            log(INFO, "aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
+                server_round, len(ids), self.valuation.method, val.seconds, val.n_evals)
         if self.on_round is not None:
             self.on_round(server_round, record, rows)
-        return MetricRecord({k: v for k, v in scalars.items() if np.isfinite(v)})
-
-
-def _client_order(client_id: str) -> tuple[int, int, str]:
-    """Sort key: numeric ids by value, then other names, then unnamed ``node:<id>`` keys."""
-    if client_id.isdigit():
-        return (0, int(client_id), "")
-    return (2 if client_id.startswith("node:") else 1, 0, client_id)
+        return metrics

@@ -1,9 +1,9 @@
 """Models shared by the client and server apps: LeNet-5 and a CIFAR-style ResNet-18.
 
-Every model exposes the split the batched coalition utility relies on
-(``server_app.utility``): an attribute ``stem`` (the first layer, an ``nn.Conv2d``, linear in
-its weights and bias) and a method ``forward_from_stem(h)`` (everything after the stem), with
-``forward(x) == forward_from_stem(stem(x))``.
+Every model exposes the split the batched coalition utility
+(``fedowen_strategy.torch_utility``) relies on: an attribute ``stem`` (the first layer, an
+``nn.Conv2d``, linear in its weights and bias) and a method ``forward_from_stem(h)``
+(everything after the stem), with ``forward(x) == forward_from_stem(stem(x))``.
 
 References
 ----------

@@ -89,9 +89,10 @@ def train(
     batch_size: int,
     seed: int,
     weight_decay: float = 0.0,
+    proximal_mu: float = 0.0,
     device: torch.device | str | None = None,
 ) -> dict[str, float]:
-    """Train ``model`` in place with SGD on cross-entropy.
+    """Train ``model`` in place with SGD on cross-entropy (plus FedProx's proximal term).
 
     Parameters
     ----------
@@ -102,6 +103,10 @@ def train(
         See :class:`TrainConfig`.
     seed : int
         Seeds the shuffling and any randomness inside the model.
+    proximal_mu : float
+        FedProx (Li et al., MLSys 2020): adds ``mu / 2 * ||w - w_start||^2`` to every batch's
+        loss, ``w_start`` being the received weights; 0 is plain SGD. The reported loss is the
+        cross-entropy alone.
     device : torch.device or str, optional
         Where to train; ``None`` keeps the model where it is.
 
@@ -112,6 +117,8 @@ def train(
         ``num_examples``: ``N``.
     """
     TrainConfig(lr, momentum, batch_size, epochs, weight_decay)  # validates
+    if not proximal_mu >= 0:
+        raise ValueError(f"proximal_mu={proximal_mu} must be >= 0 (FedProx's mu; 0 = off)")
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"x and y must be non-empty and of equal length, got {len(x)}, {len(y)}")
     dev = _device_of(model, device)
@@ -119,6 +126,7 @@ def train(
     optimizer = torch.optim.SGD(
         model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
     )
+    start = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
     generator = torch.Generator().manual_seed(seed)
     loss_fn = nn.CrossEntropyLoss()
     total, seen = 0.0, 0
@@ -130,11 +138,18 @@ def train(
                 xb, yb = x[idx].to(dev), y[idx].to(dev, dtype=torch.long)
                 optimizer.zero_grad(set_to_none=True)
                 loss = loss_fn(model(xb), yb)
-                loss.backward()
+                objective = loss + _proximal(model, start, proximal_mu) if start else loss
+                objective.backward()
                 optimizer.step()
                 total += float(loss.detach()) * len(idx)
                 seen += len(idx)
     return {"loss": total / seen, "num_examples": len(x)}
+
+
+def _proximal(model: nn.Module, start: list[torch.Tensor], mu: float) -> torch.Tensor:
+    """FedProx's ``mu / 2 * ||w - w_start||^2`` over the trainable parameters."""
+    squares = [((p - w0) ** 2).sum() for p, w0 in zip(model.parameters(), start, strict=True)]
+    return 0.5 * mu * torch.stack(squares).sum()
 
 
 @torch.no_grad()

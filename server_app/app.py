@@ -10,9 +10,11 @@ Records land in the output dir: ``config.json``, ``rounds.jsonl``, ``ledger.csv`
 from __future__ import annotations
 
 import logging
+import math
+import random
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +23,21 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Strategy
 
 from fedowen_strategy.checkpoint import CHECKPOINT_FILE, load_checkpoint, save_checkpoint
 from fedowen_strategy.contribution import UtilityFactory, ValuationSettings
+from fedowen_strategy.nodes import wait_for_nodes
 from fedowen_strategy.records import RunRecorder
 from fedowen_strategy.replies import record_to_state
 from fedowen_strategy.strategy import FedOwen
+from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
 from fedowen_task.partition import server_eval_split
 from fedowen_task.training import evaluate
 from server_app.config import RunConfig, parse_run_config
-from server_app.utility import CoalitionUtility
+from server_app.strategies import build_flower_strategy
 
 log = logging.getLogger(__name__)
 app = ServerApp()
@@ -69,31 +74,18 @@ def server_sets(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
             to_tensor(x_test, ds.name), torch.as_tensor(y_test, dtype=torch.long))
 
 
-def make_utility_factory(model: torch.nn.Module, x_eval: torch.Tensor, y_eval: torch.Tensor,
-                         metric: str, device: torch.device) -> UtilityFactory:
-    """Bind the server's evaluation set into a batched coalition utility per round."""
-
-    def factory(global_state: Mapping[str, np.ndarray],
-                client_states: Sequence[Mapping[str, np.ndarray]],
-                num_examples: Sequence[int],
-                shares: Sequence[float] | None = None) -> CoalitionUtility:
-        return CoalitionUtility(model, global_state, client_states, num_examples, x_eval,
-                                y_eval, metric=metric, device=device, shares=shares)
-
-    return factory
-
-
 def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    recorder: RunRecorder | None) -> FedOwen:
-    """The strategy the run config describes."""
+    """The FedOwen strategy the run config describes (federated evaluation off: the
+    ServerApp evaluates centrally)."""
     selection, aggregation = cfg.axes()
     valuation = ValuationSettings(method=cfg.valuation, budget_m=cfg.budget_m,
                                   params=cfg.estimator_params(), phi_scale=cfg.phi_scale,
                                   temperature=cfg.temperature, krum_malicious=cfg.krum_malicious,
                                   aggregation=aggregation, game=cfg.game,
                                   uniform_mix=cfg.uniform_mix, weight_cap=cfg.weight_cap)
-    return FedOwen(clients_per_round=cfg.clients_per_round, utility_factory=factory,
-                   valuation=valuation, selection=selection,
+    return FedOwen(clients_per_round=cfg.clients_per_round, fraction_evaluate=0.0,
+                   utility_factory=factory, valuation=valuation, selection=selection,
                    selection_params=cfg.selection_params(), seed=cfg.seed,
                    max_norm_ratio=cfg.max_norm_ratio, node_wait_timeout=cfg.node_wait_timeout,
                    query_timeout=cfg.round_timeout,
@@ -102,79 +94,113 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    on_round=recorder.log_train if recorder else None)
 
 
-def _resume(cfg: RunConfig, recorder: RunRecorder, strategy: FedOwen,
+def _resume(cfg: RunConfig, recorder: RunRecorder, strategy: Strategy,
             model: torch.nn.Module) -> int:
     """Load ``resume-from``'s checkpoint into the strategy and model; rounds already done."""
     if not cfg.resume_from:
         return 0
     ckpt = load_checkpoint(cfg.resume_from)
     model.load_state_dict({k: torch.as_tensor(v) for k, v in ckpt.global_state.items()})
-    strategy.load_state_dict(ckpt.strategy_state, ckpt.server_round)
+    if isinstance(strategy, FedOwen):
+        strategy.load_state_dict(ckpt.strategy_state, ckpt.server_round)
+    else:  # a stateless Flower strategy (checked by the config): only the round numbers move
+        strategy.round_offset = ckpt.server_round  # type: ignore[attr-defined]
     recorder.truncate_after(ckpt.server_round)
     log.info("Resuming after round %d of %d from %s", ckpt.server_round, cfg.num_server_rounds,
              cfg.resume_from)
     return ckpt.server_round
 
 
+def make_strategy(cfg: RunConfig, num_nodes: int, model: torch.nn.Module,
+                  sets: tuple[torch.Tensor, ...], recorder: RunRecorder) -> Strategy:
+    """FedOwen with a coalition utility on the evaluation set, or Flower's strategy."""
+    if cfg.strategy != "fedowen":
+        random.seed(cfg.seed)  # Flower's strategies sample nodes with the global random
+        return build_flower_strategy(cfg, num_nodes, recorder.log_train)
+    factory = CoalitionUtility(model, sets[0], sets[1], metric=cfg.utility_metric,
+                               device=pick_device(cfg.device))
+    return build_strategy(cfg, factory, recorder)
+
+
 def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
-    """Build everything from ``cfg``, run the rounds, save records; returns the summary.
+    """Wait for the nodes, build everything from ``cfg``, run the rounds, save records;
+    returns the summary.
 
     After every round the run is checkpointed atomically (``checkpoint.npz``); with
-    ``resume-from`` set it continues from there and reproduces the remaining rounds of the
-    uninterrupted run.
+    ``resume-from`` set it continues from there (FedOwen reproduces the remaining rounds of
+    the uninterrupted run).
     """
+    # At least half of k: k is capped to the nodes there are; fewer (Flower's default
+    # simulation has 2 nodes) means a forgotten federation config: fail, naming the fix.
+    nodes = wait_for_nodes(grid, cfg.clients_per_round, cfg.node_wait_timeout,
+                           what=f"clients-per-round={cfg.clients_per_round}",
+                           accept=math.ceil(cfg.clients_per_round / 2))
+    cfg = replace(cfg, clients_per_round=min(cfg.clients_per_round, len(nodes)))
     if cfg.torch_threads:  # torch's default (all cores) was 4-6x slower on a shared 2-core box
         torch.set_num_threads(cfg.torch_threads)
     recorder = RunRecorder(out_dir)
-    device = pick_device(cfg.device)
     ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
-    x_eval, y_eval, x_test, y_test = server_sets(cfg, ds)
+    sets = server_sets(cfg, ds)
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes, seed=cfg.seed)
-    factory = make_utility_factory(model, x_eval, y_eval, cfg.utility_metric, device)
-    strategy = build_strategy(cfg, factory, recorder)
+    strategy = make_strategy(cfg, len(nodes), model, sets, recorder)
     done = _resume(cfg, recorder, strategy, model)
     if not done:
         recorder.write_json("config.json", asdict(cfg))
-    eval_model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
+    evaluate_fn = central_evaluation(cfg, ds, sets[2:], recorder, strategy, done, out_dir)
     started = time.perf_counter()
-
-    def central_evaluate(local_round: int, arrays: ArrayRecord) -> MetricRecord:
-        server_round = local_round + done
-        eval_model.load_state_dict(arrays.to_torch_state_dict())
-        loss, acc = evaluate(eval_model, x_test, y_test, device=device)
-        if local_round == 0 and done:  # this round's record and checkpoint already exist
-            return MetricRecord({"test-accuracy": acc, "test-loss": loss})
-        line = recorder.log_eval(server_round, {"test_accuracy": acc, "test_loss": loss,
-                                                "elapsed_seconds": time.perf_counter() - started})
-        if server_round > 0:
-            save_checkpoint(out_dir / CHECKPOINT_FILE, server_round, record_to_state(arrays),
-                            strategy.state_dict())
-        log.info("round %d/%d: test accuracy %.4f, loss %.4f (%s)", server_round,
-                 cfg.num_server_rounds, acc, loss, out_dir)
-        return MetricRecord({"test-accuracy": acc, "test-loss": loss,
-                             "valuation-seconds": float(line.get("valuation_seconds") or 0.0)})
-
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                             num_rounds=cfg.num_server_rounds - done, timeout=cfg.round_timeout,
-                            train_config=ConfigRecord(), evaluate_fn=central_evaluate)
+                            train_config=ConfigRecord(), evaluate_fn=evaluate_fn)
     torch.save(result.arrays.to_torch_state_dict(), out_dir / "final_model.pt")
     final = result.evaluate_metrics_serverapp.get(cfg.num_server_rounds - done)
     final_acc = final["test-accuracy"] if final else None
-    summary = {"rounds": cfg.num_server_rounds, "valuation": cfg.valuation,
-               "resumed_after_round": done,
+    summary = {"rounds": cfg.num_server_rounds, "strategy": cfg.strategy,
+               "valuation": cfg.valuation, "resumed_after_round": done,
                "final_test_accuracy": final_acc if isinstance(final_acc, float) else None,
                "seconds": time.perf_counter() - started, "output_dir": str(out_dir)}
     recorder.write_json("summary.json", summary)
     return summary
 
 
+def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tensor, ...],
+                       recorder: RunRecorder, strategy: Strategy, done: int,
+                       out_dir: Path) -> Callable[[int, ArrayRecord], MetricRecord]:
+    """The ``evaluate_fn``: test accuracy after every round, records and a checkpoint."""
+    eval_model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
+    device, started = pick_device(cfg.device), time.perf_counter()
+    state_of = strategy.state_dict if isinstance(strategy, FedOwen) else dict
+
+    def evaluate_fn(local_round: int, arrays: ArrayRecord) -> MetricRecord:
+        server_round = local_round + done
+        eval_model.load_state_dict(arrays.to_torch_state_dict())
+        loss, acc = evaluate(eval_model, test[0], test[1], device=device)
+        if local_round == 0 and done:  # this round's record and checkpoint already exist
+            return MetricRecord({"test-accuracy": acc, "test-loss": loss})
+        line = recorder.log_eval(server_round, {"test_accuracy": acc, "test_loss": loss,
+                                                "elapsed_seconds": time.perf_counter() - started})
+        if server_round > 0:
+            save_checkpoint(out_dir / CHECKPOINT_FILE, server_round, record_to_state(arrays),
+                            state_of())
+        log.info("round %d/%d: test accuracy %.4f, loss %.4f (%s)", server_round,
+                 cfg.num_server_rounds, acc, loss, out_dir)
+        return MetricRecord({"test-accuracy": acc, "test-loss": loss,
+                             "valuation-seconds": float(line.get("valuation_seconds") or 0.0)})
+
+    return evaluate_fn
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Flower entry point."""
+    """Flower entry point: the run config is validated before any message is sent."""
     route_library_logs()
-    cfg = parse_run_config(context.run_config)
+    try:
+        cfg = parse_run_config(context.run_config)
+    except ValueError as err:  # shown by `flwr run --stream`; the traceback only in the log
+        log.error("%s", err)
+        raise
     out_dir = cfg.resolved_output_dir(context.run_id)
-    log.info("FedOwen run %s: results go to %s", context.run_id, out_dir)
+    log.info("FedOwen run %s (strategy %s): results go to %s", context.run_id, cfg.strategy,
+             out_dir)
     summary = run(grid, cfg, out_dir)
     log.info("FedOwen run finished: final test accuracy %s; results in %s",
              summary["final_test_accuracy"], out_dir)

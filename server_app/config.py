@@ -1,8 +1,10 @@
-"""The run configuration, parsed once into a frozen, validated dataclass.
+"""The ServerApp's run configuration: the task keys plus the server's, validated once.
 
-Every key of ``[tool.flwr.app.config]`` in pyproject.toml maps to one field here (kebab-case
-key -> snake_case field). Unknown keys, wrong types and out-of-range values fail before any
-round with one error that lists every problem.
+Every key of ``[tool.flwr.app.config]`` in pyproject.toml maps to one field here or in
+:class:`fedowen_task.config.TaskConfig` (the keys a ClientApp also reads). ``parse_run_config``
+reports every problem at once: unknown keys with the closest valid name, wrong types,
+out-of-range values and cross-key rules (the estimator's minimum budget for N x M and the
+parameters it accepts, the strategy's parameters), before any message is sent.
 """
 
 from __future__ import annotations
@@ -10,41 +12,40 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedowen_strategy.contribution import GAMES, METHODS, PHI_SCALES, resolve_axes
+from fedowen_strategy.contribution import GAMES, METHODS, NO_PHI, PHI_SCALES, resolve_axes
 from fedowen_strategy.selection import MEMORIES, SelectionParams
+from fedowen_strategy.valuation import ESTIMATORS, estimate_problems
+from fedowen_task.config import ConfigError, TaskConfig, one_of, parse_config, parse_scalar
 
-SCHEMES = ("per-class", "per-client", "writer")
-ADVERSARY_KINDS = ("label-flip", "noise", "free-rider", "sybil")
 METRICS = ("accuracy", "neg-loss")
 
 
+def parse_params(text: str, key: str) -> dict[str, Any]:
+    """``"a=1 b-c=x"`` -> ``{"a": 1, "b_c": "x"}`` (values parsed as bool/int/float/str)."""
+    params: dict[str, Any] = {}
+    for item in shlex.split(text):
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{key} item {item!r} is not key=value")
+        params[name.replace("-", "_")] = parse_scalar(raw)
+    return params
+
+
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(TaskConfig):
     """FedOwen's run configuration (defaults match pyproject.toml)."""
 
     num_server_rounds: int = 100
     clients_per_round: int = 10
-    dataset: str = "mnist"
-    model: str = "auto"
-    data_dir: str = ""
     output_dir: str = ""
-    alpha: float = 0.1
-    imbalance_factor: float = 0.01
-    partition_scheme: str = "per-class"
-    min_partition_size: int = 10
-    eval_fraction: float = 0.01
-    seed: int = 0
-    lr: float = 0.02
-    momentum: float = 0.9
-    batch_size: int = 10
-    local_epochs: int = 1
-    weight_decay: float = 0.0
-    client_max_samples: int = 0
     test_max_samples: int = 0
+    strategy: str = "fedowen"
+    strategy_params: str = ""
+    proximal_mu: float = 0.0
     valuation: str = "owen"
     valuation_params: str = ""
     selection: str = "auto"
@@ -68,17 +69,8 @@ class RunConfig:
     bandit_discount: float = 0.3
     torch_threads: int = 1
     resume_from: str = ""
-    adversary_fraction: float = 0.0
-    adversary_kind: str = "label-flip"
-    adversary_noise_std: float = 0.05
     krum_malicious: int = 0
     device: str = "auto"
-
-    def model_name(self) -> str:
-        """``model = "auto"``: ResNet-18 for CIFAR-10, LeNet otherwise (as in the paper)."""
-        if self.model != "auto":
-            return self.model
-        return "resnet18" if self.dataset == "cifar10" else "lenet"
 
     def axes(self) -> tuple[str, str]:
         """(selection, aggregation) with ``auto`` resolved for this valuation."""
@@ -98,11 +90,7 @@ class RunConfig:
         params: dict[str, Any] = {}
         if self.valuation == "owen-paper":
             params["levels"] = self.owen_q
-        for item in shlex.split(self.valuation_params):
-            key, sep, raw = item.partition("=")
-            if not sep or not key:
-                raise ValueError(f"valuation-params item {item!r} is not key=value")
-            params[key.replace("-", "_")] = _parse_scalar(raw)
+        params.update(parse_params(self.valuation_params, "valuation-params"))
         return params
 
     def resolved_output_dir(self, run_id: int) -> Path:
@@ -115,61 +103,69 @@ class RunConfig:
         root = os.environ.get("FEDOWEN_OUTPUT") or str(Path.home() / "fedowen-runs")
         return Path(root) / f"run-{run_id}"
 
+    def problems(self) -> list[str]:
+        """Task problems, server ranges, then the cross-key rules."""
+        checks = [
+            (self.num_server_rounds >= 1, "num-server-rounds must be >= 1"),
+            (self.clients_per_round >= 1, "clients-per-round must be >= 1"),
+            (self.budget_m >= 1 and self.owen_q >= 1, "budget-m and owen-q must be >= 1"),
+            (self.temperature > 0, f"temperature={self.temperature} must be > 0"),
+            (self.round_timeout > 0, "round-timeout must be > 0"),
+            (self.node_wait_timeout > 0, "node-wait-timeout must be > 0"),
+            (0 <= self.duplicate_tolerance < 1,
+             f"duplicate-tolerance={self.duplicate_tolerance} must lie in [0, 1)"),
+            (0 <= self.uniform_mix <= 1, f"uniform-mix={self.uniform_mix} must lie in [0, 1]"),
+            (0 < self.weight_cap <= 1, f"weight-cap={self.weight_cap} must lie in (0, 1]"),
+            (0 < self.bandit_discount <= 1,
+             f"bandit-discount={self.bandit_discount} must lie in (0, 1]"),
+            (self.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
+            (self.test_max_samples >= 0, "test-max-samples must be >= 0 (0 = no cap)"),
+            (self.output_dir == "" or os.path.isabs(self.output_dir),
+             f"output-dir={self.output_dir!r} must be an absolute path"),
+            (self.resume_from == "" or os.path.isabs(self.resume_from),
+             f"resume-from={self.resume_from!r} must be an absolute path"),
+            (self.krum_malicious >= 0, "krum-malicious must be >= 0"),
+            (self.proximal_mu >= 0, f"proximal-mu={self.proximal_mu} must be >= 0"),
+        ]
+        bad = super().problems() + [message for ok, message in checks if not ok]
+        bad += one_of("valuation", self.valuation, METHODS)
+        bad += one_of("utility-metric", self.utility_metric, METRICS)
+        bad += one_of("phi-scale", self.phi_scale, PHI_SCALES)
+        bad += one_of("game", self.game, GAMES)
+        bad += one_of("bandit-memory", self.bandit_memory, MEMORIES)
+        for check in (self.selection_params, self.axes):
+            try:
+                check()
+            except ValueError as err:
+                bad.append(str(err))
+        return bad + self._valuation_problems() + _strategy_problems(self)
 
-def _parse_scalar(raw: str) -> Any:
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    for cast in (int, float):
+    def _valuation_problems(self) -> list[str]:
+        """The estimator's parameters and its minimum budget for every possible n <= k."""
         try:
-            return cast(raw)
-        except ValueError:
-            pass
-    return raw
-
-
-def _check_ranges(cfg: RunConfig) -> list[str]:
-    bad = []
-    checks = [
-        (cfg.num_server_rounds >= 1, "num-server-rounds must be >= 1"),
-        (cfg.clients_per_round >= 1, "clients-per-round must be >= 1"),
-        (cfg.alpha > 0, "alpha must be > 0"),
-        (0 < cfg.imbalance_factor <= 1, "imbalance-factor must lie in (0, 1]"),
-        (cfg.partition_scheme in SCHEMES, f"partition-scheme must be one of {SCHEMES}"),
-        (0 < cfg.eval_fraction < 1, "eval-fraction must lie in (0, 1)"),
-        (cfg.lr > 0 and cfg.batch_size >= 1 and cfg.local_epochs >= 1,
-         "lr must be > 0, batch-size and local-epochs >= 1"),
-        (cfg.valuation in METHODS, f"valuation must be one of {', '.join(METHODS)}"),
-        (cfg.budget_m >= 1 and cfg.owen_q >= 1, "budget-m and owen-q must be >= 1"),
-        (cfg.utility_metric in METRICS, f"utility-metric must be one of {METRICS}"),
-        (cfg.phi_scale in PHI_SCALES, f"phi-scale must be one of {PHI_SCALES}"),
-        (cfg.game in GAMES, f"game must be one of {GAMES}"),
-        (cfg.temperature > 0, "temperature must be > 0"),
-        (cfg.round_timeout > 0, "round-timeout must be > 0"),
-        (cfg.node_wait_timeout > 0, "node-wait-timeout must be > 0"),
-        (0 <= cfg.duplicate_tolerance < 1, "duplicate-tolerance must lie in [0, 1)"),
-        (0 <= cfg.uniform_mix <= 1, "uniform-mix must lie in [0, 1]"),
-        (0 < cfg.weight_cap <= 1, "weight-cap must lie in (0, 1]"),
-        (cfg.bandit_memory in MEMORIES, f"bandit-memory must be one of {MEMORIES}"),
-        (0 < cfg.bandit_discount <= 1, "bandit-discount must lie in (0, 1]"),
-        (cfg.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
-        (cfg.data_dir == "" or os.path.isabs(cfg.data_dir), "data-dir must be absolute"),
-        (cfg.output_dir == "" or os.path.isabs(cfg.output_dir), "output-dir must be absolute"),
-        (0 <= cfg.adversary_fraction <= 1, "adversary-fraction must lie in [0, 1]"),
-        (cfg.adversary_kind in ADVERSARY_KINDS,
-         f"adversary-kind must be one of {ADVERSARY_KINDS}"),
-        (cfg.adversary_noise_std >= 0, "adversary-noise-std must be >= 0"),
-        (cfg.krum_malicious >= 0, "krum-malicious must be >= 0"),
-        (cfg.resume_from == "" or os.path.isabs(cfg.resume_from), "resume-from must be absolute"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            bad.append(message)
-    for check in (cfg.selection_params, cfg.estimator_params, cfg.axes):
-        try:
-            check()
+            params = self.estimator_params()
         except ValueError as err:
-            bad.append(str(err))
-    return bad
+            return [str(err)]
+        if self.valuation not in ESTIMATORS:
+            if params and self.valuation in (*NO_PHI, "shapfed-wa"):
+                return [f"valuation-params={self.valuation_params!r}: valuation="
+                        f"{self.valuation!r} takes no parameters"]
+            return []
+        for n in range(1, self.clients_per_round + 1):
+            budget = 2**n if self.valuation == "exact" else n * self.budget_m
+            found = estimate_problems(self.valuation, n, budget, params)
+            if found:
+                hint = (f" (budget = returned updates x budget-m={self.budget_m}: raise "
+                        "budget-m)")
+                return [f"valuation={self.valuation!r}: {p}"
+                        f"{hint if p.startswith('budget=') else ''}" for p in found]
+        return []
+
+
+def _strategy_problems(cfg: RunConfig) -> list[str]:
+    from server_app.strategies import strategy_problems  # imports flwr
+
+    return strategy_problems(cfg)
 
 
 def parse_run_config(run_config: Mapping[str, Any]) -> RunConfig:
@@ -177,28 +173,11 @@ def parse_run_config(run_config: Mapping[str, Any]) -> RunConfig:
 
     Raises
     ------
-    ValueError
-        Listing every unknown key, ill-typed value and out-of-range value at once.
+    fedowen_task.config.ConfigError
+        (a ValueError) listing every unknown key, ill-typed value, out-of-range value and
+        broken cross-key rule at once.
     """
-    known = {f.name.replace("_", "-"): f for f in fields(RunConfig)}
-    problems: list[str] = []
-    values: dict[str, Any] = {}
-    for key, value in run_config.items():
-        spec = known.get(key)
-        if spec is None:
-            problems.append(f"unknown key {key!r}")
-            continue
-        expected = {"int": int, "float": float, "str": str}[str(spec.type)]
-        if expected is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, expected) or isinstance(value, bool):
-            problems.append(f"{key}={value!r} should be {expected.__name__}")
-            continue
-        values[spec.name] = value
-    if not problems:
-        cfg = RunConfig(**values)
-        problems = _check_ranges(cfg)
-    if problems:
-        valid = ", ".join(sorted(known))
-        raise ValueError("invalid run config: " + "; ".join(problems) + f". Valid keys: {valid}")
-    return cfg
+    return parse_config(RunConfig, run_config)
+
+
+__all__ = ["ConfigError", "RunConfig", "parse_params", "parse_run_config"]

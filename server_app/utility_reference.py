@@ -1,7 +1,7 @@
 """Reference coalition utility: the slow, obviously-correct per-coalition evaluation.
 
-Used by the tests and the benchmark to check and time :class:`server_app.utility.
-CoalitionUtility`; never by the server itself.
+Used by the tests and the benchmark to check and time
+:class:`fedowen_strategy.torch_utility.batched.CoalitionGame`; never by the server itself.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedowen_strategy.torch_utility.batched import check_masks, score_sum
 from fedowen_task.models import load_numpy_state
-from server_app.utility import check_masks, score_sum
 
 
 def average_states(
@@ -47,7 +47,7 @@ def naive_utility(
     """Reference utility: per coalition, average state dicts, load them, run a forward pass.
 
     Slow on purpose (one ``load_state_dict`` per coalition, no caching); used by the tests and
-    the benchmark to check and time ``CoalitionUtility``.
+    the benchmark to check and time ``CoalitionGame``.
     """
     masks = check_masks(masks, len(client_states))
     net = copy.deepcopy(model).to(device).eval()

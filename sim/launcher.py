@@ -48,6 +48,16 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
+def superlink_env(flwr_home: Path) -> dict[str, str]:
+    """:func:`flower_env` without ``PYTHONPATH``: a SuperLink runs the app it is sent, never
+    code from a checkout. (Its working directory matters too: Ray workers import the
+    ClientApp by name with it first on their path, so :class:`LocalSuperLink` starts in
+    ``flwr_home``.)"""
+    env = flower_env(flwr_home)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
 @dataclass
 class LocalSuperLink:
     """A simulation-mode SuperLink owned by this process (use as a context manager)."""
@@ -56,6 +66,7 @@ class LocalSuperLink:
     name: str = "fedowen-sim"
     ports: dict[str, int] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
+    cwd: Path | None = None  # None: flwr_home (see superlink_env)
 
     @property
     def log_file(self) -> Path:
@@ -75,7 +86,8 @@ class LocalSuperLink:
                "--host", "127.0.0.1", "--port", str(self.ports["http"]),
                "--database", str(self.log_file.parent / "state.db"),
                "--log-file", str(self.log_file)]
-        self.process = subprocess.Popen(cmd, env=flower_env(self.flwr_home),
+        self.process = subprocess.Popen(cmd, env=superlink_env(self.flwr_home),
+                                        cwd=self.cwd or self.flwr_home,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True)
         self._wait_ready()

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server_app.config import _parse_scalar
+from fedowen_task.config import parse_scalar
+from server_app.config import parse_run_config
 from sim.launcher import APP_DIR, LocalSuperLink, flwr_run
 
 
@@ -63,13 +64,18 @@ def build_run_config(args: argparse.Namespace) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. --set alpha=0.01")
-        cfg[key] = _parse_scalar(value)
+        cfg[key] = parse_scalar(value)
     return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = build_run_config(args)
+    try:  # before any SuperLink starts: every problem at once
+        parse_run_config(cfg)
+    except ValueError as err:
+        print(f"[fedowen] {err}", file=sys.stderr)
+        return 2
     print(f"[fedowen] {args.supernodes} virtual clients, {cfg['clients-per-round']} per round, "
           f"{cfg['num-server-rounds']} rounds, valuation={cfg['valuation']}; "
           f"data {cfg['data-dir']}", flush=True)
@@ -78,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                            cpus_per_client=args.cpus_per_client, stream_to=sys.stdout)
     out = cfg["output-dir"]
     if not outcome.ok:
+        partial = f"; partial results in {out}" if Path(out).is_dir() else ""
         print(f"[fedowen] run {outcome.run_id} did not complete: status {outcome.status}. "
-              f"Logs: {link.log_file} and the output above; partial results in {out}",
-              file=sys.stderr)
+              f"Logs: {link.log_file} and the output above{partial}", file=sys.stderr)
         return 1
     print(f"[fedowen] run {outcome.run_id} completed. Results in {out}: rounds.jsonl "
           "(per-round records), ledger.csv (contributions), summary.json, final_model.pt")

@@ -53,3 +53,39 @@ def test_server_and_clients_in_process(valuation: str, shared_data_dir: Path,
     if valuation != "none":
         assert all(0 < r["n_evals"] <= 4 * 4 for r in rounds[1:])
         assert all(r["nu_full"] is not None for r in rounds[1:])
+
+
+def test_flower_strategy_swap_records_rounds(shared_data_dir: Path, tmp_path: Path) -> None:
+    # Flower's own FedProx with the real ClientApp (which applies proximal-mu)
+    run_config = small_run_config(shared_data_dir, tmp_path, strategy="fedprox",
+                                  **{"proximal-mu": 0.1, "num-server-rounds": 2})
+    nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
+    summary = run(InProcessGrid(client_app, nodes, run_config), parse_run_config(run_config),
+                  tmp_path)
+    rounds = read_rounds(tmp_path)
+    assert [r["round"] for r in rounds] == [0, 1, 2] and summary["strategy"] == "fedprox"
+    assert all(r["strategy"] == "fedprox" and len(r["selected"]) == 4 for r in rounds[1:])
+    assert all(sorted(r["returned"]) == sorted(r["selected"]) for r in rounds[1:])
+    assert rounds[2]["test_accuracy"] > rounds[0]["test_accuracy"] + 0.2
+    assert (tmp_path / "checkpoint.npz").is_file()
+
+
+def test_too_few_nodes_fail_fast_naming_the_fix(tmp_path: Path) -> None:
+    # Flower's default federation simulates 2 nodes; 10 per round must fail, not hang
+    run_config = {"output-dir": str(tmp_path), "node-wait-timeout": 1.0}
+    grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": 2}
+                                      for i in range(2)], run_config)
+    with pytest.raises(RuntimeError, match=r'--federation-config "num-supernodes=100"'):
+        run(grid, parse_run_config(run_config), tmp_path)
+    assert not (tmp_path / "rounds.jsonl").exists()  # nothing ran, no data was loaded
+
+
+def test_at_least_half_the_nodes_run_with_k_capped(shared_data_dir: Path,
+                                                   tmp_path: Path) -> None:
+    run_config = small_run_config(shared_data_dir, tmp_path, **{
+        "clients-per-round": 6, "num-server-rounds": 1, "node-wait-timeout": 1.0,
+        "valuation": "none"})
+    grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": 4}
+                                      for i in range(4)], run_config)
+    run(grid, parse_run_config(run_config), tmp_path)
+    assert len(read_rounds(tmp_path)[1]["returned"]) == 4

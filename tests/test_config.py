@@ -1,4 +1,4 @@
-"""Run config: parsed once, validated, every pyproject key known."""
+"""Run config: parsed once, every problem reported at once, every pyproject key known."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fedowen_task.config import ConfigError, TaskConfig, parse_task_config
 from server_app.config import RunConfig, parse_run_config
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -14,6 +15,12 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 def pyproject_defaults() -> dict[str, object]:
     return tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def problems_of(run_config: dict[str, object]) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        parse_run_config(run_config)
+    return err.value.problems
 
 
 def test_pyproject_defaults_parse_to_dataclass_defaults() -> None:
@@ -27,32 +34,72 @@ def test_overrides_are_typed() -> None:
     assert cfg.valuation == "mc-shapley" and cfg.num_server_rounds == 5
 
 
-def test_every_problem_is_reported_at_once() -> None:
-    with pytest.raises(ValueError) as err:
-        parse_run_config({"alpah": 0.1, "num-server-rounds": "ten", "seed": 1.5})
-    text = str(err.value)
-    assert "unknown key 'alpah'" in text
-    assert "num-server-rounds='ten' should be int" in text
-    assert "seed=1.5 should be int" in text
-    assert "Valid keys:" in text and "alpha" in text
+def test_every_problem_is_reported_at_once_with_suggestions() -> None:
+    # A type error must not hide the unknown key or the out-of-range value
+    problems = problems_of({"valuaton": "owen", "num-server-rounds": "ten", "seed": 1.5,
+                            "imbalance-factor": 0.0, "zzz": 1})
+    assert "unknown key 'valuaton' (did you mean 'valuation'?)" in problems
+    assert "num-server-rounds='ten' should be int" in problems
+    assert "seed=1.5 should be int" in problems
+    assert "imbalance-factor=0.0 must lie in (0, 1]" in problems
+    assert "unknown key 'zzz'" in problems  # no close match: the valid keys are listed
+    assert any(p.startswith("valid keys: ") and "alpha" in p for p in problems)
+    assert len(problems) == 6
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("valuation", "shapley", "valuation must be one of"),
-    ("imbalance-factor", 0.0, "imbalance-factor must lie in (0, 1]"),
+    ("valuation", "owne", "valuation='owne' is not one of"),
+    ("valuation", "owne", "(did you mean 'owen'?)"),
     ("epsilon", 2.0, "epsilon=2.0"),
-    ("data-dir", "relative/path", "data-dir must be absolute"),
-    ("valuation-params", "eta", "not key=value"),
+    ("data-dir", "relative/path", "data-dir='relative/path' must be an absolute path"),
+    ("valuation-params", "eta", "valuation-params item 'eta' is not key=value"),
+    ("dataset", "mnsit", "(did you mean 'mnist'?)"),
+    ("strategy", "fedprx", "(did you mean 'fedprox'?)"),
 ])
 def test_out_of_range_values_fail_loudly(key: str, value: object, message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("]", r"\]")):
-        parse_run_config({key: value})
+    assert any(message in p for p in problems_of({key: value})), problems_of({key: value})
+
+
+def test_cross_key_rules_use_the_estimator_registry() -> None:
+    # owen needs n + 1 evaluations for n updates: budget-m = 1 gives only n
+    (budget,) = problems_of({"valuation": "owen", "budget-m": 1})
+    assert "budget=1 is too small for 'owen'" in budget and "raise budget-m" in budget
+    (param,) = problems_of({"valuation": "owen", "valuation-params": "etta=0.1"})
+    assert "unknown parameter(s) ['etta'] for 'owen'" in param and "eta=" in param
+    (typed,) = problems_of({"valuation": "owen", "valuation-params": "antithetic=3.5"})
+    assert "antithetic=3.5 should be bool" in typed
+    (exact,) = problems_of({"valuation": "exact", "clients-per-round": 21})
+    assert "refuses n_players=21" in exact
+    (none,) = problems_of({"valuation": "none", "valuation-params": "eta=0.1"})
+    assert "takes no parameters" in none
+
+
+def test_strategy_keys_are_checked_against_the_flower_class() -> None:
+    assert parse_run_config({"strategy": "fedadam", "strategy-params": "eta=0.01"})
+    (unknown,) = problems_of({"strategy": "fedadam", "strategy-params": "etaa=0.01"})
+    assert "FedAdam has no parameter 'etaa' (did you mean 'eta'?)" in unknown
+    (mu,) = problems_of({"strategy": "fedavg", "proximal-mu": 0.1})
+    assert "proximal-mu=0.1 is FedProx's" in mu
+    (resume,) = problems_of({"strategy": "fedyogi", "resume-from": "/tmp/run"})
+    assert "resume-from" in resume
+    assert problems_of({"strategy": "no.such.module:Strategy"})[0].startswith(
+        "strategy='no.such.module:Strategy': cannot import")
 
 
 def test_estimator_params_and_model_choice() -> None:
     cfg = parse_run_config({"valuation": "owen-paper", "owen-q": 4,
-                            "valuation-params": "eta=0.05 antithetic=false"})
-    assert cfg.estimator_params() == {"levels": 4, "eta": 0.05, "antithetic": False}
+                            "valuation-params": "eta=0.05"})
+    assert cfg.estimator_params() == {"levels": 4, "eta": 0.05}
+    cfg = parse_run_config({"valuation-params": "antithetic=true"})
+    assert cfg.estimator_params() == {"antithetic": True}
     assert parse_run_config({"valuation-params": "strata=2"}).estimator_params() == {"strata": 2}
     assert parse_run_config({"dataset": "cifar10"}).model_name() == "resnet18"
     assert parse_run_config({"dataset": "femnist"}).model_name() == "lenet"
+
+
+def test_client_reads_only_its_keys() -> None:
+    # Server keys and a user's own keys are ignored; the task keys are still validated
+    cfg = parse_task_config({"alpha": 0.5, "valuation": "whatever", "my-own-key": 1})
+    assert cfg == TaskConfig(alpha=0.5)
+    with pytest.raises(ConfigError, match=r"lr=0\.0 must be > 0"):
+        parse_task_config({"lr": 0.0, "valuation": "whatever"})

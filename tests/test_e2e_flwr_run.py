@@ -65,3 +65,33 @@ def test_failed_run_is_reported_as_failed(shared_data_dir: Path, tmp_path: Path)
     with LocalSuperLink(tmp_path / "flwr-home") as link:
         outcome = flwr_run(link, run_config, num_supernodes=2, timeout=300)
     assert not outcome.ok and outcome.status.startswith("finished:failed"), outcome.status
+
+
+def test_flower_strategies_swap_in_and_the_bundled_app_runs(shared_data_dir: Path,
+                                                             tmp_path: Path) -> None:
+    # Prepare: the SuperLink's working directory is another "checkout" whose packages fail on
+    # import; Ray workers used to import the ClientApp from there instead of the bundled app
+    decoy = tmp_path / "other-checkout"
+    for package in ("client_app", "fedowen_task"):
+        (decoy / package).mkdir(parents=True)
+        (decoy / package / "__init__.py").write_text(
+            f"raise ImportError('{package} imported from the wrong checkout')\n")
+    base = {"dataset": "mnist", "data-dir": str(shared_data_dir), "num-server-rounds": 2,
+            "clients-per-round": 4, "client-max-samples": 100, "test-max-samples": 500}
+    runs = {"fedprox": {"proximal-mu": 0.1}, "krum": {"krum-malicious": 1},
+            "fedadam": {"strategy-params": "eta=0.01"}}
+    # Execute: three of Flower's strategies, one SuperLink
+    outcomes = {}
+    with LocalSuperLink(tmp_path / "flwr-home", cwd=decoy) as link:
+        for name, extra in runs.items():
+            cfg = {**base, "strategy": name, "output-dir": str(tmp_path / name), **extra}
+            outcomes[name] = flwr_run(link, cfg, num_supernodes=6, timeout=600)
+    # Assert
+    for name, outcome in outcomes.items():
+        assert outcome.ok, f"{name}: {outcome.status}\n{outcome.output[-3000:]}"
+        assert "wrong checkout" not in outcome.output
+        rounds = read_rounds(tmp_path / name)
+        assert [r["round"] for r in rounds] == [0, 1, 2]
+        assert all(r["strategy"] == name and len(r["returned"]) == 4 and not r["failed"]
+                   for r in rounds[1:]), rounds
+        assert all(isinstance(r["test_accuracy"], float) for r in rounds)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 import pytest
 import torch
 
 from fedowen_strategy.contribution import ValuationSettings, delta_shares, value_round
+from fedowen_strategy.torch_utility import CoalitionUtility
+from fedowen_strategy.torch_utility.batched import CoalitionGame, coalition_coefficients
 from fedowen_task.models import build_model, state_to_numpy
-from server_app.utility import CoalitionUtility, coalition_coefficients
 
 # Estimators that keep the null-player axiom exactly (README's axiom table).
 NULL_EXACT = ("exact", "owen", "owen-paper", "mc-shapley", "gtg-shapley", "weighted-shap", "loo")
@@ -46,11 +45,7 @@ def lenet_round() -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]], t
 def test_zero_update_is_a_null_player_in_the_delta_game(method: str, lenet_round: tuple) -> None:
     # Prepare
     glob, clients, x, y, model = lenet_round
-    factory = partial(CoalitionUtility, model, x_eval=x, y_eval=y, metric="neg-loss",
-                      device="cpu")
-
-    def make(g: dict, states: list, examples: list, shares: object = None) -> CoalitionUtility:
-        return factory(g, states, examples, shares=shares)
+    make = CoalitionUtility(model, x, y, metric="neg-loss", device="cpu")  # passes shares
 
     settings = ValuationSettings(method=method, budget_m=8, game="delta", phi_scale="raw",
                                  aggregation="uniform")
@@ -66,7 +61,7 @@ def test_average_game_pays_the_free_rider(lenet_round: tuple) -> None:
     # The average game dilutes the others' updates by the free rider's 500 examples, so it is
     # not a null player there: the reason the delta game exists.
     glob, clients, x, y, model = lenet_round
-    util = CoalitionUtility(model, glob, clients, [40, 5, 500, 20, 30], x, y, metric="neg-loss",
+    util = CoalitionGame(model, glob, clients, [40, 5, 500, 20, 30], x, y, metric="neg-loss",
                             device="cpu")
     masks = np.array([[True, True, False, True, True], [True, True, True, True, True]])
     with_rider, without = util(masks[[1]])[0], util(masks[[0]])[0]

@@ -7,6 +7,7 @@ model to the target, so good clients must be valued above bad ones.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -173,3 +174,45 @@ def test_same_seed_same_run() -> None:
     a = run_toy("owen", rounds=3, k=3)
     b = run_toy("owen", rounds=3, k=3)
     assert a.counts == b.counts and a.phi == pytest.approx(b.phi)
+
+
+def test_game_valuation_without_utility_fails_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"needs utility_factory: pass .*CoalitionUtility"):
+        FedOwen(clients_per_round=3, valuation=ValuationSettings(method="owen"))
+    # methods that value no coalitions need none
+    assert FedOwen(valuation=ValuationSettings(method="none")).fraction_evaluate == 1.0
+
+
+def test_drop_in_for_fedavg_arguments_metrics_and_logs() -> None:
+    # Prepare: FedAvg's arguments only (k from fraction_train), a custom metric aggregation
+    seen: list[int] = []
+
+    def count_and_average(contents: list[RecordDict], key: str) -> MetricRecord:
+        seen.append(len(contents))
+        losses = [float(c["metrics"]["train-loss"]) for c in contents]
+        return MetricRecord({"train-loss": sum(losses) / len(losses), "clients": len(contents)})
+
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        strategy = FedOwen(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=6,
+                           utility_factory=toy_utility, train_metrics_aggr_fn=count_and_average,
+                           valuation=ValuationSettings(method="owen", budget_m=10))
+        result = strategy.start(grid=InProcessGrid(toy_handler, [{"partition-id": i}
+                                                                 for i in range(6)]),
+                                initial_arrays=state_to_record({"w": np.zeros(4, np.float32)}),
+                                num_rounds=2)
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    # Assert: k = int(6 * 0.5) = 3; client metrics passed through; phi and weights reported
+    assert seen == [3, 3]
+    metrics = result.train_metrics_clientapp[2]
+    assert metrics["clients"] == 3 and metrics["train-loss"] == pytest.approx(1.0)
+    phis = {k: v for k, v in metrics.items() if k.startswith("phi/")}
+    weights = {k: v for k, v in metrics.items() if k.startswith("weight/")}
+    assert len(phis) == 3 and sum(weights.values()) == pytest.approx(1.0)  # type: ignore[arg-type]
+    assert metrics["n-evals"] > 0 and metrics["valuation-seconds"] >= 0  # type: ignore[operator]
+    assert any(m.startswith("aggregate_train: round 2, 3 updates valued by owen")
+               for m in messages)

@@ -87,3 +87,19 @@ def test_train_config_defaults_and_validation() -> None:
     with pytest.raises(ValueError, match="non-empty"):
         train(nn.Linear(2, 2), torch.zeros(0, 2), torch.zeros(0), epochs=1, lr=0.1,
               momentum=0.0, batch_size=1, seed=0)  # fmt: skip
+
+
+def test_proximal_term_keeps_weights_near_the_start(shared_data_dir: Path) -> None:
+    # FedProx: with a large mu the update moves the weights much less than plain SGD
+    ds = load_dataset("mnist", shared_data_dir)
+    x, y = to_tensor(ds.x_train[:200], "mnist"), torch.from_numpy(ds.y_train[:200])
+    start = state(small_model())
+
+    def moved(mu: float) -> float:
+        model = small_model()
+        train(model, x, y, seed=0, proximal_mu=mu, **TrainConfig().train_kwargs())
+        return sum(float((a - b).norm() ** 2) for a, b in zip(state(model), start, strict=True))
+
+    assert moved(10.0) < 0.5 * moved(0.0)
+    with pytest.raises(ValueError, match="proximal_mu=-1"):
+        train(small_model(), x, y, seed=0, proximal_mu=-1.0, **TrainConfig().train_kwargs())

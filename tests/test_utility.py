@@ -1,4 +1,5 @@
-"""Tests for server_app.utility: batched coalition utility against the naive reference."""
+"""Tests for fedowen_strategy.torch_utility: the batched coalition utility against the naive
+reference."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedowen_strategy.torch_utility.batched import CoalitionGame, coalition_coefficients
 from fedowen_task.models import build_model, state_to_numpy
-from server_app.utility import CoalitionUtility, coalition_coefficients
 from server_app.utility_reference import naive_utility
 
 Case = tuple[
@@ -67,7 +68,7 @@ def test_lenet_matches_naive(metric: str, mode: str, stem_cache: str) -> None:
     # Prepare
     model, glob, clients, num_examples, x, y, rng = _setup("lenet", 5, 64)
     masks = _masks(5, 6, rng)
-    utility = CoalitionUtility(
+    utility = CoalitionGame(
         model,
         glob,
         clients,
@@ -114,7 +115,7 @@ def test_resnet18_matches_naive_with_batchnorm(
 ) -> None:
     # Prepare: cap=0 turns the stem cache off
     case, masks, expected = resnet_case
-    utility = CoalitionUtility(
+    utility = CoalitionGame(
         *case[:-1], metric=metric, device="cpu", mode=mode, memory_cap_bytes=cap,
         stem_cache="on",
     )
@@ -132,14 +133,14 @@ def test_auto_stem_cache_only_where_the_stem_outweighs_the_combination(n: int,
     # LeNet's stem does 1 x 5 x 5 = 25 MACs per output; combining n + 1 cached outputs costs
     # n + 1 memory-bound reads: worth it only when 25 > 4 (n + 1)
     model, glob, clients, num_examples, x, y, _ = _setup("lenet", n, 8)
-    utility = CoalitionUtility(model, glob, clients, num_examples, x, y, device="cpu")
+    utility = CoalitionGame(model, glob, clients, num_examples, x, y, device="cpu")
     assert (utility.stem_cache_bytes > 0) == cached
 
 
 def test_empty_coalition_is_global_model_and_cache_counts_distinct() -> None:
     # Prepare
     model, glob, clients, num_examples, x, y, _ = _setup("lenet", 4, 32)
-    utility = CoalitionUtility(model, glob, clients, num_examples, x, y, metric="neg-loss")
+    utility = CoalitionGame(model, glob, clients, num_examples, x, y, metric="neg-loss")
     empty = np.zeros((1, 4), bool)
     only_global = naive_utility(model, glob, [glob], [1], x, y, np.ones((1, 1), bool), "neg-loss")
     # Execute
@@ -160,17 +161,17 @@ def test_coefficients_rows_sum_to_one() -> None:
 def test_validation_errors_name_the_value() -> None:
     model, glob, clients, num_examples, x, y, _ = _setup("lenet", 2, 8)
     with pytest.raises(ValueError, match=r"num_examples\[1\] = 0"):
-        CoalitionUtility(model, glob, clients, [5, 0], x, y)
+        CoalitionGame(model, glob, clients, [5, 0], x, y)
     bad = dict(clients[1], **{"fc3.bias": np.zeros(3, np.float32)})
     with pytest.raises(ValueError, match=r"client_states\[1\]\['fc3.bias'\] has shape \(3,\)"):
-        CoalitionUtility(model, glob, [clients[0], bad], num_examples, x, y)
+        CoalitionGame(model, glob, [clients[0], bad], num_examples, x, y)
     missing = {k: v for k, v in clients[0].items() if k != "stem.bias"}
     with pytest.raises(ValueError, match=r"client_states\[0\] keys differ.*stem.bias"):
-        CoalitionUtility(model, glob, [missing, clients[1]], num_examples, x, y)
-    utility = CoalitionUtility(model, glob, clients, num_examples, x, y)
+        CoalitionGame(model, glob, [missing, clients[1]], num_examples, x, y)
+    utility = CoalitionGame(model, glob, clients, num_examples, x, y)
     with pytest.raises(ValueError, match="numpy bool array, got int64"):
         utility(np.ones((1, 2), dtype=np.int64))
     with pytest.raises(ValueError, match=r"shape \(k, 2\) for 2 clients, got \(1, 3\)"):
         utility(np.ones((1, 3), dtype=bool))
     with pytest.raises(ValueError, match="metric 'f1'"):
-        CoalitionUtility(model, glob, clients, num_examples, x, y, metric="f1")
+        CoalitionGame(model, glob, clients, num_examples, x, y, metric="f1")

@@ -45,6 +45,11 @@ WeightedSHAP). See docs/valuation.md for the benchmark that chose ``owen``'s def
 from __future__ import annotations
 
 from fedowen_strategy.valuation._base import Valuation
-from fedowen_strategy.valuation.registry import ESTIMATORS, EstimatorSpec, estimate
+from fedowen_strategy.valuation.registry import (
+    ESTIMATORS,
+    EstimatorSpec,
+    estimate,
+    estimate_problems,
+)
 
-__all__ = ["ESTIMATORS", "EstimatorSpec", "Valuation", "estimate"]
+__all__ = ["ESTIMATORS", "EstimatorSpec", "Valuation", "estimate", "estimate_problems"]

@@ -58,28 +58,50 @@ ESTIMATORS: Mapping[str, EstimatorSpec] = MappingProxyType(
 )
 
 
-def _check_call(spec: EstimatorSpec, n_players: Any, budget: Any, params: dict[str, Any]) -> None:
+def estimate_problems(method: str, n_players: Any, budget: Any,
+                      params: Mapping[str, Any]) -> list[str]:
+    """Everything :func:`estimate` would refuse about a call, without calling the utility:
+    an unknown method, a bad ``n_players`` or ``budget``, a budget below the method's minimum
+    for ``n_players``, parameters the method does not accept or of the wrong type."""
+    spec = ESTIMATORS.get(method) if isinstance(method, str) else None
+    if spec is None:
+        return [f"unknown method {method!r}; valid methods: {', '.join(ESTIMATORS)}"]
     if isinstance(n_players, bool) or not isinstance(n_players, int | np.integer) or n_players < 1:
-        raise ValueError(f"n_players must be a positive int; got {n_players!r}")
+        return [f"n_players must be a positive int; got {n_players!r}"]
+    problems = []
     if spec.name == "exact" and n_players > MAX_PLAYERS:
-        raise ValueError(
-            f"'exact' enumerates all 2^n coalitions and refuses n_players={n_players} "
-            f"> {MAX_PLAYERS}; use a sampling method such as 'owen'"
-        )
+        problems.append(f"'exact' enumerates all 2^n coalitions and refuses n_players="
+                        f"{n_players} > {MAX_PLAYERS}; use a sampling method such as 'owen'")
     if isinstance(budget, bool) or not isinstance(budget, int | np.integer):
-        raise ValueError(f"budget must be an int (utility evaluations); got {budget!r}")
-    need = spec.min_budget(int(n_players))
-    if budget < need:
-        raise ValueError(
-            f"budget={budget} is too small for {spec.name!r} with n_players={n_players}: "
-            f"it needs at least {need} evaluations ({spec.needs})"
-        )
-    unknown = sorted(set(params) - set(spec.defaults))
+        problems.append(f"budget must be an int (utility evaluations); got {budget!r}")
+    elif budget < (need := spec.min_budget(int(n_players))):
+        problems.append(f"budget={budget} is too small for {spec.name!r} with n_players="
+                        f"{n_players}: it needs at least {need} evaluations ({spec.needs})")
+    defaults = spec.defaults
+    unknown = sorted(set(params) - set(defaults))
     if unknown:
-        valid = ", ".join(f"{k}={v!r}" for k, v in spec.defaults.items()) or "none"
-        raise ValueError(
-            f"unknown parameter(s) {unknown} for {spec.name!r}; valid parameters: {valid}"
-        )
+        valid = ", ".join(f"{k}={v!r}" for k, v in defaults.items()) or "none"
+        problems.append(f"unknown parameter(s) {unknown} for {spec.name!r}; valid parameters: "
+                        f"{valid}")
+    for key in sorted(set(params) & set(defaults)):
+        problems += _type_problem(spec.name, key, params[key], defaults[key])
+    return problems
+
+
+def _type_problem(method: str, key: str, value: Any, default: Any) -> list[str]:
+    """A problem when ``value`` cannot stand in for ``default`` (an int may replace a float)."""
+    if default is None or isinstance(value, type(default)):
+        return []
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return []
+    return [f"{method} parameter {key}={value!r} should be {type(default).__name__} "
+            f"(default {default!r})"]
+
+
+def _check_call(spec: EstimatorSpec, n_players: Any, budget: Any, params: dict[str, Any]) -> None:
+    problems = estimate_problems(spec.name, n_players, budget, params)
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def estimate(

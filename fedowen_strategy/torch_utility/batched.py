@@ -42,8 +42,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fedowen_task.models import load_numpy_state
-
 logger = logging.getLogger(__name__)
 STEM_CACHE = ("auto", "on", "off")
 
@@ -172,6 +170,11 @@ def stack_states(
     return layout, out.to(device)
 
 
+def load_numpy_state(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
+    """Load numpy arrays into ``model`` in place (strict: keys must match exactly)."""
+    model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
+
+
 class _Split(nn.Module):
     """Wraps a model so functional_call can run either ``forward`` or ``forward_from_stem``."""
 
@@ -185,8 +188,8 @@ class _Split(nn.Module):
         return self.model(x)
 
 
-class CoalitionUtility:
-    """Batched coalition utility nu(S) for Shapley-value estimators.
+class CoalitionGame:
+    """Batched coalition utility nu(S) of one round, for Shapley-value estimators.
 
     Parameters
     ----------
@@ -274,7 +277,7 @@ class CoalitionUtility:
                           if self.mode == "loop" and self._deltas is None else None)
         info = (self.n, self._stacked.shape[1], len(self._x), metric, self.device, self.mode)
         logger.info(
-            "CoalitionUtility: n=%d, P=%d, eval=%d, metric=%s, device=%s, mode=%s, stem cache=%.0f"
+            "CoalitionGame: n=%d, P=%d, eval=%d, metric=%s, device=%s, mode=%s, stem cache=%.0f"
             " MiB", *info, self.stem_cache_bytes / 2**20
         )  # fmt: skip
 

@@ -1,0 +1,70 @@
+"""A ready coalition utility for torch models (optional: the only part of the library that
+needs torch, imported only when used).
+
+    from fedowen_strategy import FedOwen
+    from fedowen_strategy.torch_utility import CoalitionUtility
+
+    strategy = FedOwen(utility_factory=CoalitionUtility(model, x_eval, y_eval), ...)
+
+nu(S) is the accuracy (or minus the cross-entropy, ``metric="neg-loss"``) on the server's
+evaluation tensors of the num-examples-weighted average of the models in S; nu(empty) is the
+current global model's. Every round the factory builds a :class:`~.batched.CoalitionGame`,
+which evaluates coalitions in batches (see :mod:`fedowen_strategy.torch_utility.batched`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedowen_strategy.torch_utility.batched import METRICS, CoalitionGame
+
+__all__ = ["CoalitionGame", "CoalitionUtility"]
+
+
+class CoalitionUtility:
+    """A ``utility_factory`` for :class:`fedowen_strategy.FedOwen` from a torch model.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The architecture (its weights are never used; each round's states are loaded into a
+        copy). Its ``state_dict`` keys must be the keys of the ArrayRecords the clients send.
+    x_eval, y_eval : torch.Tensor
+        The server-held evaluation set (inputs as the model takes them, integer labels).
+    metric : {"accuracy", "neg-loss"}
+        What nu(S) measures.
+    device : str, torch.device or None
+        ``None``: CUDA when available, else the CPU.
+    **options
+        Passed to :class:`CoalitionGame` (``batch_size``, ``chunk_size``, ``mode``,
+        ``memory_cap_bytes``, ``stem_cache``).
+    """
+
+    def __init__(self, model: nn.Module, x_eval: torch.Tensor, y_eval: torch.Tensor, *,
+                 metric: str = "accuracy", device: str | torch.device | None = None,
+                 **options: Any) -> None:
+        if metric not in METRICS:
+            raise ValueError(f"metric={metric!r} is not one of {METRICS}")
+        if not isinstance(x_eval, torch.Tensor) or not isinstance(y_eval, torch.Tensor):
+            raise ValueError("x_eval and y_eval must be torch tensors; wrap numpy arrays with "
+                             "torch.as_tensor(...)")
+        if len(x_eval) == 0 or len(x_eval) != len(y_eval):
+            raise ValueError(f"x_eval and y_eval need equal non-zero lengths, got {len(x_eval)} "
+                             f"and {len(y_eval)}")
+        self.model, self.x_eval, self.y_eval = model, x_eval, y_eval
+        self.metric, self.device, self.options = metric, device, options
+
+    def __call__(self, global_state: Mapping[str, np.ndarray],
+                 client_states: Sequence[Mapping[str, np.ndarray]],
+                 num_examples: Sequence[int],
+                 shares: Sequence[float] | None = None) -> CoalitionGame:
+        """This round's game: the utility of any coalition of ``client_states`` (``shares``:
+        the delta game's weights, see :func:`fedowen_strategy.contribution.delta_shares`)."""
+        return CoalitionGame(self.model, global_state, client_states, num_examples, self.x_eval,
+                             self.y_eval, metric=self.metric, device=self.device,
+                             shares=shares, **self.options)

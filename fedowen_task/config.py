@@ -1,0 +1,177 @@
+"""The run configuration's schema, shared by the ServerApp, the ClientApp and ``sim``.
+
+Every key of ``[tool.flwr.app.config]`` (kebab-case) is one field of a frozen dataclass
+(snake_case). :class:`TaskConfig` holds the keys a ClientApp reads (data, partition, local
+training, simulated adversaries); ``server_app.config.RunConfig`` extends it with the server's
+keys, so each key has one owner. :func:`parse_config` checks every key at once: unknown keys
+(with the closest valid name), types, then each dataclass's ``problems()`` (ranges and
+cross-key rules), and raises one :class:`ConfigError` listing everything that is wrong.
+
+A ClientApp parses with ``strict=False``: it reads only its own keys and ignores the rest,
+so a server-side key (or a user's own key) never breaks a client.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+ADVERSARY_KINDS = ("label-flip", "noise", "free-rider", "sybil")
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+class ConfigError(ValueError):
+    """An invalid run config; ``problems`` lists every problem found."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid run config ({len(self.problems)} problem"
+                         f"{'s' if len(self.problems) != 1 else ''}):\n{lines}")
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices``, else an empty string."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def one_of(key: str, value: str, choices: Sequence[str]) -> list[str]:
+    """A problem unless ``value`` is one of ``choices`` (with the closest choice suggested)."""
+    if value in choices:
+        return []
+    return [f"{key}={value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"]
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The keys a ClientApp reads (defaults match pyproject.toml)."""
+
+    dataset: str = "mnist"
+    model: str = "auto"
+    data_dir: str = ""
+    alpha: float = 0.1
+    imbalance_factor: float = 0.01
+    partition_scheme: str = "per-class"
+    min_partition_size: int = 10
+    eval_fraction: float = 0.01
+    seed: int = 0
+    lr: float = 0.02
+    momentum: float = 0.9
+    batch_size: int = 10
+    local_epochs: int = 1
+    weight_decay: float = 0.0
+    client_max_samples: int = 0
+    adversary_fraction: float = 0.0
+    adversary_kind: str = "label-flip"
+    adversary_noise_std: float = 0.05
+
+    def model_name(self) -> str:
+        """``model = "auto"``: ResNet-18 for CIFAR-10, LeNet otherwise (as in the paper)."""
+        if self.model != "auto":
+            return self.model
+        return "resnet18" if self.dataset == "cifar10" else "lenet"
+
+    def problems(self) -> list[str]:
+        """Out-of-range values of the task keys."""
+        from fedowen_task.data import DATASETS  # imports torch: only when validating
+        from fedowen_task.models import MODELS
+        from fedowen_task.partition import SCHEMES
+
+        checks = [
+            (self.alpha > 0, f"alpha={self.alpha} must be > 0"),
+            (0 < self.imbalance_factor <= 1,
+             f"imbalance-factor={self.imbalance_factor} must lie in (0, 1]"),
+            (self.min_partition_size >= 0, "min-partition-size must be >= 0"),
+            (0 < self.eval_fraction < 1, f"eval-fraction={self.eval_fraction} must lie in (0, 1)"),
+            (self.lr > 0, f"lr={self.lr} must be > 0"),
+            (0 <= self.momentum < 1, f"momentum={self.momentum} must lie in [0, 1)"),
+            (self.batch_size >= 1, f"batch-size={self.batch_size} must be >= 1"),
+            (self.local_epochs >= 1, f"local-epochs={self.local_epochs} must be >= 1"),
+            (self.weight_decay >= 0, f"weight-decay={self.weight_decay} must be >= 0"),
+            (self.client_max_samples >= 0, "client-max-samples must be >= 0 (0 = no cap)"),
+            (self.data_dir == "" or os.path.isabs(self.data_dir),
+             f"data-dir={self.data_dir!r} must be an absolute path"),
+            (0 <= self.adversary_fraction <= 1,
+             f"adversary-fraction={self.adversary_fraction} must lie in [0, 1]"),
+            (self.adversary_noise_std >= 0, "adversary-noise-std must be >= 0"),
+        ]
+        bad = [message for ok, message in checks if not ok]
+        bad += one_of("dataset", self.dataset.split(":", 1)[0], DATASETS)
+        bad += one_of("model", self.model, ("auto", *MODELS))
+        bad += one_of("partition-scheme", self.partition_scheme, SCHEMES)
+        bad += one_of("adversary-kind", self.adversary_kind, ADVERSARY_KINDS)
+        return bad
+
+
+C = TypeVar("C", bound=TaskConfig)
+
+
+def _typed(key: str, value: Any, type_name: str) -> tuple[Any, str | None]:
+    """``value`` as the field's type (an int is a valid float), or a problem."""
+    expected = _TYPES[type_name]
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, expected):
+        return None, f"{key}={value!r} should be {expected.__name__}"
+    return value, None
+
+
+def parse_config(cls: type[C], run_config: Mapping[str, Any], *, strict: bool = True) -> C:
+    """Validate ``run_config`` against ``cls`` and freeze it.
+
+    Parameters
+    ----------
+    cls : type
+        :class:`TaskConfig` or a subclass with more keys.
+    run_config : Mapping
+        Flower's run config (kebab-case keys).
+    strict : bool
+        Unknown keys are problems (the ServerApp); ``False`` ignores them (a ClientApp).
+
+    Raises
+    ------
+    ConfigError
+        Listing every unknown key, ill-typed value and out-of-range value at once.
+    """
+    known = {f.name.replace("_", "-"): f for f in fields(cls)}
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    for key, raw in run_config.items():
+        spec = known.get(key)
+        if spec is None:
+            if strict:
+                problems.append(f"unknown key {key!r}{did_you_mean(key, list(known))}")
+            continue
+        value, problem = _typed(key, raw, str(spec.type))
+        if problem:
+            problems.append(problem)
+        else:
+            values[spec.name] = value
+    if any("did you mean" not in p for p in problems if p.startswith("unknown key")):
+        problems.append(f"valid keys: {', '.join(sorted(known))}")
+    cfg = cls(**values)  # ill-typed keys keep their defaults, so the range checks still run
+    problems += cfg.problems()
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def parse_task_config(run_config: Mapping[str, Any]) -> TaskConfig:
+    """The ClientApp's view: only the task keys, other keys ignored."""
+    return parse_config(TaskConfig, run_config, strict=False)
+
+
+def parse_scalar(raw: str) -> Any:
+    """A ``key=value`` value from the command line: bool, int, float, else the string."""
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw

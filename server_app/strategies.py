@@ -1,0 +1,153 @@
+"""Strategy swap by config: FedOwen or Flower's own strategies, with the same records.
+
+``strategy = fedowen | fedavg | fedprox | krum | multikrum | fedadam | fedyogi |
+fedtrimmedavg | module:Class``. A Flower strategy is Flower's class itself, constructed from
+the run config (k = ``clients-per-round`` via ``fraction_train = k / connected nodes`` and
+``min_train_nodes = k``; FedProx's ``proximal-mu``; Krum's ``krum-malicious``; anything else
+through ``strategy-params = "name=value ..."``, checked against the class's constructor),
+wrapped by :class:`Recorded` so every round lands in ``rounds.jsonl`` (selected, returned
+and failed clients) like FedOwen's. Federated evaluation is off for every strategy: the
+ServerApp evaluates the global model centrally after each round.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp import strategy as flwr_strategies
+from flwr.serverapp.strategy import Strategy
+
+from fedowen_strategy.replies import client_id_of
+from fedowen_strategy.strategy import RoundHook
+from fedowen_task.config import did_you_mean
+
+FLOWER = {"fedavg": "FedAvg", "fedprox": "FedProx", "krum": "Krum", "multikrum": "MultiKrum",
+          "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedtrimmedavg": "FedTrimmedAvg"}
+NAMES = ("fedowen", *FLOWER)
+#: Strategies whose only state between rounds is the global model (resume-from works).
+RESUMABLE = ("fedowen", "fedavg", "fedprox", "krum", "multikrum", "fedtrimmedavg")
+# Keys the ServerApp sets from the run config; strategy-params may not repeat them.
+_OWNED = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes",
+          "min_available_nodes", "proximal_mu", "num_malicious_nodes")
+
+
+def strategy_class(name: str) -> type[Strategy]:
+    """The class ``strategy = name`` names (a Flower strategy or ``module:Class``)."""
+    if name in FLOWER:
+        return getattr(flwr_strategies, FLOWER[name])
+    module, sep, attr = name.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"strategy={name!r} is not one of {', '.join(NAMES)}"
+                         f"{did_you_mean(name, NAMES)} or module:Class")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"strategy={name!r}: cannot import {attr} from {module} ({err})") from err
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise ValueError(f"strategy={name!r} is not a flwr.serverapp.strategy.Strategy subclass")
+    return cls
+
+
+def strategy_kwargs(cfg: Any, cls: type[Strategy], num_nodes: int) -> dict[str, Any]:
+    """Constructor arguments from the run config, for ``num_nodes`` connected nodes."""
+    from server_app.config import parse_params
+
+    k = cfg.clients_per_round
+    kwargs: dict[str, Any] = {
+        "fraction_train": min(1.0, k / max(num_nodes, 1)), "fraction_evaluate": 0.0,
+        "min_train_nodes": k, "min_evaluate_nodes": 0, "min_available_nodes": k,
+        "proximal_mu": cfg.proximal_mu, "num_malicious_nodes": cfg.krum_malicious,
+        "num_nodes_to_select": max(1, k - cfg.krum_malicious),
+    }
+    kwargs.update(parse_params(cfg.strategy_params, "strategy-params"))
+    signature = inspect.signature(cls)
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        return kwargs
+    return {key: v for key, v in kwargs.items() if key in signature.parameters}
+
+
+def strategy_problems(cfg: Any) -> list[str]:
+    """What is wrong with ``strategy``, ``strategy-params``, ``proximal-mu`` and resuming."""
+    from server_app.config import parse_params
+
+    if cfg.strategy == "fedowen":
+        bad = []
+        if cfg.strategy_params:
+            bad.append(f"strategy-params={cfg.strategy_params!r} applies to Flower's strategies; "
+                       "FedOwen takes its own keys (valuation, selection, ...)")
+        if cfg.proximal_mu:
+            bad.append(f"proximal-mu={cfg.proximal_mu} is FedProx's: set strategy='fedprox'")
+        return bad
+    try:
+        cls = strategy_class(cfg.strategy)
+        params = parse_params(cfg.strategy_params, "strategy-params")
+    except ValueError as err:
+        return [str(err)]
+    bad = [f"strategy-params: {name} is set by the run config; use its own key"
+           for name in params if name in _OWNED]
+    signature = inspect.signature(cls)
+    known = [p for p in signature.parameters if p != "self"]
+    for name, value in params.items():
+        spec = signature.parameters.get(name)
+        if spec is None:
+            bad.append(f"strategy-params: {cls.__name__} has no parameter {name!r}"
+                       f"{did_you_mean(name, known)}; it takes {', '.join(known)}")
+        elif isinstance(spec.default, float) and not isinstance(value, int | float):
+            bad.append(f"strategy-params: {name}={value!r} should be a number")
+    if cfg.proximal_mu and "proximal_mu" not in signature.parameters:
+        bad.append(f"proximal-mu={cfg.proximal_mu} is FedProx's; {cfg.strategy} ignores it")
+    if cfg.resume_from and cfg.strategy not in RESUMABLE:
+        bad.append(f"resume-from: strategy={cfg.strategy!r} keeps server state this app does "
+                   f"not checkpoint; resume works with {', '.join(RESUMABLE)}")
+    return bad
+
+
+class Recorded(Strategy):
+    """Mixin for a Flower strategy: records every round as FedOwen does and numbers rounds
+    globally after a resume. Use :func:`build_flower_strategy`, which puts it first in the
+    bases of a subclass of the Flower class."""
+
+    on_round: RoundHook | None = None
+    round_offset: int = 0
+    strategy_name: str = ""
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        messages = list(super().configure_train(  # type: ignore[safe-super]
+            server_round + self.round_offset, arrays, config, grid))
+        self._selected_nodes = [m.metadata.dst_node_id for m in messages]
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        ok = [r for r in replies if not r.has_error()]
+        names = {r.metadata.src_node_id: client_id_of(r) for r in ok}
+        result = super().aggregate_train(  # type: ignore[safe-super]
+            server_round + self.round_offset, replies)
+        answered = {r.metadata.src_node_id for r in replies}
+        failed = {client_id_of(r): r.error.reason for r in replies if r.has_error()}
+        failed.update({f"node:{n}": "no reply" for n in self._selected_nodes
+                       if n not in answered})
+        record = {"selected": [names.get(n, f"node:{n}") for n in self._selected_nodes],
+                  "returned": [names[r.metadata.src_node_id] for r in ok], "failed": failed,
+                  "rejected": {}, "strategy": self.strategy_name}
+        if self.on_round is not None:
+            self.on_round(server_round + self.round_offset, record, [])
+        return result
+
+
+def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
+                          round_offset: int = 0) -> Strategy:
+    """Flower's strategy ``cfg.strategy``, recording rounds through ``on_round``."""
+    cls = strategy_class(cfg.strategy)
+    recorded = type(f"Recorded{cls.__name__}", (Recorded, cls), {})
+    strategy = recorded(**strategy_kwargs(cfg, cls, num_nodes))
+    strategy.on_round, strategy.round_offset = on_round, round_offset
+    strategy.strategy_name = cfg.strategy
+    return strategy
