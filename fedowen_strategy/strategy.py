@@ -30,6 +30,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedowen_strategy.aggregation import duplicate_groups, share_duplicates, weighted_average
+from fedowen_strategy.bounds import bound_updates
 from fedowen_strategy.contribution import (
     UtilityFactory,
     ValuationSettings,
@@ -89,6 +90,11 @@ class FedOwen(FedAvg):
     bandit_memory, bandit_discount : str, float
         What the bandit exploits per client: its latest phi, the running mean of its phi, or
         a discounted mean (:func:`fedowen_strategy.selection.update_memory`).
+    update_bound : {"none", "clip", "reject"}
+        Bound every update by ``update_bound_multiple`` x the round's lower-median update
+        norm per example (:mod:`fedowen_strategy.bounds`): clip it to that norm or reject it.
+    update_bound_multiple : float
+        The multiple of that median the bound allows (> 1).
     on_round : callable, optional
         ``(round, record, ledger_rows)`` called after every aggregation (the ServerApp writes
         the records with it).
@@ -100,7 +106,9 @@ class FedOwen(FedAvg):
                  min_available_nodes: int = 2, max_norm_ratio: float = 0.0,
                  node_wait_timeout: float = 60.0, query_timeout: float = 300.0,
                  duplicate_tolerance: float = 0.0, bandit_memory: str = "latest",
-                 bandit_discount: float = 0.3, on_round: RoundHook | None = None) -> None:
+                 bandit_discount: float = 0.3, update_bound: str = "none",
+                 update_bound_multiple: float = 3.0,
+                 on_round: RoundHook | None = None) -> None:
         if clients_per_round < 1:
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1")
         valuation = valuation or ValuationSettings()
@@ -119,6 +127,8 @@ class FedOwen(FedAvg):
         self.duplicate_tolerance = duplicate_tolerance
         update_memory(None, 0.0, 1, bandit_memory, bandit_discount)  # validates both
         self.bandit_memory, self.bandit_discount = bandit_memory, bandit_discount
+        bound_updates([], {}, update_bound, update_bound_multiple)  # validates both
+        self.update_bound, self.update_bound_multiple = update_bound, update_bound_multiple
         self.on_round = on_round
         sel_seq, val_seq = np.random.SeedSequence(seed).spawn(2)
         self.select_rng = np.random.default_rng(sel_seq)
@@ -132,6 +142,7 @@ class FedOwen(FedAvg):
         self._global: ArrayRecord | None = None
         self._selected: list[str] = []
         self._duplicates: list[list[str]] = []
+        self._selected_nodes: list[int] = []
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint (the global model is saved beside it)."""
@@ -162,8 +173,10 @@ class FedOwen(FedAvg):
         log.info("FedOwen: k=%d, valuation=%s (M=%d, params=%s, phi-scale=%s), aggregation=%s "
                  "(T=%g)", self.clients_per_round, v.method, v.budget_m, dict(v.params),
                  v.phi_scale, v.aggregation, v.temperature)
-        log.info("FedOwen: selection=%s (epsilon=%g, c=%g, tau=%g), max-norm-ratio=%g",
-                 self.selection, p.epsilon, p.c, p.tau, self.max_norm_ratio)
+        log.info("FedOwen: selection=%s (epsilon=%g, c=%g, tau=%g), max-norm-ratio=%g, "
+                 "update-bound=%s (%g x the round's median norm per example)", self.selection,
+                 p.epsilon, p.c, p.tau, self.max_norm_ratio, self.update_bound,
+                 self.update_bound_multiple)
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
         """The connected node ids once ``min_available_nodes`` are there; fails after
@@ -234,6 +247,7 @@ class FedOwen(FedAvg):
         nodes, keys = self._keys(found)
         chosen, explored = self._choose(server_round, keys)
         self._selected = [keys[i] for i in chosen]
+        self._selected_nodes = [nodes[i] for i in chosen]
         log.info("configure_train: round %d, %s %d of %d clients: %s", server_round,
                  "explored" if explored else "exploited", len(chosen), len(nodes),
                  ", ".join(self._selected))
@@ -248,11 +262,18 @@ class FedOwen(FedAvg):
         if self._global is None:
             raise RuntimeError("aggregate_train called before configure_train")
         global_state = record_to_state(self._global)
+        replies = list(replies)
+        silent = self._silent(replies)
         replies, impostors = self._check_identities(replies)
         parsed = parse_replies(replies, global_state, arrays_key=self.arrayrecord_key,
                                weight_key=self.weighted_by_key,
                                max_norm_ratio=self.max_norm_ratio)
         parsed.rejected.update(impostors)
+        parsed.failed.update(silent)
+        bounded = bound_updates(parsed.updates, global_state, self.update_bound,
+                                self.update_bound_multiple)
+        parsed.updates, parsed.clipped = bounded.updates, bounded.clipped
+        parsed.rejected.update(bounded.rejected)
         # Replies arrive in any order; value and average them in client-id order, so the
         # estimator's sampled orders (and float sums) do not depend on arrival times.
         parsed.updates.sort(key=lambda upd: _client_order(upd.client_id))
@@ -282,6 +303,17 @@ class FedOwen(FedAvg):
         metrics = self._report(server_round, parsed, val, examples)
         return state_to_record(new_state), metrics
 
+    def _silent(self, replies: list[Message]) -> dict[str, str]:
+        """Selected nodes that sent no reply (timed out, disconnected): counted as failed."""
+        replied = {msg.metadata.src_node_id for msg in replies}
+        silent = {}
+        for node in self._selected_nodes:
+            if node not in replied:
+                who = self.client_of_node.get(node, f"node:{node}")
+                silent[who] = "no reply within round-timeout (timed out or disconnected)"
+                log.warning("client %s (node %d) sent no reply this round", who, node)
+        return silent
+
     def _check_identities(self, replies: Iterable[Message]
                           ) -> tuple[list[Message], dict[str, str]]:
         """Replies whose claimed id matches their node's binding, and the refused ones
@@ -304,7 +336,7 @@ class FedOwen(FedAvg):
         losses = np.array([u.train_loss for u in parsed.updates])
         record: dict[str, Any] = {
             "selected": list(self._selected), "returned": ids,
-            "failed": parsed.failed, "rejected": parsed.rejected,
+            "failed": parsed.failed, "rejected": parsed.rejected, "clipped": parsed.clipped,
             "valuation": self.valuation.method,
         }
         if self._duplicates:

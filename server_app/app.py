@@ -99,6 +99,8 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    query_timeout=cfg.round_timeout,
                    duplicate_tolerance=cfg.duplicate_tolerance,
                    bandit_memory=cfg.bandit_memory, bandit_discount=cfg.bandit_discount,
+                   update_bound=cfg.update_bound,
+                   update_bound_multiple=cfg.update_bound_multiple,
                    on_round=recorder.log_train if recorder else None)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from fedowen_strategy.bounds import UPDATE_BOUNDS
 from fedowen_strategy.contribution import GAMES, METHODS, PHI_SCALES, resolve_axes
 from fedowen_strategy.selection import MEMORIES, SelectionParams
 
@@ -59,6 +60,9 @@ class RunConfig:
     ucb_c: float = 0.1
     tau: float = 0.0
     max_norm_ratio: float = 10.0
+    # Robust update bounds (issue 14): see fedowen_strategy.bounds.
+    update_bound: str = "clip"
+    update_bound_multiple: float = 3.0
     round_timeout: float = 600.0
     node_wait_timeout: float = 15.0
     duplicate_tolerance: float = 0.05
@@ -152,6 +156,10 @@ def _check_ranges(cfg: RunConfig) -> list[str]:
         (cfg.bandit_memory in MEMORIES, f"bandit-memory must be one of {MEMORIES}"),
         (0 < cfg.bandit_discount <= 1, "bandit-discount must lie in (0, 1]"),
         (cfg.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
+        # Robust update bounds (issue 14)
+        (cfg.max_norm_ratio >= 0, "max-norm-ratio must be >= 0 (0 = off)"),
+        (cfg.update_bound in UPDATE_BOUNDS, f"update-bound must be one of {UPDATE_BOUNDS}"),
+        (cfg.update_bound_multiple > 1, "update-bound-multiple must be > 1 (e.g. 3)"),
         (cfg.data_dir == "" or os.path.isabs(cfg.data_dir), "data-dir must be absolute"),
         (cfg.output_dir == "" or os.path.isabs(cfg.output_dir), "output-dir must be absolute"),
         (0 <= cfg.adversary_fraction <= 1, "adversary-fraction must lie in [0, 1]"),

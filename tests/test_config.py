@@ -43,6 +43,9 @@ def test_every_problem_is_reported_at_once() -> None:
     ("epsilon", 2.0, "epsilon=2.0"),
     ("data-dir", "relative/path", "data-dir must be absolute"),
     ("valuation-params", "eta", "not key=value"),
+    ("update-bound", "median", "update-bound must be one of"),
+    ("update-bound-multiple", 1.0, "update-bound-multiple must be > 1"),
+    ("max-norm-ratio", -1.0, "max-norm-ratio must be >= 0"),
 ])
 def test_out_of_range_values_fail_loudly(key: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("]", r"\]")):
