@@ -119,6 +119,17 @@ class RunConfig:
         root = os.environ.get("FEDOWEN_OUTPUT") or str(Path.home() / "fedowen-runs")
         return Path(root) / f"run-{run_id}"
 
+    def federation_config(self) -> dict[str, Any]:
+        """The keys that shape the model and the federation (kebab-case), recorded in every
+        checkpoint: all but :data:`OPERATIONAL_KEYS`, which a resume may change."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)
+                if f.name.replace("_", "-") not in OPERATIONAL_KEYS}
+
+
+#: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
+OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
+                              "device", "round-timeout"})
+
 
 def _parse_scalar(raw: str) -> Any:
     if raw.lower() in ("true", "false"):

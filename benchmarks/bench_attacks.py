@@ -1,0 +1,195 @@
+"""Poisoning attacks against FedOwen and FedAvg, with and without the robust update bounds.
+
+Every run is the real ServerApp (``server_app.app.run``) and ClientApp (``train_handler``)
+over the in-process grid of the tests (no Ray): MNIST, 6 clients of which one (chosen by
+``client_app.adversary.adversary_ids`` with fraction 1/6) attacks, 4 clients per round.
+
+Attacks (the issue's probes and the project's adversaries):
+
+- ``random-9.5x``: the attacker returns the global model plus a random direction whose norm is
+  9.5 x the global model's norm (passes ``max-norm-ratio = 10``);
+- ``scaled-20x``: the attacker trains honestly and returns its update scaled by -20;
+- ``label-flip``, ``noise``: the ClientApp's own adversaries (``adversary-kind``);
+- ``clean``: nobody attacks (what the bounds cost honest runs).
+
+Bounds: ``off`` (``update-bound = "none"``: only the old ``max-norm-ratio = 10`` guard),
+``clip`` and ``reject`` (3 x the round's lower-median update norm).
+
+    PYTHONPATH=. python benchmarks/bench_attacks.py --out docs/results/attack-bounds
+
+writes ``runs.jsonl`` (one line per run, appended; finished runs are skipped on a rerun),
+``final_accuracy.csv`` and ``README.md`` (the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Context, Message
+from flwr.supercore.task_identity import TaskIdentity
+
+from client_app.adversary import adversary_ids
+from client_app.app import train_handler
+from fedowen_strategy.records import read_rounds
+from server_app.app import run
+from server_app.config import parse_run_config
+from tests.fake_grid import InProcessGrid
+
+ATTACKS = ("clean", "random-9.5x", "scaled-20x", "label-flip", "noise")
+BOUNDS = ("off", "clip", "reject")
+VALUATIONS = ("owen", "none")
+NUM_CLIENTS, FRACTION = 6, 1 / 6
+
+
+def _float_keys(state: dict[str, torch.Tensor]) -> list[str]:
+    return [k for k, v in state.items() if v.is_floating_point()]
+
+
+def _with_state(reply: Message, state: dict[str, torch.Tensor]) -> Message:
+    reply.content["arrays"] = ArrayRecord(state)
+    return reply
+
+
+def attacker_handler(attack: str, seed: int) -> Callable[[Message, Context], Message]:
+    """``train_handler`` whose adversarial partition mounts ``attack`` (model attacks only)."""
+    bad = adversary_ids(NUM_CLIENTS, FRACTION, seed)
+
+    def handler(msg: Message, ctx: Context) -> Message:
+        reply = train_handler(msg, ctx)
+        if attack not in ("random-9.5x", "scaled-20x") or \
+                int(ctx.node_config["partition-id"]) not in bad:
+            return reply
+        glob = msg.content.array_records["arrays"].to_torch_state_dict()
+        own = reply.content.array_records["arrays"].to_torch_state_dict()
+        keys = _float_keys(glob)
+        if attack == "scaled-20x":
+            return _with_state(reply, {k: glob[k] - 20.0 * (own[k] - glob[k]) if k in keys
+                                       else own[k] for k in own})
+        rnd = int(msg.content.config_records["config"]["server-round"])
+        gen = torch.Generator().manual_seed(seed * 100_003 + rnd)
+        noise = {k: torch.randn(glob[k].shape, generator=gen) for k in keys}
+        g_norm = torch.sqrt(sum((glob[k].double() ** 2).sum() for k in keys))
+        n_norm = torch.sqrt(sum((noise[k].double() ** 2).sum() for k in keys))
+        scale = float(9.5 * g_norm / n_norm)
+        return _with_state(reply, {k: glob[k] + scale * noise[k] if k in keys else own[k]
+                                   for k in own})
+
+    return handler
+
+
+def run_config(data_dir: Path, out: Path, attack: str, bound: str, valuation: str, seed: int,
+               rounds: int) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "dataset": "mnist", "data-dir": str(data_dir), "output-dir": str(out),
+        "num-server-rounds": rounds, "clients-per-round": 4, "client-max-samples": 300,
+        "test-max-samples": 1000, "alpha": 1.0, "imbalance-factor": 1.0, "seed": seed,
+        "valuation": valuation, "max-norm-ratio": 10.0, "device": "cpu",
+        "update-bound": "none" if bound == "off" else bound, "update-bound-multiple": 3.0}
+    if attack in ("label-flip", "noise"):
+        cfg.update({"adversary-fraction": FRACTION, "adversary-kind": attack})
+    return cfg
+
+
+def one_run(data_dir: Path, attack: str, bound: str, valuation: str, seed: int,
+            rounds: int) -> dict[str, Any]:
+    """Run one cell in a temporary output dir; returns its JSON line."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = run_config(data_dir, Path(tmp), attack, bound, valuation, seed, rounds)
+        nodes = [{"partition-id": i, "num-partitions": NUM_CLIENTS} for i in range(NUM_CLIENTS)]
+        started = time.perf_counter()
+        run(InProcessGrid(attacker_handler(attack, seed), nodes, cfg), parse_run_config(cfg),
+            Path(tmp))
+        recs = read_rounds(tmp)
+    bad = {str(i) for i in adversary_ids(NUM_CLIENTS, FRACTION, seed)} if attack != "clean" \
+        else set()
+    weight = [sum(w for c, w in (r.get("weights") or {}).items() if c in bad) for r in recs[1:]]
+    return {"attack": attack, "bound": bound, "valuation": valuation, "seed": seed,
+            "rounds": rounds, "final_accuracy": recs[-1]["test_accuracy"],
+            "accuracy": [r["test_accuracy"] for r in recs],
+            "attacker_weight_mean": float(np.mean(weight)) if weight else 0.0,
+            "rejected": sum(len(r.get("rejected") or {}) for r in recs[1:]),
+            "clipped": sum(len(r.get("clipped") or {}) for r in recs[1:]),
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def _mean_std(values: list[float]) -> str:
+    pct = [100 * v for v in values]
+    std = statistics.stdev(pct) if len(pct) > 1 else float("nan")
+    return f"{statistics.mean(pct):.1f} ± {std:.1f}"
+
+
+def write_report(out: Path, lines: list[dict[str, Any]], command: str) -> None:
+    """``final_accuracy.csv`` (one row per run) and ``README.md`` (mean ± std over seeds)."""
+    with (out / "final_accuracy.csv").open("w") as fh:
+        fh.write("attack,valuation,bound,seed,final_accuracy,attacker_weight_mean,rejected,"
+                 "clipped\n")
+        for r in lines:
+            fh.write(f"{r['attack']},{r['valuation']},{r['bound']},{r['seed']},"
+                     f"{r['final_accuracy']:.4f},{r['attacker_weight_mean']:.4f},"
+                     f"{r['rejected']},{r['clipped']}\n")
+    cols = [(v, b) for v in VALUATIONS for b in BOUNDS]
+    name = {"owen": "FedOwen", "none": "FedAvg"}
+    rows = ["| attack | " + " | ".join(f"{name[v]} {b}" for v, b in cols) + " |",
+            "|---|" + "---|" * len(cols)]
+    for attack in ATTACKS:
+        cells = []
+        for v, b in cols:
+            acc = [r["final_accuracy"] for r in lines
+                   if (r["attack"], r["valuation"], r["bound"]) == (attack, v, b)]
+            cells.append(_mean_std(acc) + f" (n={len(acc)})" if acc else "-")
+        rows.append(f"| {attack} | " + " | ".join(cells) + " |")
+    rounds = sorted({r["rounds"] for r in lines})
+    (out / "README.md").write_text(
+        "# Attacks and robust update bounds\n\n"
+        f"Produced by `{command}` (see benchmarks/bench_attacks.py for the setup). MNIST, "
+        f"6 clients (1 attacker), 4 per round, {rounds} rounds, 300 samples per client, "
+        "in-process grid. Final test accuracy (%) on 1000 test images, mean ± std over seeds; "
+        "`off` = only `max-norm-ratio = 10`, `clip`/`reject` = 3 x the round's lower-median "
+        "update norm.\n\n" + "\n".join(rows) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("docs/results/attack-bounds"))
+    p.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--attacks", nargs="*", default=list(ATTACKS), choices=ATTACKS)
+    args = p.parse_args(argv)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    torch.set_num_threads(1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "runs.jsonl"
+    lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    done = {(r["attack"], r["bound"], r["valuation"], r["seed"], r["rounds"]) for r in lines}
+    for seed in range(args.seeds):
+        for attack in args.attacks:
+            for valuation in VALUATIONS:
+                for bound in BOUNDS:
+                    if (attack, bound, valuation, seed, args.rounds) in done:
+                        continue
+                    line = one_run(args.data_dir.resolve(), attack, bound, valuation, seed,
+                                   args.rounds)
+                    print(json.dumps({k: v for k, v in line.items() if k != "accuracy"}),
+                          flush=True)
+                    with log.open("a") as fh:
+                        fh.write(json.dumps(line) + "\n")
+                    lines.append(line)
+    command = "PYTHONPATH=. python benchmarks/bench_attacks.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    write_report(args.out, [r for r in lines if r["rounds"] == args.rounds], command.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
