@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from client_app.adversary import adversary_ids
@@ -122,6 +122,37 @@ def one_run(data_dir: Path, attack: str, bound: str, valuation: str, seed: int,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
+def long_tail_norms(data_dir: Path, draws: int = 3) -> list[dict[str, Any]]:
+    """First-round honest updates in the paper's long-tail split (MNIST, 100 clients, alpha
+    0.1, imbalance 0.01): per draw of 10 clients, their examples and update norms, and what a
+    3x lower-median bound on the raw norm and on the norm per example would reject."""
+    from fedowen_strategy.bounds import round_bound, update_norm
+    from fedowen_strategy.replies import record_to_state
+    from fedowen_task.models import build_model
+
+    init = ArrayRecord(build_model("lenet", 1, 10, seed=0).state_dict())
+    ref = record_to_state(init)
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(draws):
+        rows = []
+        for pid in rng.choice(100, 10, replace=False):
+            ctx = Context(run_id=1, node_id=1, state=RecordDict(),
+                          node_config={"partition-id": int(pid), "num-partitions": 100},
+                          run_config={"dataset": "mnist", "data-dir": str(data_dir)})
+            msg = Message(RecordDict({"arrays": init, "config": ConfigRecord(
+                {"server-round": 1})}), message_type=MessageType.TRAIN, dst_node_id=1)
+            reply = train_handler(msg, ctx)
+            n = int(reply.content["metrics"]["num-examples"])
+            rows.append((n, update_norm(record_to_state(reply.content["arrays"]), ref)))
+        raw = round_bound([norm for _, norm in rows], 3.0) or 0.0
+        per = round_bound([norm / n for n, norm in rows], 3.0) or 0.0
+        out.append({"examples": [n for n, _ in rows], "norms": [round(v, 4) for _, v in rows],
+                    "rejected_raw": sum(norm > raw for _, norm in rows),
+                    "rejected_per_example": sum(norm > per * n for n, norm in rows)})
+    return out
+
+
 def _mean_std(values: list[float]) -> str:
     pct = [100 * v for v in values]
     std = statistics.stdev(pct) if len(pct) > 1 else float("nan")
@@ -165,10 +196,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--attacks", nargs="*", default=list(ATTACKS), choices=ATTACKS)
+    p.add_argument("--long-tail", action="store_true",
+                   help="only measure honest norms in the paper's long-tail split")
     args = p.parse_args(argv)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.long_tail:
+        draws = long_tail_norms(args.data_dir.resolve())
+        (args.out / "long_tail_norms.json").write_text(json.dumps(draws, indent=1) + "\n")
+        print(json.dumps(draws))
+        return 0
     log = args.out / "runs.jsonl"
     lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
     done = {(r["attack"], r["bound"], r["valuation"], r["seed"], r["rounds"]) for r in lines}

@@ -1,23 +1,31 @@
-"""Robust per-round update bounds: clip or reject updates far above the round's median norm.
+"""Robust per-round update bounds: clip or reject updates far above the round's median.
 
 A bound relative to the *global model's* norm (``max-norm-ratio``) drifts: honest updates are
 a tenth of the global norm, so an attacker 30-100x an honest update passes, and each accepted
 one inflates the global norm and loosens the guard further. Here every update ``d_i = W_i - W``
-(floating arrays only) is compared with a robust statistic of the same round's updates:
+(floating arrays only) is compared with a robust statistic of the same round's updates.
 
-    bound = multiple * lower_median({||d_j|| : ||d_j|| > 0})
+Honest update norms grow with the local steps, i.e. with a client's examples: in the paper's
+long-tail split (MNIST, 100 clients, alpha 0.1, imbalance 0.01; three draws of ten clients of
+10-728 examples, docs/results/attack-bounds/long_tail_norms.json) first-round norms spanned
+0.015-5.5, and a bound of 3x the median norm would have rejected the 3-4 clients with the most
+data in every draw. Their norms *per example* (0.0015-0.0095) stayed within 2.2x of the draw's
+lower median, so none was rejected. The statistic is therefore ``r_i = ||d_i|| / n_i``:
 
-``clip`` scales ``d_i`` down to the bound (the update keeps its direction; norm-clipping as in
-Sun et al., "Can you really backdoor federated learning?", 2019), ``reject`` drops it with a
-reason. The *lower* median (the ceil(n/2)-th smallest norm) stays an honest norm whenever
-fewer than half of the non-zero updates are inflated, also with two updates, where the plain
-median would be the midpoint and let a 20x update through a 3x bound. Zero updates (free
-riders returning the global model) are left out of the statistic: they would pull it to 0
-and clip every honest update away. The bound depends on the round's updates only, never on
-the global model, so it does not drift as the model grows.
+    bound_i = multiple * lower_median({r_j : r_j > 0}) * n_i
 
-Not defended: when attackers are at least half of a round's non-zero updates they set the
-median; small (but not zero) attacker updates then shrink the bound and slow training.
+``clip`` scales ``d_i`` down to ``bound_i`` (it keeps its direction; norm clipping as in Sun
+et al., "Can you really backdoor federated learning?", 2019), ``reject`` drops it with a
+reason. The *lower* median (the ceil(n/2)-th smallest) stays an honest value whenever fewer
+than half of the non-zero updates are inflated, also with two updates, where the plain median
+would be the midpoint and let a 20x update through a 3x bound. Zero updates (free riders
+returning the global model) are left out: they would pull the statistic to 0 and bound every
+honest update away. The bound depends on the round's updates only, never on the global
+model, so it does not drift as the model grows.
+
+Not defended: ``n_i`` is what the client claims (``num-examples``), so an attacker that
+claims many examples widens its own bound (and, under FedAvg, its weight); attackers that are
+at least half of a round's non-zero updates set the median.
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ UPDATE_BOUNDS = ("none", "clip", "reject")
 
 @dataclass
 class BoundedRound:
-    """Updates after bounding, plus who was rejected (reason) or clipped (factor applied)."""
+    """Updates after bounding, who was rejected (reason) or clipped (factor applied), and the
+    round's bound per example."""
 
     updates: list[ClientUpdate]
     rejected: dict[str, str] = field(default_factory=dict)
@@ -56,9 +65,10 @@ def update_norm(state: Mapping[str, NDArray], reference: Mapping[str, NDArray]) 
     return float(np.sqrt(total))
 
 
-def round_bound(norms: Sequence[float], multiple: float) -> float | None:
-    """``multiple`` x the lower median of the positive norms; None when all are zero."""
-    positive = np.sort([n for n in norms if n > 0.0])
+def round_bound(ratios: Sequence[float], multiple: float) -> float | None:
+    """``multiple`` x the lower median of the positive per-example norms; None when all are
+    zero (nothing moved: nothing to bound)."""
+    positive = np.sort([r for r in ratios if r > 0.0])
     if positive.size == 0:
         return None
     return float(multiple * positive[(positive.size - 1) // 2])
@@ -94,15 +104,17 @@ def bound_updates(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArr
     if mode == "none" or not updates:
         return BoundedRound(list(updates))
     norms = [update_norm(u.state, reference) for u in updates]
-    bound = round_bound(norms, multiple)
-    out = BoundedRound([], bound=bound)
+    per_example = round_bound([n / u.num_examples for n, u in zip(norms, updates, strict=True)],
+                              multiple)
+    out = BoundedRound([], bound=per_example)
     for upd, norm in zip(updates, norms, strict=True):
+        bound = None if per_example is None else per_example * upd.num_examples
         if bound is None or norm <= bound:
             out.updates.append(upd)
         elif mode == "reject":
             out.rejected[upd.client_id] = (
                 f"update norm {norm:.3g} exceeds {multiple:g} x the round's median update "
-                f"norm ({bound:.3g})")
+                f"norm per example x its {upd.num_examples} examples ({bound:.3g})")
             log.warning("rejected the update of client %s: %s", upd.client_id,
                         out.rejected[upd.client_id])
         else:

@@ -61,7 +61,7 @@ class RunConfig:
     tau: float = 0.0
     max_norm_ratio: float = 10.0
     # Robust update bounds (issue 14): see fedowen_strategy.bounds.
-    update_bound: str = "clip"
+    update_bound: str = "reject"
     update_bound_multiple: float = 3.0
     round_timeout: float = 600.0
     node_wait_timeout: float = 15.0

@@ -82,7 +82,9 @@ class ManagedProcess:
 class SecureSuperLink:
     """A deployment SuperLink with TLS and SuperNode authentication (a context manager).
 
-    Writes ``$FLWR_HOME/config.toml`` with a ``[superlink.<name>]`` entry that trusts the CA,
+    The SuperLink listens on loopback ``port`` (the operator's Control API); SuperNodes reach
+    it through the Fleet-only gateway on ``fleet_port`` (:mod:`sim.gateway`), as on a server
+    whose devices' network must not reach the Control API. Writes ``$FLWR_HOME/config.toml`` with a ``[superlink.<name>]`` entry that trusts the CA,
     so ``flwr run``, ``flwr list`` and ``flwr supernode ...`` talk to it over TLS.
     """
 
@@ -90,11 +92,18 @@ class SecureSuperLink:
     certs: Path
     name: str = "fedowen-deploy"
     port: int = 0
+    fleet_port: int = 0
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @property
     def address(self) -> str:
+        """The operator's address: Control API (and Fleet, Runtime) of the SuperLink itself."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def fleet_address(self) -> str:
+        """The devices' address: the Fleet-only gateway (:mod:`sim.gateway`)."""
+        return f"127.0.0.1:{self.fleet_port}"
 
     @property
     def env(self) -> dict[str, str]:
@@ -109,11 +118,20 @@ class SecureSuperLink:
                "--ssl-keyfile", str(c / "superlink.key"), "--enable-supernode-auth",
                "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
                "--port", str(self.port), "--database", str(self.flwr_home / "state.db")]
+        self.fleet_port = self.fleet_port or free_port()
+        gateway = [str(BIN / "python"), "-m", "sim.gateway",
+                   "--listen", self.fleet_address, "--upstream", f"https://{self.address}",
+                   "--ssl-certfile", str(c / "superlink.crt"),
+                   "--ssl-keyfile", str(c / "superlink.key"), "--ca-certfile", str(c / "ca.crt")]
         try:
             link = ManagedProcess.start("superlink", cmd, self.env,
                                         self.flwr_home / "logs" / "superlink.log")
             self.processes.append(link)
             _wait_listening(link, self.port, timeout=60)
+            fleet = ManagedProcess.start("gateway", gateway, {**self.env, "PYTHONPATH": str(
+                APP_DIR)}, self.flwr_home / "logs" / "gateway.log")
+            self.processes.append(fleet)
+            _wait_listening(fleet, self.fleet_port, timeout=60)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -156,7 +174,7 @@ class SecureSuperLink:
     def start_supernode(self, name: str, private_key: Path, node_config: str
                         ) -> ManagedProcess:
         """A ``flower-supernode`` that authenticates with ``private_key``."""
-        cmd = [str(BIN / "flower-supernode"), "--superlink", self.address,
+        cmd = [str(BIN / "flower-supernode"), "--superlink", self.fleet_address,
                "--root-certificates", str(self.certs / "ca.crt"),
                "--auth-supernode-private-key", str(private_key),
                "--node-config", node_config, "--host", "127.0.0.1", "--port", str(free_port())]

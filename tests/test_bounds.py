@@ -11,9 +11,10 @@ from fedowen_strategy.replies import ClientUpdate
 REF = {"w": np.array([3.0, 4.0], np.float32), "n": np.array(7, np.int64)}
 
 
-def upd(cid: str, dx: float, dy: float = 0.0) -> ClientUpdate:
+def upd(cid: str, dx: float, dy: float = 0.0, examples: int = 10) -> ClientUpdate:
     state = {"w": REF["w"] + np.array([dx, dy], np.float32), "n": np.array(9, np.int64)}
-    return ClientUpdate(node_id=1, client_id=cid, state=state, num_examples=10, train_loss=0.0)
+    return ClientUpdate(node_id=1, client_id=cid, state=state, num_examples=examples,
+                        train_loss=0.0)
 
 
 def test_update_norm_ignores_integer_counters() -> None:
@@ -38,7 +39,8 @@ def test_clip_scales_the_outlier_to_the_bound_and_keeps_direction() -> None:
     out = bound_updates(updates, REF, "clip", 3.0)
     # Assert
     assert [u.client_id for u in out.updates] == ["a", "b", "x"]
-    assert out.bound == pytest.approx(6.0) and out.clipped == {"x": pytest.approx(0.3)}
+    assert out.bound == pytest.approx(0.6)  # per example: 3 x (2 / 10)
+    assert out.clipped == {"x": pytest.approx(0.3)}
     np.testing.assert_allclose(out.updates[2].state["w"], [3.0 - 6.0, 4.0], rtol=1e-6)
     assert out.updates[2].state["n"] == 9 and out.updates[2].state["w"].dtype == np.float32
     assert out.updates[0] is updates[0]  # within the bound: untouched
@@ -47,7 +49,19 @@ def test_clip_scales_the_outlier_to_the_bound_and_keeps_direction() -> None:
 def test_reject_drops_the_outlier_with_a_reason() -> None:
     out = bound_updates([upd("a", 1.0), upd("b", 2.0), upd("x", 9.0)], REF, "reject", 3.0)
     assert [u.client_id for u in out.updates] == ["a", "b"]
-    assert "exceeds 3 x the round's median update norm (6)" in out.rejected["x"]
+    assert "x its 10 examples (6)" in out.rejected["x"]
+
+
+def test_the_bound_scales_with_each_clients_examples() -> None:
+    # Prepare: per-example norms 0.1, 0.1, 0.1 and 1.0; lower median 0.1 -> 0.3 per example
+    updates = [upd("small", 1.0, examples=10), upd("big", 50.0, examples=500),
+               upd("mid", 0.0, 10.0, examples=100), upd("x", 10.0, examples=10)]
+    # Execute
+    out = bound_updates(updates, REF, "reject", 3.0)
+    # Assert: the big honest client (norm 50, 500 examples) stays; the attacker (norm 10 with
+    # 10 examples, bound 3) goes
+    assert [u.client_id for u in out.updates] == ["small", "big", "mid"]
+    assert list(out.rejected) == ["x"]
 
 
 def test_none_keeps_everything() -> None:
