@@ -36,14 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from client_app.adversary import adversary_ids
 from client_app.app import train_handler
 from fedowen_strategy.records import read_rounds
 from server_app.app import run
 from server_app.config import parse_run_config
-from tests.fake_grid import InProcessGrid
+from sim.inline_grid import InProcessGrid, task_identity
 
 ATTACKS = ("clean", "random-9.5x", "scaled-20x", "label-flip", "noise")
 BOUNDS = ("off", "clip", "reject")
@@ -75,12 +74,13 @@ def attacker_handler(attack: str, seed: int) -> Callable[[Message, Context], Mes
         if attack == "scaled-20x":
             return _with_state(reply, {k: glob[k] - 20.0 * (own[k] - glob[k]) if k in keys
                                        else own[k] for k in own})
-        rnd = int(msg.content.config_records["config"]["server-round"])
+        rnd = msg.content.config_records["config"]["server-round"]
+        assert isinstance(rnd, int)
         gen = torch.Generator().manual_seed(seed * 100_003 + rnd)
         noise = {k: torch.randn(glob[k].shape, generator=gen) for k in keys}
-        g_norm = torch.sqrt(sum((glob[k].double() ** 2).sum() for k in keys))
-        n_norm = torch.sqrt(sum((noise[k].double() ** 2).sum() for k in keys))
-        scale = float(9.5 * g_norm / n_norm)
+        g_norm = sum(float((glob[k].double() ** 2).sum()) for k in keys) ** 0.5
+        n_norm = sum(float((noise[k].double() ** 2).sum()) for k in keys) ** 0.5
+        scale = 9.5 * g_norm / n_norm
         return _with_state(reply, {k: glob[k] + scale * noise[k] if k in keys else own[k]
                                    for k in own})
 
@@ -143,8 +143,10 @@ def long_tail_norms(data_dir: Path, draws: int = 3) -> list[dict[str, Any]]:
             msg = Message(RecordDict({"arrays": init, "config": ConfigRecord(
                 {"server-round": 1})}), message_type=MessageType.TRAIN, dst_node_id=1)
             reply = train_handler(msg, ctx)
-            n = int(reply.content["metrics"]["num-examples"])
-            rows.append((n, update_norm(record_to_state(reply.content["arrays"]), ref)))
+            n = reply.content.metric_records["metrics"]["num-examples"]
+            assert isinstance(n, int)
+            state = record_to_state(reply.content.array_records["arrays"])
+            rows.append((n, update_norm(state, ref)))
         raw = round_bound([norm for _, norm in rows], 3.0) or 0.0
         per = round_bound([norm / n for n, norm in rows], 3.0) or 0.0
         out.append({"examples": [n for n, _ in rows], "norms": [round(v, 4) for _, v in rows],
@@ -199,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-tail", action="store_true",
                    help="only measure honest norms in the paper's long-tail split")
     args = p.parse_args(argv)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    with task_identity():
+        return _sweep(args, argv)
+
+
+def _sweep(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Run every missing (seed, attack, valuation, bound) cell, then write the report."""
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.long_tail:

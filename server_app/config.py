@@ -128,7 +128,7 @@ class RunConfig:
 
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
-                              "device", "round-timeout"})
+                              "device", "round-timeout", "node-wait-timeout", "torch-threads"})
 
 
 def _parse_scalar(raw: str) -> Any:

@@ -84,8 +84,9 @@ class SecureSuperLink:
 
     The SuperLink listens on loopback ``port`` (the operator's Control API); SuperNodes reach
     it through the Fleet-only gateway on ``fleet_port`` (:mod:`sim.gateway`), as on a server
-    whose devices' network must not reach the Control API. Writes ``$FLWR_HOME/config.toml`` with a ``[superlink.<name>]`` entry that trusts the CA,
-    so ``flwr run``, ``flwr list`` and ``flwr supernode ...`` talk to it over TLS.
+    whose devices' network must not reach the Control API. Writes ``$FLWR_HOME/config.toml``
+    with a ``[superlink.<name>]`` entry that trusts the CA, so ``flwr run``, ``flwr list`` and
+    ``flwr supernode ...`` talk to it (the operator's address) over TLS.
     """
 
     flwr_home: Path

@@ -163,7 +163,7 @@ def _inprocess(shared_data_dir: Path, out: Path, handler: Any = None, **extra: A
     from client_app.app import train_handler
     from server_app.app import run
     from server_app.config import parse_run_config
-    from tests.fake_grid import InProcessGrid
+    from sim.inline_grid import InProcessGrid
 
     config = _config(shared_data_dir, out, **{"num-server-rounds": 2, "clients-per-round": 2,
                                               "client-max-samples": 50,

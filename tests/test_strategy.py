@@ -150,9 +150,9 @@ def test_silent_client_costs_nothing_but_its_update(tmp_path: Any) -> None:
     rounds = read_rounds(tmp_path)
     assert all(len(r["returned"]) == 5 and "c3" not in r["returned"] for r in rounds[1:])
     assert "c3" not in strategy.counts and "c3" not in strategy.phi
-    # the timed-out node is counted as failed (by node id: it never named itself)
-    assert all(list(r["failed"]) == ["node:1003"] for r in rounds[1:])
-    assert "no reply" in rounds[1]["failed"]["node:1003"]
+    # the timed-out client is counted as failed (under the id its node named at the query)
+    assert all(list(r["failed"]) == ["c3"] for r in rounds[1:])
+    assert "no reply" in rounds[1]["failed"]["c3"]
 
 
 def _nasty(kind: str, good: Message) -> Message:
