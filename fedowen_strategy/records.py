@@ -11,11 +11,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
 ROUNDS_FILE = "rounds.jsonl"
 LEDGER_FILE = "ledger.csv"
 LEDGER_FIELDS = ("client_id", "round", "phi", "phi_raw", "weight", "num_examples")
@@ -74,7 +76,7 @@ class RunRecorder:
         _atomic_write(self.output_dir / ROUNDS_FILE,
                       "".join(json.dumps(r) + "\n" for r in rounds))
         with (self.output_dir / LEDGER_FILE).open(newline="") as fh:
-            rows = [row for row in csv.DictReader(fh) if int(row["round"]) <= server_round]
+            rows = [row for row in csv.DictReader(fh) if _round_of(row) <= server_round]
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=LEDGER_FIELDS)
         writer.writeheader()
@@ -88,6 +90,14 @@ class RunRecorder:
         return path
 
 
+def _round_of(row: dict[str, Any]) -> float:
+    """A ledger row's round; a torn row (a crash mid-write) counts as never written."""
+    try:
+        return int(row["round"]) if row.get(LEDGER_FIELDS[-1]) is not None else math.inf
+    except (TypeError, ValueError):
+        return math.inf
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
@@ -95,8 +105,29 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def read_rounds(output_dir: str | Path) -> list[dict[str, Any]]:
-    """All round records of a run, in file order."""
+    """All round records of a run, in file order.
+
+    A torn last line (a crash while it was written) is dropped with a warning: that round had
+    not finished, and a resumed run redoes it. Any other unreadable line is an error.
+
+    Raises
+    ------
+    ValueError
+        A line before the last is not JSON (the file was edited or damaged).
+    """
     path = Path(output_dir) / ROUNDS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rounds = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            rounds.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if number == len(lines):
+                log.warning("%s: dropped a torn last line (%d bytes): that round did not "
+                            "finish", path, len(line))
+                break
+            raise ValueError(f"{path} line {number} is not JSON ({err}): the file was edited "
+                             "or damaged; restore it or start the run afresh") from err
+    return rounds

@@ -21,6 +21,8 @@ from numpy.typing import NDArray
 CLIENT_RECORD_KEY = "client"
 #: Field of that record holding the stable client id (partition-id or a node-config id).
 CLIENT_ID_FIELD = "client-id"
+#: Largest ``num-examples`` a reply may claim (exact in float64, no overflow in weights).
+MAX_EXAMPLES = 2**53
 
 
 @dataclass(frozen=True)
@@ -36,11 +38,13 @@ class ClientUpdate:
 
 @dataclass
 class ParsedReplies:
-    """Accepted updates plus what was dropped and why (client or node id -> reason)."""
+    """Accepted updates plus what was dropped and why (client or node id -> reason), and the
+    factor each clipped update was scaled by (set by :mod:`fedowen_strategy.bounds`)."""
 
     updates: list[ClientUpdate] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
+    clipped: dict[str, float] = field(default_factory=dict)
 
 
 def record_to_state(record: ArrayRecord) -> dict[str, NDArray]:
@@ -97,21 +101,35 @@ def _parse_one(msg: Message, reference: Mapping[str, NDArray], arrays_key: str,
     metrics = next(iter(content.metric_records.values()), None)
     if metrics is None or weight_key not in metrics:
         return f"reply has no {weight_key!r} metric"
-    num_examples = metrics[weight_key]
-    if isinstance(num_examples, list) or not np.isfinite(num_examples) or num_examples <= 0:
-        return f"{weight_key}={num_examples!r} must be a positive number"
+    num_examples = _count(metrics[weight_key])
+    if num_examples is None:
+        return (f"{weight_key}={metrics[weight_key]!r} must be a positive integer "
+                f"(at most {MAX_EXAMPLES})")
     state = record_to_state(content.array_records[arrays_key])
     reason = _check_state(state, reference, max_norm_ratio)
     if reason is not None:
         return reason
     loss = metrics.get("train-loss", float("nan"))
+    if isinstance(loss, list):
+        return f"train-loss={loss!r} must be a number"
     return ClientUpdate(
         node_id=msg.metadata.src_node_id,
         client_id=client_id_of(msg),
         state=state,
-        num_examples=int(num_examples),
-        train_loss=float(loss) if not isinstance(loss, list) else float("nan"),
+        num_examples=num_examples,
+        train_loss=float(loss) if np.isfinite(loss) else float("nan"),
     )
+
+
+def _count(value: object) -> int | None:
+    """``value`` as a positive integer count, or None: 12 and 12.0 pass; 0.5, 0, -3, NaN,
+    lists, booleans and counts above :data:`MAX_EXAMPLES` do not."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not (np.isfinite(value) and value.is_integer()):
+        return None
+    count = int(value)
+    return count if 0 < count <= MAX_EXAMPLES else None
 
 
 def parse_replies(
@@ -124,6 +142,9 @@ def parse_replies(
 ) -> ParsedReplies:
     """Validate every reply against the global ``reference`` state.
 
+    No single reply can raise here: whatever is wrong with it (a missing record, a
+    non-integral or absurd ``num-examples``, undecodable arrays) rejects that reply only.
+
     ``max_norm_ratio`` > 0 also rejects updates whose distance to the global model exceeds
     that multiple of the global model's norm (an "absurd norm"); 0 disables the check.
     """
@@ -135,7 +156,10 @@ def parse_replies(
             out.failed[who] = f"error {msg.error.code}: {msg.error.reason}"
             log(WARNING, "client %s failed this round: %s", who, out.failed[who])
             continue
-        result = _parse_one(msg, reference, arrays_key, weight_key, max_norm_ratio)
+        try:
+            result = _parse_one(msg, reference, arrays_key, weight_key, max_norm_ratio)
+        except Exception as err:  # a malformed record (bad bytes, odd types) drops this reply
+            result = f"malformed reply ({type(err).__name__}: {err})"
         if isinstance(result, str):
             out.rejected[who] = result
             log(WARNING, "rejected the update of client %s: %s", who, result)

@@ -28,9 +28,11 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
 
 from fedowen_strategy.aggregation import duplicate_groups, share_duplicates, weighted_average
+from fedowen_strategy.bounds import bound_updates
 from fedowen_strategy.contribution import (
     RoundValuation,
     UtilityFactory,
@@ -100,6 +102,11 @@ class FedOwen(FedAvg):
     bandit_memory, bandit_discount : str, float
         What the bandit exploits per client: its latest phi, the running mean of its phi, or
         a discounted mean (:func:`fedowen_strategy.selection.update_memory`).
+    update_bound : {"none", "clip", "reject"}
+        Bound every update by ``update_bound_multiple`` x the round's lower-median update
+        norm per example (:mod:`fedowen_strategy.bounds`): clip it to that norm or reject it.
+    update_bound_multiple : float
+        The multiple of that median the bound allows (> 1).
     on_round : callable, optional
         ``(round, record, ledger_rows)`` called after every aggregation (the ServerApp writes
         the records with it).
@@ -118,6 +125,7 @@ class FedOwen(FedAvg):
                  max_norm_ratio: float = 0.0, node_wait_timeout: float = 60.0,
                  query_timeout: float = 300.0, duplicate_tolerance: float = 0.0,
                  bandit_memory: str = "latest", bandit_discount: float = 0.3,
+                 update_bound: str = "none", update_bound_multiple: float = 3.0,
                  on_round: RoundHook | None = None) -> None:
         if clients_per_round is not None and clients_per_round < 1:
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1 (or None "
@@ -149,6 +157,8 @@ class FedOwen(FedAvg):
         self.duplicate_tolerance = duplicate_tolerance
         update_memory(None, 0.0, 1, bandit_memory, bandit_discount)  # validates both
         self.bandit_memory, self.bandit_discount = bandit_memory, bandit_discount
+        bound_updates([], {}, update_bound, update_bound_multiple)  # validates both
+        self.update_bound, self.update_bound_multiple = update_bound, update_bound_multiple
         self.on_round = on_round
         sel_seq, val_seq = np.random.SeedSequence(seed).spawn(2)
         self.select_rng = np.random.default_rng(sel_seq)
@@ -162,6 +172,7 @@ class FedOwen(FedAvg):
         self._global: ArrayRecord | None = None
         self._selected: list[str] = []
         self._duplicates: list[list[str]] = []
+        self._selected_nodes: list[int] = []
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint (the global model is saved beside it)."""
@@ -194,8 +205,9 @@ class FedOwen(FedAvg):
             "(T=%g)", k, v.method, v.budget_m, dict(v.params), v.phi_scale, v.aggregation,
             v.temperature)
         log(INFO, "FedOwen: selection=%s (epsilon=%g, c=%g, tau=%g), max-norm-ratio=%g, "
-            "fraction_evaluate=%g", self.selection, p.epsilon, p.c, p.tau, self.max_norm_ratio,
-            self.fraction_evaluate)
+            "fraction_evaluate=%g, update-bound=%s (%g x the round's median norm per example)",
+            self.selection, p.epsilon, p.c, p.tau, self.max_norm_ratio, self.fraction_evaluate,
+            self.update_bound, self.update_bound_multiple)
 
     def _identify(self, grid: Grid, nodes: list[int]) -> None:
         """Ask nodes not heard from yet for their client ids (one ``query`` message each)."""
@@ -254,6 +266,7 @@ class FedOwen(FedAvg):
         nodes, keys = self._keys(found)
         chosen, explored = self._choose(server_round, keys)
         self._selected = [keys[i] for i in chosen]
+        self._selected_nodes = [nodes[i] for i in chosen]
         log(INFO, "configure_train: round %d, %s %d of %d clients: %s", server_round,
             "explored" if explored else "exploited", len(chosen), len(nodes),
             ", ".join(self._selected))
@@ -268,12 +281,19 @@ class FedOwen(FedAvg):
         if self._global is None:
             raise RuntimeError("aggregate_train called before configure_train")
         global_state = record_to_state(self._global)
+        replies = list(replies)
+        silent = self._silent(replies)
         replies, impostors = self._check_identities(replies)
         contents = {r.metadata.src_node_id: r.content for r in replies if not r.has_error()}
         parsed = parse_replies(replies, global_state, arrays_key=self.arrayrecord_key,
                                weight_key=self.weighted_by_key,
                                max_norm_ratio=self.max_norm_ratio)
         parsed.rejected.update(impostors)
+        parsed.failed.update(silent)
+        bounded = bound_updates(parsed.updates, global_state, self.update_bound,
+                                self.update_bound_multiple)
+        parsed.updates, parsed.clipped = bounded.updates, bounded.clipped
+        parsed.rejected.update(bounded.rejected)
         # Replies arrive in any order; value and average them in client-id order, so the
         # estimator's sampled orders (and float sums) do not depend on arrival times.
         parsed.updates.sort(key=lambda upd: client_order(upd.client_id))
@@ -298,10 +318,40 @@ class FedOwen(FedAvg):
                                                     count, self.bandit_memory,
                                                     self.bandit_discount)
         new_state = weighted_average(states, val.weights)
-        client_metrics = self.train_metrics_aggr_fn(
-            [contents[u.node_id] for u in parsed.updates], self.weighted_by_key)
+        client_metrics = self._client_metrics([contents[u.node_id] for u in parsed.updates])
         metrics = self._report(server_round, parsed, val, examples, client_metrics)
         return state_to_record(new_state), metrics
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        """FedAvg's aggregation of the clients' evaluation metrics; replies it cannot combine
+        (e.g. a list where others send a number) cost this round's evaluation metrics only."""
+        try:
+            return super().aggregate_evaluate(server_round, replies)
+        except (TypeError, ValueError, KeyError, InconsistentMessageReplies) as err:
+            log(WARNING, "round %d: client evaluation metrics not aggregated: %s",
+                server_round, err)
+            return None
+
+    def _client_metrics(self, contents: list[RecordDict]) -> MetricRecord:
+        """The clients' metrics aggregated by ``train_metrics_aggr_fn``; a reply whose metrics
+        cannot be aggregated (e.g. a list where others send a number) costs only them."""
+        try:
+            return self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        except (TypeError, ValueError, KeyError) as err:
+            log(WARNING, "client metrics not aggregated this round: %s", err)
+            return MetricRecord()
+
+    def _silent(self, replies: list[Message]) -> dict[str, str]:
+        """Selected nodes that sent no reply (timed out, disconnected): counted as failed."""
+        replied = {msg.metadata.src_node_id for msg in replies}
+        silent = {}
+        for node in self._selected_nodes:
+            if node not in replied:
+                who = self.client_of_node.get(node, f"node:{node}")
+                silent[who] = "no reply within round-timeout (timed out or disconnected)"
+                log(WARNING, "client %s (node %d) sent no reply this round", who, node)
+        return silent
 
     def _check_identities(self, replies: Iterable[Message]
                           ) -> tuple[list[Message], dict[str, str]]:
@@ -325,7 +375,7 @@ class FedOwen(FedAvg):
         ids = [u.client_id for u in parsed.updates]
         record: dict[str, Any] = {
             "selected": list(self._selected), "returned": ids,
-            "failed": parsed.failed, "rejected": parsed.rejected,
+            "failed": parsed.failed, "rejected": parsed.rejected, "clipped": parsed.clipped,
             "valuation": self.valuation.method,
         }
         if self._duplicates:

@@ -4,7 +4,8 @@
 #   scripts/make-certs.sh [-d DIR] [-n NUM_NODES] [-p PREFIX] [-s SAN]... [-f]
 #       DIR/ca.crt, ca.key            self-signed CA (keep ca.key offline)
 #       DIR/superlink.crt, .key       the SuperLink's certificate, signed by the CA; its SANs are
-#                                     localhost, 127.0.0.1, superlink (the compose service name)
+#                                     localhost, 127.0.0.1, superlink and fleet-gateway (compose
+#                                     service names)
 #                                     and every -s value (a DNS name or an IPv4/IPv6 address)
 #       DIR/supernodes/PREFIX<i>      ECDSA P-384 key pair of SuperNode i = 0..NUM_NODES-1
 #       DIR/supernodes/PREFIX<i>.pub  (OpenSSH format, what flower-supernode and flwr expect)
@@ -60,7 +61,7 @@ register() {
 }
 
 san_list() {
-  local out="DNS:localhost,IP:127.0.0.1,DNS:superlink" s
+  local out="DNS:localhost,IP:127.0.0.1,DNS:superlink,DNS:fleet-gateway" s
   for s in "${SANS[@]+"${SANS[@]}"}"; do
     if [[ $s =~ ^[0-9.]+$ || $s == *:* ]]; then out+=",IP:$s"; else out+=",DNS:$s"; fi
   done

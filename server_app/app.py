@@ -9,6 +9,7 @@ Records land in the output dir: ``config.json``, ``rounds.jsonl``, ``ledger.csv`
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -25,10 +26,15 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from fedowen_strategy.checkpoint import CHECKPOINT_FILE, load_checkpoint, save_checkpoint
+from fedowen_strategy.checkpoint import (
+    CHECKPOINT_FILE,
+    check_run_config,
+    load_checkpoint,
+    save_checkpoint,
+)
 from fedowen_strategy.contribution import UtilityFactory, ValuationSettings
 from fedowen_strategy.nodes import wait_for_nodes
-from fedowen_strategy.records import RunRecorder
+from fedowen_strategy.records import RunRecorder, read_rounds
 from fedowen_strategy.replies import record_to_state
 from fedowen_strategy.strategy import FedOwen
 from fedowen_strategy.torch_utility import CoalitionUtility
@@ -41,6 +47,7 @@ from server_app.strategies import build_flower_strategy
 
 log = logging.getLogger(__name__)
 app = ServerApp()
+FINAL_MODEL = "final_model.pt"
 
 
 def route_library_logs() -> None:
@@ -91,15 +98,22 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    query_timeout=cfg.round_timeout,
                    duplicate_tolerance=cfg.duplicate_tolerance,
                    bandit_memory=cfg.bandit_memory, bandit_discount=cfg.bandit_discount,
+                   update_bound=cfg.update_bound,
+                   update_bound_multiple=cfg.update_bound_multiple,
                    on_round=recorder.log_train if recorder else None)
 
 
 def _resume(cfg: RunConfig, recorder: RunRecorder, strategy: Strategy,
             model: torch.nn.Module) -> int:
-    """Load ``resume-from``'s checkpoint into the strategy and model; rounds already done."""
+    """Load ``resume-from``'s checkpoint into the strategy and model; rounds already done.
+
+    Refuses (:class:`CheckpointError`) a damaged checkpoint, a NaN model, or one made under a
+    run config whose model- or federation-shaping keys differ from ``cfg``.
+    """
     if not cfg.resume_from:
         return 0
     ckpt = load_checkpoint(cfg.resume_from)
+    check_run_config(ckpt, cfg.federation_config(), cfg.resume_from)
     model.load_state_dict({k: torch.as_tensor(v) for k, v in ckpt.global_state.items()})
     if isinstance(strategy, FedOwen):
         strategy.load_state_dict(ckpt.strategy_state, ckpt.server_round)
@@ -120,6 +134,40 @@ def make_strategy(cfg: RunConfig, num_nodes: int, model: torch.nn.Module,
     factory = CoalitionUtility(model, sets[0], sets[1], metric=cfg.utility_metric,
                                device=pick_device(cfg.device))
     return build_strategy(cfg, factory, recorder)
+
+
+def _summary(cfg: RunConfig, out_dir: Path, done: int, seconds: float) -> dict[str, Any]:
+    """summary.json's content, from the run's records."""
+    rounds = read_rounds(out_dir)
+    last = next((r for r in rounds if r["round"] == cfg.num_server_rounds), None)
+    acc = last.get("test_accuracy") if last else None
+    aggregated = sum(1 for r in rounds if r.get("returned"))
+    summary = {"rounds": cfg.num_server_rounds, "strategy": cfg.strategy,
+               "valuation": cfg.valuation, "resumed_after_round": done,
+               "aggregated_rounds": aggregated,
+               "final_test_accuracy": acc if isinstance(acc, float) else None,
+               "seconds": seconds, "output_dir": str(out_dir)}
+    if aggregated == 0:
+        summary["warning"] = ("no round aggregated any update (every reply failed or was "
+                              "rejected; see rounds.jsonl): final_model.pt is the initial model")
+        log.warning("%s", summary["warning"])
+    return summary
+
+
+def _already_finished(cfg: RunConfig, out_dir: Path, model: torch.nn.Module,
+                      recorder: RunRecorder, done: int) -> dict[str, Any]:
+    """A resume of a run whose checkpoint is at or past ``num-server-rounds``: run nothing,
+    keep ``final_model.pt`` (write the checkpoint's model only where it is missing)."""
+    log.info("The run in %s already finished round %d of %d: nothing to resume; its final "
+             "model and records are kept", out_dir, done, cfg.num_server_rounds)
+    if not (out_dir / FINAL_MODEL).exists():
+        torch.save(model.state_dict(), out_dir / FINAL_MODEL)
+    summary_file = out_dir / "summary.json"
+    if summary_file.exists():
+        return dict(json.loads(summary_file.read_text()), already_finished=True)
+    summary = _summary(cfg, out_dir, done, 0.0)
+    recorder.write_json("summary.json", summary)
+    return dict(summary, already_finished=True)
 
 
 def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
@@ -144,34 +192,38 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes, seed=cfg.seed)
     strategy = make_strategy(cfg, len(nodes), model, sets, recorder)
     done = _resume(cfg, recorder, strategy, model)
+    if done >= cfg.num_server_rounds:
+        return _already_finished(cfg, out_dir, model, recorder, done)
     if not done:
         recorder.write_json("config.json", asdict(cfg))
-    evaluate_fn = central_evaluation(cfg, ds, sets[2:], recorder, strategy, done, out_dir)
+    latest = {"arrays": ArrayRecord(model.state_dict())}  # the global model after each round
+    evaluate_fn = central_evaluation(cfg, ds, sets[2:], recorder, strategy, done, out_dir,
+                                     latest)
     started = time.perf_counter()
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
-                            num_rounds=cfg.num_server_rounds - done, timeout=cfg.round_timeout,
-                            train_config=ConfigRecord(), evaluate_fn=evaluate_fn)
-    torch.save(result.arrays.to_torch_state_dict(), out_dir / "final_model.pt")
-    final = result.evaluate_metrics_serverapp.get(cfg.num_server_rounds - done)
-    final_acc = final["test-accuracy"] if final else None
-    summary = {"rounds": cfg.num_server_rounds, "strategy": cfg.strategy,
-               "valuation": cfg.valuation, "resumed_after_round": done,
-               "final_test_accuracy": final_acc if isinstance(final_acc, float) else None,
-               "seconds": time.perf_counter() - started, "output_dir": str(out_dir)}
+    strategy.start(grid=grid, initial_arrays=latest["arrays"],
+                   num_rounds=cfg.num_server_rounds - done, timeout=cfg.round_timeout,
+                   train_config=ConfigRecord(), evaluate_fn=evaluate_fn)
+    # Flower's Result.arrays stays empty when no round aggregated: save what was evaluated.
+    torch.save(latest["arrays"].to_torch_state_dict(), out_dir / FINAL_MODEL)
+    summary = _summary(cfg, out_dir, done, time.perf_counter() - started)
     recorder.write_json("summary.json", summary)
     return summary
 
 
 def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tensor, ...],
-                       recorder: RunRecorder, strategy: Strategy, done: int,
-                       out_dir: Path) -> Callable[[int, ArrayRecord], MetricRecord]:
-    """The ``evaluate_fn``: test accuracy after every round, records and a checkpoint."""
+                       recorder: RunRecorder, strategy: Strategy, done: int, out_dir: Path,
+                       latest: dict[str, ArrayRecord]
+                       ) -> Callable[[int, ArrayRecord], MetricRecord]:
+    """The ``evaluate_fn``: test accuracy after every round, records and a checkpoint; the
+    evaluated model is kept in ``latest["arrays"]`` (the final model, even if nothing was
+    aggregated)."""
     eval_model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
     device, started = pick_device(cfg.device), time.perf_counter()
     state_of = strategy.state_dict if isinstance(strategy, FedOwen) else dict
 
     def evaluate_fn(local_round: int, arrays: ArrayRecord) -> MetricRecord:
         server_round = local_round + done
+        latest["arrays"] = arrays
         eval_model.load_state_dict(arrays.to_torch_state_dict())
         loss, acc = evaluate(eval_model, test[0], test[1], device=device)
         if local_round == 0 and done:  # this round's record and checkpoint already exist
@@ -180,7 +232,7 @@ def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tens
                                                 "elapsed_seconds": time.perf_counter() - started})
         if server_round > 0:
             save_checkpoint(out_dir / CHECKPOINT_FILE, server_round, record_to_state(arrays),
-                            state_of())
+                            state_of(), cfg.federation_config())
         log.info("round %d/%d: test accuracy %.4f, loss %.4f (%s)", server_round,
                  cfg.num_server_rounds, acc, loss, out_dir)
         return MetricRecord({"test-accuracy": acc, "test-loss": loss,

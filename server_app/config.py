@@ -12,16 +12,20 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from fedowen_strategy.bounds import UPDATE_BOUNDS
 from fedowen_strategy.contribution import GAMES, METHODS, NO_PHI, PHI_SCALES, resolve_axes
 from fedowen_strategy.selection import MEMORIES, SelectionParams
 from fedowen_strategy.valuation import ESTIMATORS, estimate_problems
 from fedowen_task.config import ConfigError, TaskConfig, one_of, parse_config, parse_scalar
 
 METRICS = ("accuracy", "neg-loss")
+#: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
+OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
+                              "device", "round-timeout", "node-wait-timeout", "torch-threads"})
 
 
 def parse_params(text: str, key: str) -> dict[str, Any]:
@@ -60,6 +64,9 @@ class RunConfig(TaskConfig):
     ucb_c: float = 0.1
     tau: float = 0.0
     max_norm_ratio: float = 10.0
+    # Robust update bounds (issue 14): see fedowen_strategy.bounds.
+    update_bound: str = "reject"
+    update_bound_multiple: float = 3.0
     round_timeout: float = 600.0
     node_wait_timeout: float = 15.0
     duplicate_tolerance: float = 0.05
@@ -126,6 +133,10 @@ class RunConfig(TaskConfig):
              f"resume-from={self.resume_from!r} must be an absolute path"),
             (self.krum_malicious >= 0, "krum-malicious must be >= 0"),
             (self.proximal_mu >= 0, f"proximal-mu={self.proximal_mu} must be >= 0"),
+            # Robust update bounds (issue 14)
+            (self.max_norm_ratio >= 0, "max-norm-ratio must be >= 0 (0 = off)"),
+            (self.update_bound_multiple > 1,
+             f"update-bound-multiple={self.update_bound_multiple} must be > 1 (e.g. 3)"),
         ]
         bad = super().problems() + [message for ok, message in checks if not ok]
         bad += one_of("valuation", self.valuation, METHODS)
@@ -133,12 +144,19 @@ class RunConfig(TaskConfig):
         bad += one_of("phi-scale", self.phi_scale, PHI_SCALES)
         bad += one_of("game", self.game, GAMES)
         bad += one_of("bandit-memory", self.bandit_memory, MEMORIES)
+        bad += one_of("update-bound", self.update_bound, UPDATE_BOUNDS)
         for check in (self.selection_params, self.axes):
             try:
                 check()
             except ValueError as err:
                 bad.append(str(err))
         return bad + self._valuation_problems() + _strategy_problems(self)
+
+    def federation_config(self) -> dict[str, Any]:
+        """The keys that shape the model and the federation (kebab-case), recorded in every
+        checkpoint: all but :data:`OPERATIONAL_KEYS`, which a resume may change."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)
+                if f.name.replace("_", "-") not in OPERATIONAL_KEYS}
 
     def _valuation_problems(self) -> list[str]:
         """The estimator's parameters and its minimum budget for every possible n <= k."""

@@ -8,15 +8,14 @@ runs its ClientApps in subprocesses from this venv (no runtime dependency instal
 
 Every process is started in its own session and stopped by its pid (its process group, then
 any descendant that left the group) when the :class:`SecureSuperLink` context exits, also on
-errors. ``python -m sim.deploy`` runs the rehearsal from the command line.
+errors and on SIGTERM/SIGINT (:mod:`sim.procs`). ``python -m sim.deploy`` runs the rehearsal
+from the command line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import IO, Any
 import tomli_w
 
 from sim.launcher import APP_DIR, BIN, flower_env, flwr_run, free_port
+from sim.procs import exit_on_signals, stop_tree
 
 MAKE_CERTS = APP_DIR / "scripts" / "make-certs.sh"
 
@@ -39,22 +39,6 @@ def make_certs(out_dir: Path, num_nodes: int, prefix: str = "site-") -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"{MAKE_CERTS} failed ({proc.returncode}): {proc.stderr.strip()}")
     return out_dir
-
-
-def _descendants(pid: int) -> list[int]:
-    """Pids of all live descendants of ``pid`` (Linux ``/proc``; empty elsewhere)."""
-    found: list[int] = []
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        for children in Path(f"/proc/{parent}/task").glob("*/children"):
-            try:
-                kids = [int(c) for c in children.read_text().split()]
-            except OSError:
-                continue
-            found.extend(kids)
-            stack.extend(kids)
-    return found
 
 
 @dataclass
@@ -89,63 +73,38 @@ class ManagedProcess:
             return None
 
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the process group, SIGKILL whatever is left after ``grace`` seconds.
-
-        Flower detaches some children (the SuperLink's SuperExec) into their own sessions;
-        they are collected from ``/proc`` first and signalled by pid as well.
-        """
-        strays = _descendants(self.pid)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            _signal(-self.pid, sig)  # the whole process group
-            for pid in strays:
-                _signal(pid, sig)
-            deadline = time.monotonic() + grace
-            while self.process.poll() is None or any(map(_alive, strays)):
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-            else:
-                return
-        self.process.wait(timeout=grace)
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    """``os.kill`` (a negative pid: a process group) that ignores processes already gone."""
-    try:
-        if pid < 0:
-            os.killpg(-pid, sig)
-        else:
-            os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+        """SIGTERM the process, its group and every descendant (Flower detaches some, e.g. the
+        SuperLink's SuperExec); SIGKILL whatever is left after ``grace`` seconds."""
+        stop_tree(self.process, grace)
 
 
 @dataclass
 class SecureSuperLink:
     """A deployment SuperLink with TLS and SuperNode authentication (a context manager).
 
-    Writes ``$FLWR_HOME/config.toml`` with a ``[superlink.<name>]`` entry that trusts the CA,
-    so ``flwr run``, ``flwr list`` and ``flwr supernode ...`` talk to it over TLS.
+    The SuperLink listens on loopback ``port`` (the operator's Control API); SuperNodes reach
+    it through the Fleet-only gateway on ``fleet_port`` (:mod:`sim.gateway`), as on a server
+    whose devices' network must not reach the Control API. Writes ``$FLWR_HOME/config.toml``
+    with a ``[superlink.<name>]`` entry that trusts the CA, so ``flwr run``, ``flwr list`` and
+    ``flwr supernode ...`` talk to it (the operator's address) over TLS.
     """
 
     flwr_home: Path
     certs: Path
     name: str = "fedowen-deploy"
     port: int = 0
+    fleet_port: int = 0
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @property
     def address(self) -> str:
+        """The operator's address: Control API (and Fleet, Runtime) of the SuperLink itself."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def fleet_address(self) -> str:
+        """The devices' address: the Fleet-only gateway (:mod:`sim.gateway`)."""
+        return f"127.0.0.1:{self.fleet_port}"
 
     @property
     def env(self) -> dict[str, str]:
@@ -160,11 +119,20 @@ class SecureSuperLink:
                "--ssl-keyfile", str(c / "superlink.key"), "--enable-supernode-auth",
                "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
                "--port", str(self.port), "--database", str(self.flwr_home / "state.db")]
+        self.fleet_port = self.fleet_port or free_port()
+        gateway = [str(BIN / "python"), "-m", "sim.gateway",
+                   "--listen", self.fleet_address, "--upstream", f"https://{self.address}",
+                   "--ssl-certfile", str(c / "superlink.crt"),
+                   "--ssl-keyfile", str(c / "superlink.key"), "--ca-certfile", str(c / "ca.crt")]
         try:
             link = ManagedProcess.start("superlink", cmd, self.env,
                                         self.flwr_home / "logs" / "superlink.log")
             self.processes.append(link)
             _wait_listening(link, self.port, timeout=60)
+            fleet = ManagedProcess.start("gateway", gateway, {**self.env, "PYTHONPATH": str(
+                APP_DIR)}, self.flwr_home / "logs" / "gateway.log")
+            self.processes.append(fleet)
+            _wait_listening(fleet, self.fleet_port, timeout=60)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -207,7 +175,7 @@ class SecureSuperLink:
     def start_supernode(self, name: str, private_key: Path, node_config: str
                         ) -> ManagedProcess:
         """A ``flower-supernode`` that authenticates with ``private_key``."""
-        cmd = [str(BIN / "flower-supernode"), "--superlink", self.address,
+        cmd = [str(BIN / "flower-supernode"), "--superlink", self.fleet_address,
                "--root-certificates", str(self.certs / "ca.crt"),
                "--auth-supernode-private-key", str(private_key),
                "--node-config", node_config, "--host", "127.0.0.1", "--port", str(free_port())]
@@ -288,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.set:
         key, _, raw = item.partition("=")
         run_config.update(_toml_value(key.strip(), raw.strip()))
-    return rehearse(args.work_dir.resolve(), args.nodes, run_config, stream_to=sys.stdout)
+    with exit_on_signals():  # SIGTERM/SIGINT: every process started is stopped on the way out
+        return rehearse(args.work_dir.resolve(), args.nodes, run_config, stream_to=sys.stdout)
 
 
 def _toml_value(key: str, raw: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
 from sim.launcher import APP_DIR
+from sim.procs import exit_on_signals
 from sim.runner import PRESET_FILE, Runner, cell_status, read_state
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     args = parse_args(argv)
     try:
-        return {"run": cmd_run, "status": cmd_status, "report": cmd_report}[args.command](args)
+        with exit_on_signals():  # SIGTERM: the runner's SuperLink and its tree are stopped
+            return {"run": cmd_run, "status": cmd_status,
+                    "report": cmd_report}[args.command](args)
     except (PresetError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

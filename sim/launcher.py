@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import tomli_w
+
+from sim.procs import stop_tree
 
 log = logging.getLogger(__name__)
 BIN = Path(sys.executable).parent
@@ -112,17 +113,9 @@ class LocalSuperLink:
         raise RuntimeError(f"flower-superlink not ready after {timeout:.0f}s; see {self.log_file}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=20)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait(timeout=10)
+        """Stop the SuperLink and everything beneath it: SuperExec, flwr-simulation, Ray."""
+        if self.process is not None:
+            stop_tree(self.process, grace=20)
 
 
 @dataclass(frozen=True)
@@ -175,8 +168,9 @@ def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
         cmd += ["--federation-config", fed]
     cmd.append("--stream")
     lines: list[str] = []
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
         assert proc.stdout is not None
         deadline = time.monotonic() + timeout
         for line in proc.stdout:
@@ -185,8 +179,11 @@ def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
                 stream_to.write(line)
                 stream_to.flush()
             if time.monotonic() > deadline:
-                proc.kill()
                 break
+    finally:  # also on SIGTERM/SIGINT (sim.procs.exit_on_signals): no `flwr run` left behind
+        stop_tree(proc, grace=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
     output = "".join(lines)
     match = re.search(r"run(?:\s+ID)?[:\s]+(\d{6,})", output, re.IGNORECASE)
     if match is None:

@@ -20,6 +20,7 @@ from typing import Any
 from fedowen_task.config import parse_scalar
 from server_app.config import parse_run_config
 from sim.launcher import APP_DIR, LocalSuperLink, flwr_run
+from sim.procs import exit_on_signals
 
 
 def default_data_dir() -> Path:
@@ -65,7 +66,15 @@ def build_run_config(args: argparse.Namespace) -> dict[str, Any]:
         if not sep:
             raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. --set alpha=0.01")
         cfg[key] = parse_scalar(value)
+    if cfg.get("resume-from"):  # the app wants an absolute path and writes into it
+        cfg["resume-from"] = str(Path(str(cfg["resume-from"])).resolve())
     return cfg
+
+
+def results_dir(cfg: dict[str, Any]) -> str:
+    """Where the ServerApp writes: a resumed run continues in ``resume-from``, else
+    ``output-dir`` (``server_app.config.RunConfig.resolved_output_dir``)."""
+    return str(cfg.get("resume-from") or cfg["output-dir"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,13 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"[fedowen] {err}", file=sys.stderr)
         return 2
+    out = results_dir(cfg)
     print(f"[fedowen] {args.supernodes} virtual clients, {cfg['clients-per-round']} per round, "
           f"{cfg['num-server-rounds']} rounds, valuation={cfg['valuation']}; "
-          f"data {cfg['data-dir']}", flush=True)
-    with LocalSuperLink(args.flwr_home.resolve()) as link:
+          f"data {cfg['data-dir']}; results in {out}", flush=True)
+    # SIGTERM/SIGINT end the run through the `with`: SuperLink, SuperExec, flwr-simulation and
+    # Ray are stopped (sim.procs), not left running.
+    with exit_on_signals(), LocalSuperLink(args.flwr_home.resolve()) as link:
         outcome = flwr_run(link, cfg, num_supernodes=args.supernodes,
                            cpus_per_client=args.cpus_per_client, stream_to=sys.stdout)
-    out = cfg["output-dir"]
     if not outcome.ok:
         partial = f"; partial results in {out}" if Path(out).is_dir() else ""
         print(f"[fedowen] run {outcome.run_id} did not complete: status {outcome.status}. "

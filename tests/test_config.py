@@ -55,6 +55,9 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
     ("valuation-params", "eta", "valuation-params item 'eta' is not key=value"),
     ("dataset", "mnsit", "(did you mean 'mnist'?)"),
     ("strategy", "fedprx", "(did you mean 'fedprox'?)"),
+    ("update-bound", "median", "update-bound='median' is not one of"),
+    ("update-bound-multiple", 1.0, "update-bound-multiple=1.0 must be > 1"),
+    ("max-norm-ratio", -1.0, "max-norm-ratio must be >= 0"),
 ])
 def test_out_of_range_values_fail_loudly(key: str, value: object, message: str) -> None:
     assert any(message in p for p in problems_of({key: value})), problems_of({key: value})

@@ -1,9 +1,12 @@
 """Deployment: a real loopback federation with TLS and SuperNode authentication; compose files.
 
-The end-to-end test starts ``flower-superlink`` (TLS, ``--enable-supernode-auth``), registers
+The end-to-end test starts ``flower-superlink`` (TLS, ``--enable-supernode-auth``, Control API
+on loopback) and the Fleet-only gateway (``sim.gateway``) that the devices reach, registers
 three SuperNode keys with ``flwr supernode register``, starts the three ``flower-supernode``s,
 runs FedOwen for two rounds with ``flwr run`` and reads the status back from ``flwr list``.
-A fourth SuperNode whose key was never registered must be refused. Every process is stopped by
+A fourth SuperNode whose key was never registered must be refused, and an outsider holding
+``ca.crt`` must be refused listing nodes and runs, registering its key, unregistering site-0
+and submitting a run through the devices' address. Every process is stopped by
 its pid when the ``SecureSuperLink`` context exits, also when an assertion fails.
 
 The compose files are checked without a Docker engine: structure, images pinned to the
@@ -14,6 +17,7 @@ installed flwr, and every ``--flag`` in a command exists in the installed binary
 from __future__ import annotations
 
 import csv
+import json
 import re
 import shutil
 import subprocess
@@ -24,11 +28,13 @@ from typing import Any
 
 import flwr
 import pytest
+import tomli_w
 import yaml
 
 from fedowen_strategy.records import read_rounds
 from sim.deploy import SecureSuperLink, make_certs, node_config
-from sim.launcher import APP_DIR, BIN, flwr_run
+from sim.gateway import allowed
+from sim.launcher import APP_DIR, BIN, flower_env, flwr_run
 
 DOCKER = APP_DIR / "docker"
 COMPOSE_FILES = sorted(DOCKER.glob("compose*.yml"))
@@ -60,12 +66,21 @@ def test_tls_authenticated_deployment_runs_fedowen(shared_data_dir: Path, tmp_pa
         # Execute
         intruder_status = intruder.wait_for_exit(timeout=60)
         online = link.wait_online(NUM_NODES)
+        # an outsider with ca.crt and the devices' address tries to take the federation over
+        outsider = _outsider_steps(tmp_path / "outsider", link.fleet_address, certs / "ca.crt",
+                                   keys[NUM_NODES].with_suffix(".pub"), registered["site-0"])
         outcome = flwr_run(link, run_config, timeout=600)
 
         # Assert (inside the context: the logs and the SuperLink are still there)
         assert intruder_status == 1, f"status {intruder_status}:\n{intruder.log_text()}"
         assert all(line in intruder.log_text() for line in REFUSED_NODE_LOG), intruder.log_text()
         assert REFUSED_LINK_LOG in link.processes[0].log_text()
+        assert outsider == dict.fromkeys(outsider, ""), f"outsider steps not refused: {outsider}"
+        gateway_log = next(p for p in link.processes if p.name == "gateway").log_text()
+        assert gateway_log.count("refused POST /v1/control/") >= len(outsider), gateway_log
+        listed = json.loads(link.flwr("supernode", "list", link.name, "--format",
+                                      "json").stdout)["nodes"]
+        assert sorted(int(n["node-id"]) for n in listed) == sorted(registered.values())
         assert sorted(int(n["node-id"]) for n in online) == sorted(registered.values())
         assert outcome.ok, f"run {outcome.run_id} ended {outcome.status}:\n{outcome.output[-4000:]}"
         assert all(n.process.poll() is None for n in nodes), "a registered SuperNode died"
@@ -80,6 +95,46 @@ def test_tls_authenticated_deployment_runs_fedowen(shared_data_dir: Path, tmp_pa
     assert (out / "final_model.pt").is_file() and (out / "summary.json").is_file()
     # Every process the context started is gone (also those Flower detached)
     assert all(p.process.poll() is not None for p in link.processes)
+
+
+def _outsider_steps(home: Path, address: str, ca: Path, own_key: Path, victim: int
+                    ) -> dict[str, str]:
+    """The outsider's steps with only ``ca.crt`` and the devices' address, run concurrently:
+    step -> the CLI's output, or "" when the step was refused."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(tomli_w.dumps({"superlink": {
+        "default": "target", "target": {"address": address, "root-certificates": str(ca)}}}))
+    steps = {"list nodes": ["supernode", "list"], "list runs": ["list"],
+             "register a key": ["supernode", "register", str(own_key)],
+             "unregister site-0": ["supernode", "unregister", str(victim)],
+             "submit a run": ["run", str(APP_DIR)]}
+    procs = {step: subprocess.Popen([str(BIN / "flwr"), *args, "target", "--format", "json"],
+                                    env=flower_env(home), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+             for step, args in steps.items()}
+    results = {}
+    for step, proc in procs.items():
+        out, _ = proc.communicate(timeout=120)
+        # flwr exits 0 with --format json; the reply says whether it worked. A refusal must
+        # come from the gateway (403), not from some other failure.
+        refused = (proc.returncode != 0 or '"success": false' in out) and "Forbidden" in out
+        results[step] = "" if refused and '"success": true' not in out else out
+    return results
+
+
+@pytest.mark.parametrize(("method", "path", "ok"), [
+    ("POST", "/v1/fleet/pull-messages", True),
+    ("POST", "/v1/fleet/activate-node", True),
+    ("POST", "/v1/control/list-nodes", False),
+    ("POST", "/v1/runtime/pull-messages", False),
+    ("GET", "/v1/fleet/pull-messages", False),
+    ("POST", "/v1/fleet/../control/list-nodes", False),
+    ("POST", "/v1/fleet/%2e%2e/control/start-run", False),
+    ("POST", "/v1/fleet//control", False),
+    ("GET", "/docs", False),
+])
+def test_gateway_allows_fleet_routes_only(method: str, path: str, ok: bool) -> None:
+    assert allowed(method, path) is ok
 
 
 def test_make_certs_writes_a_verifiable_chain_and_ssh_keys(tmp_path: Path) -> None:
@@ -97,7 +152,8 @@ def test_make_certs_writes_a_verifiable_chain_and_ssh_keys(tmp_path: Path) -> No
     link = x509.load_pem_x509_certificate((certs / "superlink.crt").read_bytes())
     link.verify_directly_issued_by(ca)
     san = link.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert {"localhost", "superlink"} <= set(san.get_values_for_type(x509.DNSName))
+    assert {"localhost", "superlink", "fleet-gateway"} <= set(
+        san.get_values_for_type(x509.DNSName))
     assert "127.0.0.1" in {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
     # SuperNode keys: OpenSSH EC keys on a NIST curve, private key matching public key
     for name in ("edge-0", "edge-1"):
@@ -186,6 +242,31 @@ def test_compose_uses_tls_and_supernode_auth(path: Path) -> None:
         elif name == "superexec-serverapp":
             assert "--root-certificates" in cmd and "--insecure" not in cmd
             assert cmd[cmd.index("--runtime-api-address") + 1].startswith("superlink:")
+
+
+@pytest.mark.parametrize("name", ["compose.yml", "compose.superlink.yml"])
+def test_compose_keeps_the_control_api_off_the_devices_network(name: str) -> None:
+    services = _compose(DOCKER / name)["services"]
+    # the SuperLink's port (Control API included) is published on the host's loopback only;
+    # the one port open to the devices is the Fleet-only gateway's
+    assert all(str(p).startswith("127.0.0.1:") for p in services["superlink"]["ports"])
+    public = {k for k, v in services.items() for p in v.get("ports", [])
+              if not str(p).startswith("127.0.0.1:")}
+    assert public == {"fleet-gateway"}
+    gateway = services["fleet-gateway"]
+    assert gateway["entrypoint"] == ["python", "-m", "sim.gateway"]
+    flags = {a for a in gateway["command"] if str(a).startswith("--")}
+    gateway_help = subprocess.run([str(BIN / "python"), "-m", "sim.gateway", "--help"],
+                                  capture_output=True, text=True, cwd=APP_DIR, timeout=60,
+                                  check=False).stdout
+    assert all(flag in gateway_help for flag in flags), (flags, gateway_help)
+    # SuperNodes dial the gateway and share no network with the SuperLink
+    for key, svc in services.items():
+        if key.startswith("supernode-"):
+            cmd = svc["command"]
+            assert cmd[cmd.index("--superlink") + 1] == "fleet-gateway:8000"
+            assert "control" not in svc["networks"]
+    assert services["superlink"]["networks"] == ["control"]
 
 
 def test_compose_supernodes_have_own_partition_client_id_and_superexec() -> None:

@@ -56,11 +56,9 @@ def impostor_handler(msg: Message, ctx: Context) -> Message:
                                "client": ConfigRecord({"client-id": name})}), reply_to=msg)
 
 
-def test_impostor_is_refused_and_never_costs_the_victim(tmp_path: Any,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tests.test_strategy.toy_handler", impostor_handler)
+def test_impostor_is_refused_and_never_costs_the_victim(tmp_path: Any) -> None:
     # Execute: 6 nodes, all selected each round; node 5 claims c0's id
-    strategy = run_toy("owen", rounds=2, k=5, tmp_path=tmp_path)
+    strategy = run_toy("owen", rounds=2, k=5, tmp_path=tmp_path, handler=impostor_handler)
     # Assert: c0 credited with its own reply every round it was selected; the impostor never
     # selected (refused at identification), and not in the ledger
     rounds = read_rounds(tmp_path)
@@ -70,10 +68,9 @@ def test_impostor_is_refused_and_never_costs_the_victim(tmp_path: Any,
     assert sorted(strategy.client_of_node.values()) == ["c0", "c1", "c2", "c3", "c4"]
 
 
-def test_copied_updates_share_one_weight(tmp_path: Any,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tests.test_strategy.toy_handler", impostor_handler)
+def test_copied_updates_share_one_weight(tmp_path: Any) -> None:
     strategy = run_toy("owen", rounds=1, k=6, tmp_path=tmp_path, node_extra={"copy-of": 3},
+                       handler=impostor_handler,
                        duplicate_tolerance=0.05, aggregation="uniform")
     record = read_rounds(tmp_path)[1]
     assert record["duplicates"] == [["c0", "c3"]]

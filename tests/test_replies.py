@@ -34,8 +34,14 @@ def good(scale: float = 1.01) -> dict[str, np.ndarray]:
     ({"w": np.ones((2, 3), np.float64), "b": REF["b"]}, 10, "expected float32[2, 3]"),
     ({"w": REF["w"]}, 10, "missing ['b']"),
     (None, 10, "no ArrayRecord"),
-    (good(), 0, "num-examples=0 must be a positive number"),
+    (good(), 0, "num-examples=0 must be a positive integer"),
     (good(), -3, "num-examples=-3"),
+    (good(), 0.5, "num-examples=0.5 must be a positive integer"),
+    (good(), 12.5, "num-examples=12.5"),
+    (good(), float("nan"), "num-examples=nan"),
+    (good(), float("inf"), "num-examples=inf"),
+    (good(), 2.0**60, "must be a positive integer"),
+    (good(), [10, 10], "num-examples=[10, 10]"),
     ({"w": REF["w"] * 1000, "b": REF["b"]}, 10, "exceeds 10.0 x the global model's norm"),
 ])
 def test_each_malformed_reply_is_rejected_with_its_reason(
@@ -48,6 +54,27 @@ def test_each_malformed_reply_is_rejected_with_its_reason(
     # Assert
     assert [u.client_id for u in parsed.updates] == ["ok1", "ok2"]
     assert list(parsed.rejected) == ["bad"] and reason in parsed.rejected["bad"]
+
+
+def test_integral_float_count_is_accepted_as_int() -> None:
+    parsed = parse_replies([reply(good(), num_examples=12.0)], REF)
+    assert parsed.updates[0].num_examples == 12 and isinstance(parsed.updates[0].num_examples,
+                                                               int)
+
+
+def test_undecodable_arrays_reject_only_that_reply() -> None:
+    # Prepare: an Array whose bytes do not match its declared shape
+    from flwr.app import Array, ArrayRecord
+
+    bad = reply(good(), cid="bad")
+    bad.content["arrays"] = ArrayRecord(array_dict={
+        "w": Array(dtype="float32", shape=(2, 3), stype="numpy.ndarray", data=b"\x00" * 5),
+        "b": Array(REF["b"])})
+    # Execute
+    parsed = parse_replies([bad, reply(good(), cid="ok")], REF)
+    # Assert
+    assert [u.client_id for u in parsed.updates] == ["ok"]
+    assert parsed.rejected["bad"].startswith("malformed reply")
 
 
 def test_error_replies_count_as_failures() -> None:

@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedowen_strategy.checkpoint import CHECKPOINT_FILE, load_checkpoint, save_checkpoint
+from fedowen_strategy.checkpoint import (
+    CHECKPOINT_FILE,
+    CheckpointError,
+    check_run_config,
+    load_checkpoint,
+    save_checkpoint,
+)
 from fedowen_strategy.records import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,3 +107,110 @@ def test_killed_server_resumes_to_the_same_rounds(shared_data_dir: Path, tmp_pat
         torch.testing.assert_close(value, res_model[key], rtol=0, atol=1e-6)
     summary = json.loads((crash_out / "summary.json").read_text())
     assert summary["resumed_after_round"] == killed_after
+
+
+# --- resume refuses the wrong checkpoint ---------------------------------------------------
+
+
+def test_checkpoint_records_config_and_refuses_a_different_one(tmp_path: Path) -> None:
+    state = {"w": np.ones(3, np.float32)}
+    cfg = {"dataset": "mnist", "seed": 0, "valuation": "owen"}
+    save_checkpoint(tmp_path / CHECKPOINT_FILE, 2, state, {}, cfg)
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.run_config == cfg
+    check_run_config(ckpt, cfg, tmp_path)  # same settings: fine
+    with pytest.raises(CheckpointError) as err:
+        check_run_config(ckpt, {**cfg, "dataset": "fashion-mnist", "seed": 1}, tmp_path)
+    assert "dataset='mnist' (now 'fashion-mnist'); seed=0 (now 1)" in str(err.value)
+    assert "valuation" not in str(err.value)
+
+
+def test_nan_model_is_refused(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path / CHECKPOINT_FILE, 3, {"w": np.array([1.0, np.nan])}, {})
+    with pytest.raises(CheckpointError, match=r"round 3\): array 'w' holds NaN or Inf"):
+        load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("damage", [b"not a zip file", b""])
+def test_damaged_checkpoint_gets_a_clear_message(tmp_path: Path, damage: bytes) -> None:
+    (tmp_path / CHECKPOINT_FILE).write_bytes(damage)
+    with pytest.raises(CheckpointError, match="damaged or not a FedOwen checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_edited_config_breaks_the_hash(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path / CHECKPOINT_FILE, 1, {"w": np.ones(2)}, {}, {"seed": 0})
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(str(arrays["__strategy_state__"]))
+    meta["run_config"]["seed"] = 1
+    arrays["__strategy_state__"] = np.array(json.dumps(meta))
+    np.savez(path, **arrays)
+    with pytest.raises(CheckpointError, match="does not match its hash"):
+        load_checkpoint(tmp_path)
+
+
+def test_torn_last_line_is_dropped_and_a_torn_middle_line_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "rounds.jsonl").write_text('{"round": 0}\n{"round": 1}\n{"round": 2, "te')
+    assert [r["round"] for r in read_rounds(tmp_path)] == [0, 1]
+    (tmp_path / "rounds.jsonl").write_text('{"round": 0}\n{"rou\n{"round": 2}\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        read_rounds(tmp_path)
+
+
+def _inprocess(shared_data_dir: Path, out: Path, handler: Any = None, **extra: Any
+               ) -> dict[str, Any]:
+    from client_app.app import train_handler
+    from server_app.app import run
+    from server_app.config import parse_run_config
+    from sim.inline_grid import InProcessGrid
+
+    config = _config(shared_data_dir, out, **{"num-server-rounds": 2, "clients-per-round": 2,
+                                              "client-max-samples": 50,
+                                              "test-max-samples": 200, **extra})
+    nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+    cfg = parse_run_config(config)
+    return run(InProcessGrid(handler or train_handler, nodes, config), cfg,
+               cfg.resolved_output_dir(1))
+
+
+def test_resume_refuses_other_settings_keeps_a_finished_run_and_redoes_a_torn_round(
+        shared_data_dir: Path, tmp_path: Path) -> None:
+    # Prepare: a finished 2-round run
+    out = tmp_path / "run"
+    _inprocess(shared_data_dir, out)
+    model_bytes = (out / "final_model.pt").read_bytes()
+    # Execute / Assert: another seed or dataset is refused, naming the keys
+    with pytest.raises(CheckpointError, match=r"seed=0 \(now 1\)"):
+        _inprocess(shared_data_dir, tmp_path / "x", seed=1, **{"resume-from": str(out)})
+    with pytest.raises(CheckpointError, match=r"dataset='mnist' \(now 'fashion-mnist'\)"):
+        _inprocess(shared_data_dir, tmp_path / "x", dataset="fashion-mnist",
+                   **{"resume-from": str(out)})
+    # a finished run is reported as finished and its final model kept, byte for byte
+    summary = _inprocess(shared_data_dir, tmp_path / "x", **{"resume-from": str(out)})
+    assert summary["already_finished"] and summary["rounds"] == 2
+    assert (out / "final_model.pt").read_bytes() == model_bytes
+    # a torn last line of rounds.jsonl: dropped, and the run extended to 3 rounds goes on
+    with (out / "rounds.jsonl").open("a") as fh:
+        fh.write('{"round": 3, "selected": ["0"')
+    summary = _inprocess(shared_data_dir, tmp_path / "x", **{"resume-from": str(out),
+                                                            "num-server-rounds": 3})
+    assert [r["round"] for r in read_rounds(out)] == [0, 1, 2, 3]
+    assert summary["resumed_after_round"] == 2 and summary["aggregated_rounds"] == 3
+
+
+def test_run_that_aggregated_nothing_says_so_and_keeps_the_initial_model(
+        shared_data_dir: Path, tmp_path: Path) -> None:
+    def crash(msg: Any, ctx: Any) -> Any:
+        raise RuntimeError("out of memory")
+
+    summary = _inprocess(shared_data_dir, tmp_path, handler=crash)
+    assert summary["aggregated_rounds"] == 0 and "initial model" in summary["warning"]
+    state = torch.load(tmp_path / "final_model.pt")
+    assert state, "final_model.pt is empty"
+    from fedowen_task.models import build_model
+
+    initial = build_model("lenet", 1, 10, seed=0).state_dict()
+    for key, value in initial.items():
+        torch.testing.assert_close(state[key], value)
+    assert all(len(r["failed"]) == 2 for r in read_rounds(tmp_path)[1:])

@@ -78,6 +78,7 @@ def run_toy(
     tmp_path: Any = None,
     node_extra: dict[str, Any] | None = None,
     aggregation: str = "auto",
+    handler: Any = toy_handler,
     **kwargs: Any,
 ) -> FedOwen:
     nodes = [{"partition-id": i, **(node_extra or {})} for i in range(6)]
@@ -99,7 +100,7 @@ def run_toy(
         return MetricRecord({"distance": dist})
 
     strategy.result = strategy.start(
-        grid=InProcessGrid(toy_handler, nodes),
+        grid=InProcessGrid(handler, nodes),
         initial_arrays=init,
         num_rounds=rounds,
         evaluate_fn=evaluate,
@@ -150,6 +151,54 @@ def test_silent_client_costs_nothing_but_its_update(tmp_path: Any) -> None:
     rounds = read_rounds(tmp_path)
     assert all(len(r["returned"]) == 5 and "c3" not in r["returned"] for r in rounds[1:])
     assert "c3" not in strategy.counts and "c3" not in strategy.phi
+    # the timed-out client is counted as failed (under the id its node named at the query)
+    assert all(list(r["failed"]) == ["c3"] for r in rounds[1:])
+    assert "no reply" in rounds[1]["failed"]["c3"]
+
+
+def _nasty(kind: str, good: Message) -> Message:
+    """A copy of ``good`` (a valid reply) broken in one way."""
+    from flwr.app import Array
+
+    content = good.content
+    metrics = content.metric_records["metrics"]
+    if kind == "half-example":
+        metrics["num-examples"] = 0.5
+    elif kind == "huge-count":
+        metrics["num-examples"] = 1e300
+    elif kind == "loss-list":
+        metrics["train-loss"] = [1.0, 2.0]
+    elif kind == "no-metrics":
+        del content["metrics"]
+    elif kind == "undecodable":
+        content["arrays"] = ArrayRecord(array_dict={"w": Array(
+            dtype="float32", shape=(4,), stype="numpy.ndarray", data=b"123")})
+    elif kind == "wrong-key":
+        content["arrays"] = state_to_record({"v": np.zeros(4, np.float32)})
+    elif kind == "empty":
+        return Message(RecordDict(), reply_to=good)
+    return good
+
+
+NASTY = ["half-example", "huge-count", "loss-list", "no-metrics", "undecodable", "wrong-key",
+         "empty"]
+
+
+@pytest.mark.parametrize("kind", NASTY)
+def test_no_single_reply_can_end_a_run(kind: str, tmp_path: Any) -> None:
+    # Prepare: client 2 sends a broken reply every round
+    def handler(msg: Message, ctx: Context) -> Message:
+        reply = toy_handler(msg, ctx)
+        return _nasty(kind, reply) if int(ctx.node_config["partition-id"]) == 2 else reply
+
+    # Execute
+    strategy = run_toy("owen", rounds=2, tmp_path=tmp_path, handler=handler)
+    # Assert: both rounds aggregated the five others; client 2 never counted
+    rounds = read_rounds(tmp_path)
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert all(len(r["returned"]) == 5 and "c2" not in r["returned"] for r in rounds[1:])
+    assert all(len(r["rejected"]) == 1 for r in rounds[1:]), rounds[1]["rejected"]
+    assert "c2" not in strategy.counts
 
 
 def test_malformed_update_is_rejected_and_round_goes_on(tmp_path: Any) -> None:

@@ -1,0 +1,126 @@
+"""Robust per-round update bounds: clip or reject updates far above the round's median.
+
+A bound relative to the *global model's* norm (``max-norm-ratio``) drifts: honest updates are
+a tenth of the global norm, so an attacker 30-100x an honest update passes, and each accepted
+one inflates the global norm and loosens the guard further. Here every update ``d_i = W_i - W``
+(floating arrays only) is compared with a robust statistic of the same round's updates.
+
+Honest update norms grow with the local steps, i.e. with a client's examples: in the paper's
+long-tail split (MNIST, 100 clients, alpha 0.1, imbalance 0.01; three draws of ten clients of
+10-728 examples, docs/results/attack-bounds/long_tail_norms.json) first-round norms spanned
+0.015-5.5, and a bound of 3x the median norm would have rejected the 3-4 clients with the most
+data in every draw. Their norms *per example* (0.0015-0.0095) stayed within 2.2x of the draw's
+lower median, so none was rejected. The statistic is therefore ``r_i = ||d_i|| / n_i``:
+
+    bound_i = multiple * lower_median({r_j : r_j > 0}) * n_i
+
+``clip`` scales ``d_i`` down to ``bound_i`` (it keeps its direction; norm clipping as in Sun
+et al., "Can you really backdoor federated learning?", 2019), ``reject`` drops it with a
+reason. The *lower* median (the ceil(n/2)-th smallest) stays an honest value whenever fewer
+than half of the non-zero updates are inflated, also with two updates, where the plain median
+would be the midpoint and let a 20x update through a 3x bound. Zero updates (free riders
+returning the global model) are left out: they would pull the statistic to 0 and bound every
+honest update away. The bound depends on the round's updates only, never on the global
+model, so it does not drift as the model grows.
+
+Not defended: ``n_i`` is what the client claims (``num-examples``), so an attacker that
+claims many examples widens its own bound (and, under FedAvg, its weight); attackers that are
+at least half of a round's non-zero updates set the median.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedowen_strategy.replies import ClientUpdate
+
+log = logging.getLogger(__name__)
+
+#: ``update-bound`` values: off, clip to the bound, reject beyond it.
+UPDATE_BOUNDS = ("none", "clip", "reject")
+
+
+@dataclass
+class BoundedRound:
+    """Updates after bounding, who was rejected (reason) or clipped (factor applied), and the
+    round's bound per example."""
+
+    updates: list[ClientUpdate]
+    rejected: dict[str, str] = field(default_factory=dict)
+    clipped: dict[str, float] = field(default_factory=dict)
+    bound: float | None = None
+
+
+def update_norm(state: Mapping[str, NDArray], reference: Mapping[str, NDArray]) -> float:
+    """L2 norm of ``state - reference`` over the floating arrays (counters are ignored)."""
+    total = 0.0
+    for key, ref in reference.items():
+        if np.issubdtype(ref.dtype, np.floating):
+            total += float(np.sum(np.square(state[key].astype(np.float64) - ref)))
+    return float(np.sqrt(total))
+
+
+def round_bound(ratios: Sequence[float], multiple: float) -> float | None:
+    """``multiple`` x the lower median of the positive per-example norms; None when all are
+    zero (nothing moved: nothing to bound)."""
+    positive = np.sort([r for r in ratios if r > 0.0])
+    if positive.size == 0:
+        return None
+    return float(multiple * positive[(positive.size - 1) // 2])
+
+
+def clip_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
+               factor: float) -> dict[str, NDArray]:
+    """``reference + factor * (state - reference)`` for floating arrays, others unchanged."""
+    out: dict[str, NDArray] = {}
+    for key, ref in reference.items():
+        arr = state[key]
+        if np.issubdtype(ref.dtype, np.floating):
+            delta = arr.astype(np.float64) - ref
+            out[key] = (ref + factor * delta).astype(ref.dtype)
+        else:
+            out[key] = arr
+    return out
+
+
+def bound_updates(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArray],
+                  mode: str, multiple: float) -> BoundedRound:
+    """Apply the round's bound to every update (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        If ``mode`` is not one of :data:`UPDATE_BOUNDS` or ``multiple`` is not > 1.
+    """
+    if mode not in UPDATE_BOUNDS:
+        raise ValueError(f"update-bound={mode!r} is not one of {UPDATE_BOUNDS}")
+    if not multiple > 1.0:
+        raise ValueError(f"update-bound-multiple={multiple!r} must be > 1 (e.g. 3)")
+    if mode == "none" or not updates:
+        return BoundedRound(list(updates))
+    norms = [update_norm(u.state, reference) for u in updates]
+    per_example = round_bound([n / u.num_examples for n, u in zip(norms, updates, strict=True)],
+                              multiple)
+    out = BoundedRound([], bound=per_example)
+    for upd, norm in zip(updates, norms, strict=True):
+        bound = None if per_example is None else per_example * upd.num_examples
+        if bound is None or norm <= bound:
+            out.updates.append(upd)
+        elif mode == "reject":
+            out.rejected[upd.client_id] = (
+                f"update norm {norm:.3g} exceeds {multiple:g} x the round's median update "
+                f"norm per example x its {upd.num_examples} examples ({bound:.3g})")
+            log.warning("rejected the update of client %s: %s", upd.client_id,
+                        out.rejected[upd.client_id])
+        else:
+            factor = bound / norm
+            out.clipped[upd.client_id] = factor
+            out.updates.append(replace(upd, state=clip_state(upd.state, reference, factor)))
+            log.info("clipped the update of client %s from norm %.3g to %.3g", upd.client_id,
+                     norm, bound)
+    return out

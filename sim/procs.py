@@ -1,0 +1,108 @@
+"""Stop every process we started, also those Flower and Ray detach, also on SIGTERM/SIGINT.
+
+The SuperLink starts a SuperExec in its own session, the SuperExec starts ``flwr-simulation``
+(or ``flwr-serverapp``), which starts Ray's ``gcs_server``, ``raylet`` and workers. Killing
+the SuperLink's process group reaches none of them, and once a parent is gone its children
+are re-parented to init and can no longer be found. :func:`stop_tree` therefore collects the
+whole tree from ``/proc`` *before* signalling, signals every pid in it, and SIGKILLs what is
+left after a grace period.
+
+A Python CLI killed by SIGTERM runs no ``finally`` block and no context-manager exit;
+:func:`exit_on_signals` turns SIGTERM, SIGINT and SIGHUP into ``SystemExit``, so
+``kill <pid>`` of ``scripts/run.sh`` stops its SuperLink and everything beneath it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of all live descendants of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                kids = [int(c) for c in children.read_text().split()]
+            except OSError:
+                continue
+            found.extend(kids)
+            stack.extend(kids)
+    return found
+
+
+def send_signal(pid: int, sig: signal.Signals) -> None:
+    """``os.kill`` (a negative pid: a process group) that ignores processes already gone."""
+    try:
+        if pid < 0:
+            os.killpg(-pid, sig)
+        else:
+            os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def stop_tree(process: subprocess.Popen[bytes] | subprocess.Popen[str],
+              grace: float = 10.0) -> None:
+    """SIGTERM ``process`` (a session leader: its whole group) and every descendant; SIGKILL
+    whatever still runs after ``grace`` seconds."""
+    tree = set(descendants(process.pid))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        send_signal(-process.pid, sig)
+        for pid in list(tree):
+            if alive(pid):
+                tree.update(descendants(pid))  # spawned since the last look
+        for pid in tree:
+            send_signal(pid, sig)
+        deadline = time.monotonic() + grace
+        while process.poll() is None or any(map(alive, tree)):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        else:
+            return
+    process.wait(timeout=grace)
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread when SIGTERM, SIGINT or SIGHUP arrives (status 128 + n)."""
+
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextmanager
+def exit_on_signals() -> Iterator[None]:
+    """Turn the first SIGTERM, SIGINT or SIGHUP into :class:`Terminated` while the block runs,
+    so ``with``-managed processes are stopped; later signals are ignored until the block has
+    exited, so a second Ctrl-C cannot cut the cleanup short (SIGKILL still can)."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Terminated(128 + signum)
+
+    saved = {sig: signal.signal(sig, handler) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, previous in saved.items():
+            signal.signal(sig, previous)
