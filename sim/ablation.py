@@ -83,10 +83,10 @@ def _table(data: AblationData, metric: str, paired: bool) -> list[str]:
         cells = []
         for col in data.cols:
             iv = data.paired(row, col, metric) if paired else data.interval(row, col, metric)
-            text = iv.text(signed=paired)
             expected = len(data.grid.axes.get("seed", [0]))
-            if iv.n and iv.n < expected:
-                text += f" (n={iv.n}/{expected})"
+            text = iv.text(signed=paired)
+            if iv.n and iv.n < expected:  # say how many seeds, once
+                text = text.replace(" (n=1)", "") + f" (n={iv.n}/{expected})"
             cells.append(f"**{text}**" if paired and iv.excludes_zero else text)
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return lines
