@@ -17,14 +17,13 @@ import argparse
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from sim.launcher import APP_DIR, RunOutcome
+from sim.procs import follow, stop_tree
 
 log = logging.getLogger(__name__)
 COMPLETED = "finished:completed"
@@ -64,24 +63,17 @@ def inline_run(_link: Any, run_config: dict[str, Any], *, num_supernodes: int,
            "PYTHONPATH": str(APP_DIR) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "sim.inline", "--run-config", str(cfg_file),
            "--num-supernodes", str(num_supernodes)]
-    lines: list[str] = []
-    with subprocess.Popen(cmd, env=env, cwd=APP_DIR, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        try:
-            for line in proc.stdout:
-                lines.append(line)
-                if stream_to is not None:
-                    stream_to.write(line)
-                    stream_to.flush()
-                if time.monotonic() > deadline:
-                    lines.append(f"[inline] timed out after {timeout:.0f}s; killed\n")
-                    break
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            code = proc.wait()
+    proc = subprocess.Popen(cmd, env=env, cwd=APP_DIR, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        lines, timed_out = follow(proc, stream_to, timeout)
+        if timed_out:
+            lines.append(f"[inline] timed out after {timeout:.0f}s; killed\n")
+    finally:  # also on SIGTERM/SIGINT: no cell process is left behind
+        stop_tree(proc, grace=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    code = proc.wait()
     status = COMPLETED if code == 0 else f"finished:failed (exit {code})"
     return RunOutcome(None, status, "".join(lines))
 

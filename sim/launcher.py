@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import tomli_w
 
-from sim.procs import stop_tree
+from sim.procs import follow, stop_tree
 
 log = logging.getLogger(__name__)
 BIN = Path(sys.executable).parent
@@ -167,19 +167,11 @@ def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
     if num_supernodes is not None:  # simulation; a deployment's federation is its SuperNodes
         cmd += ["--federation-config", fed]
     cmd.append("--stream")
-    lines: list[str] = []
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
+    deadline = time.monotonic() + timeout
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        for line in proc.stdout:
-            lines.append(line)
-            if stream_to is not None:
-                stream_to.write(line)
-                stream_to.flush()
-            if time.monotonic() > deadline:
-                break
+        lines, _ = follow(proc, stream_to, timeout)
     finally:  # also on SIGTERM/SIGINT (sim.procs.exit_on_signals): no `flwr run` left behind
         stop_tree(proc, grace=5)
         if proc.stdout is not None:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 
 def descendants(pid: int) -> list[int]:
@@ -80,6 +81,23 @@ def stop_tree(process: subprocess.Popen[bytes] | subprocess.Popen[str],
         else:
             return
     process.wait(timeout=grace)
+
+
+def follow(process: subprocess.Popen[str], stream_to: Any,
+           timeout: float) -> tuple[list[str], bool]:
+    """Read the process's output lines (copied to ``stream_to``) until it closes them or
+    ``timeout`` seconds have passed; returns the lines and whether time ran out."""
+    assert process.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    for line in process.stdout:
+        lines.append(line)
+        if stream_to is not None:
+            stream_to.write(line)
+            stream_to.flush()
+        if time.monotonic() > deadline:
+            return lines, True
+    return lines, False
 
 
 class Terminated(SystemExit):
