@@ -26,8 +26,11 @@ GAMES: dict[str, Any] = {
     "fl-mnist": TableGame.from_json(FL_GAME),
 }
 MS = (4, 10, 40)
+# svarm claims unbiasedness once its covering warm-up fits (n = 10: 62 evaluations, M >= 7)
+SVARM_MS = (10, 40)
 N_SEEDS = 100
-N_CHECKS = len(GAMES) * len(MS) * 10  # players x games x budgets (all games have n = 10)
+# players x games x budgets (all games have n = 10), for owen and svarm
+N_CHECKS = len(GAMES) * (len(MS) + len(SVARM_MS)) * 10
 
 
 T_CRIT = t_critical(0.01 / N_CHECKS, N_SEEDS - 1)
@@ -65,6 +68,22 @@ def test_owen_is_unbiased(game_name: str, m: int) -> None:
     flagged = bias_flags(samples, truth)
     assert not flagged.any(), (
         f"owen mean {samples.mean(axis=0)[flagged]} vs exact {truth[flagged]} "
+        f"(players {np.flatnonzero(flagged)})"
+    )
+
+
+@pytest.mark.parametrize("game_name", list(GAMES))
+@pytest.mark.parametrize("m", SVARM_MS)
+def test_svarm_is_unbiased_once_the_warmup_fits(game_name: str, m: int) -> None:
+    # Prepare
+    game = GAMES[game_name]
+    truth = exact_values(game, game.n_players)
+    # Execute
+    samples = runs("svarm", game_name, m)
+    # Assert
+    flagged = bias_flags(samples, truth)
+    assert not flagged.any(), (
+        f"svarm mean {samples.mean(axis=0)[flagged]} vs exact {truth[flagged]} "
         f"(players {np.flatnonzero(flagged)})"
     )
 

@@ -13,6 +13,10 @@ from fedowen_strategy.valuation.games import AdditiveGame, TableGame
 from tests.stats import t_critical
 
 METHODS = sorted(ESTIMATORS)
+# Methods whose null player gets 0 only in expectation (estimates from coalition values, not
+# from marginals): every other method credits a null player exactly 0.
+NULL_IN_EXPECTATION = ("banzhaf", "svarm", "kernel-shap", "leverage-shap", "kadd-shap")
+REGRESSIONS = ("kernel-shap", "leverage-shap", "kadd-shap")
 N = 6
 N_SEEDS = 20
 # Statistical checks in this file: null player + symmetry, per method. Bonferroni keeps the
@@ -96,8 +100,8 @@ def _mean_is_zero(samples: np.ndarray) -> bool:
 def test_null_player_gets_zero(method: str) -> None:
     # Prepare / Execute
     values = _values_over_seeds(method)
-    # Assert: exactly 0 for estimators built from marginals; 0 in expectation for MSR Banzhaf
-    if method == "banzhaf":
+    # Assert: exactly 0 for estimators built from marginals; 0 in expectation for the others
+    if method in NULL_IN_EXPECTATION:
         assert _mean_is_zero(values[:, 0])
     else:
         np.testing.assert_allclose(values[:, 0], 0.0, atol=1e-9)
@@ -113,7 +117,8 @@ def test_symmetric_players_equal_in_expectation(method: str) -> None:
 
 @pytest.mark.parametrize(
     ("method", "params"),
-    [("exact", {}), ("owen", {}), ("owen", {"sampler": "flip"}), ("mc-shapley", {})],
+    [("exact", {}), ("owen", {}), ("owen", {"sampler": "flip"}), ("mc-shapley", {}),
+     *((m, {}) for m in REGRESSIONS)],
 )
 def test_additive_game_is_recovered_exactly(method: str, params: dict[str, object]) -> None:
     # Prepare
@@ -125,6 +130,17 @@ def test_additive_game_is_recovered_exactly(method: str, params: dict[str, objec
     result = estimate(method, game, n, budget=budget, seed=3, **params)
     # Assert
     np.testing.assert_allclose(result.values, weights, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["kadd-shap", "kernel-shap"])
+def test_pairwise_game_is_recovered_exactly(method: str) -> None:
+    # Prepare: kADD-SHAP fits a 2-additive game, so any game with pairwise interactions is
+    # recovered once the fit is determined; paired KernelSHAP is exact for such games too
+    game = structured_game()
+    # Execute
+    result = estimate(method, game, N, budget=40, seed=4)
+    # Assert
+    np.testing.assert_allclose(result.values, game.shapley_values(), atol=1e-9)
 
 
 def brute_force_shapley(game: TableGame) -> np.ndarray:
@@ -185,6 +201,9 @@ def test_too_small_budget_is_a_clear_error(method: str) -> None:
         ("owen-paper", {"levels": 0}, "levels"),
         ("gtg-shapley", {"eps": -1.0}, "eps must be"),
         ("weighted-shap", {"alpha": 0.0}, "alpha and beta"),
+        ("svarm", {"proposal": "cubic"}, "proposal must be one of"),
+        ("kernel-shap", {"proposal": "cubic"}, "proposal must be one of"),
+        ("kadd-shap", {"ridge": -1.0}, "ridge must be"),
     ],
 )
 def test_bad_parameter_values_are_clear_errors(
@@ -207,7 +226,7 @@ def test_seed_must_be_int_or_generator() -> None:
 def test_registered_names_are_exactly_the_contract() -> None:
     assert set(ESTIMATORS) == {
         "exact", "owen", "owen-paper", "mc-shapley", "gtg-shapley", "banzhaf",
-        "weighted-shap", "loo",
+        "weighted-shap", "loo", "svarm", "kernel-shap", "leverage-shap", "kadd-shap",
     }
 
 
@@ -216,7 +235,7 @@ def test_efficient_methods_sum_to_total_gain() -> None:
     game = structured_game()
     gain = float(game(np.ones((1, N), dtype=bool))[0] - game(np.zeros((1, N), dtype=bool))[0])
     # Execute / Assert: every walk telescopes, so single estimates are exactly efficient
-    for method in ("exact", "owen", "mc-shapley"):
+    for method in ("exact", "owen", "mc-shapley", *REGRESSIONS):
         result = estimate(method, game, N, budget=budget_for(method), seed=5)
         assert result.values.sum() == pytest.approx(gain, abs=1e-9)
         assert result.normalised().sum() == pytest.approx(1.0, abs=1e-9)

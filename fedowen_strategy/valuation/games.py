@@ -7,6 +7,7 @@ contract the estimators use.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,10 @@ class WeightedVotingGame:
     def __call__(self, masks: BoolArray) -> FloatArray:
         return (np.asarray(masks, dtype=float) @ self.weights >= self.quota).astype(float)
 
+    def shapley_values(self) -> FloatArray:
+        """Shapley values by counting swings (integer weights; see :func:`voting_shapley`)."""
+        return voting_shapley(self.weights, self.quota)
+
 
 class TableGame:
     """A game given by the utilities of all 2^n coalitions, indexed by bit code.
@@ -90,3 +95,118 @@ def interaction_game(n: int = 10, seed: int = 0) -> AdditiveGame:
 def voting_game() -> WeightedVotingGame:
     """Ten voters, weights 1..6, quota 15 of 28 (a weighted majority game)."""
     return WeightedVotingGame(np.array([1, 1, 1, 2, 2, 3, 3, 4, 5, 6]), quota=15)
+
+
+def _size_weights(n: int) -> FloatArray:
+    """Shapley weight ``s! (n - s - 1)! / n!`` of a coalition of size s of the others."""
+    return np.array([1.0 / (n * math.comb(n - 1, s)) for s in range(n)])
+
+
+class GloveGame:
+    """``nu(S) = min(|S & L|, |S & R|)``: players ``0..n_left-1`` hold left gloves, the rest right.
+
+    Shapley values in closed form (a sum over how many left and right gloves come before i).
+    """
+
+    def __init__(self, n_left: int, n_right: int):
+        self.n_left, self.n_right = n_left, n_right
+        self.n_players = n_left + n_right
+        self._left = np.arange(self.n_players) < n_left
+
+    def __call__(self, masks: BoolArray) -> FloatArray:
+        m = np.asarray(masks, dtype=bool)
+        return np.minimum(m[:, self._left].sum(1), m[:, ~self._left].sum(1)).astype(float)
+
+    def _one(self, own: int, other: int) -> float:
+        """Value of a player whose side has ``own`` players and the other side ``other``."""
+        w = _size_weights(self.n_players)
+        return sum(w[a + b] * math.comb(own - 1, a) * math.comb(other, b)
+                   for a in range(own) for b in range(other + 1) if a < b)  # fmt: skip
+
+    def shapley_values(self) -> FloatArray:
+        """Closed-form Shapley values."""
+        left, right = self._one(self.n_left, self.n_right), self._one(self.n_right, self.n_left)
+        return np.where(self._left, left, right)
+
+
+class AirportGame:
+    """Cost game ``nu(S) = max_{i in S} c_i`` (a runway long enough for every plane in S).
+
+    Shapley values (Littlechild and Owen 1973): with costs sorted ascending,
+    ``phi_(k) = sum_{j <= k} (c_(j) - c_(j-1)) / (n - j + 1)``.
+    """
+
+    def __init__(self, costs: FloatArray):
+        self.costs = np.asarray(costs, dtype=float)
+        self.n_players = len(self.costs)
+
+    def __call__(self, masks: BoolArray) -> FloatArray:
+        m = np.asarray(masks, dtype=bool)
+        return np.where(m, self.costs, 0.0).max(axis=1, initial=0.0)
+
+    def shapley_values(self) -> FloatArray:
+        """Closed-form Shapley values."""
+        order = np.argsort(self.costs, kind="stable")
+        c = np.concatenate([[0.0], self.costs[order]])
+        n = self.n_players
+        shares = np.cumsum(np.diff(c) / (n - np.arange(n)))
+        out = np.empty(n)
+        out[order] = shares
+        return out
+
+
+def voting_shapley(weights: FloatArray, quota: float) -> FloatArray:
+    """Shapley values of a weighted voting game with integer weights (counting swings by DP)."""
+    w = np.asarray(weights, dtype=np.int64)
+    n, total = len(w), int(w.sum())
+    size_w = _size_weights(n)
+    out = np.empty(n)
+    for i in range(n):
+        ways = np.zeros((n, total + 1))  # ways[s, t]: coalitions of the others, size s, weight t
+        ways[0, 0] = 1.0
+        for j in np.delete(np.arange(n), i):
+            ways[1:, w[j]:] += ways[:-1, : total + 1 - w[j]].copy()
+        lo, hi = max(math.ceil(quota - w[i]), 0), math.ceil(quota)
+        out[i] = float(size_w @ ways[:, lo:hi].sum(axis=1))
+    return out
+
+
+class SoumGame:
+    """Sum of unanimity games ``nu(S) = sum_k c_k [T_k subset of S]``; ``phi_i = sum_{T_k ni i}
+    c_k / |T_k|`` (each unanimity game's worth split evenly among its carriers)."""
+
+    def __init__(self, carriers: BoolArray, coefficients: FloatArray):
+        self.carriers = np.asarray(carriers, dtype=bool)
+        self.coefficients = np.asarray(coefficients, dtype=float)
+        self.n_players = self.carriers.shape[1]
+
+    def __call__(self, masks: BoolArray) -> FloatArray:
+        m = np.asarray(masks, dtype=np.int64)
+        inside = m @ self.carriers.T.astype(np.int64) == self.carriers.sum(axis=1)
+        return inside.astype(float) @ self.coefficients
+
+    def shapley_values(self) -> FloatArray:
+        """Closed-form Shapley values."""
+        share = self.coefficients / self.carriers.sum(axis=1)
+        return share @ self.carriers.astype(float)
+
+
+def reference_games(n: int, seed: int = 0) -> dict[str, object]:
+    """The benchmark's games with closed-form values at ``n`` players (seeded)."""
+    rng = np.random.default_rng([seed, n])
+    sizes = rng.integers(1, n + 1, size=3 * n)  # SOUM: 3n unanimity games of random sizes
+    carriers = random_carriers(rng, n, sizes)
+    costs = rng.integers(1, 100, n).astype(float)
+    votes = rng.integers(1, 10, n)
+    return {
+        "glove": GloveGame(n // 2 - 1, n - n // 2 + 1),
+        "airport": AirportGame(costs),
+        "voting": WeightedVotingGame(votes.astype(float), quota=int(votes.sum()) // 2 + 1),
+        "soum": SoumGame(carriers, rng.normal(0.0, 1.0, len(sizes))),
+    }
+
+
+def random_carriers(rng: np.random.Generator, n: int, sizes: np.ndarray) -> BoolArray:
+    """One uniformly random coalition of each size (unanimity carriers)."""
+    ranks = np.argsort(np.argsort(rng.random((len(sizes), n)), axis=1), axis=1)
+    return ranks < sizes[:, None]

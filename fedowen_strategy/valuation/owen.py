@@ -22,14 +22,7 @@ Both start from Owen's multilinear-extension identity (Owen 1972; Okhrati and Li
 and credits 0 to the players left; this is biased (by at most ``eta`` of the gain per walk);
 docs/valuation.md measures it.
 
-``owen-paper`` is Algorithm 1 of the FedOwen paper, literally: levels ``q = i/Q``, walks over
-the Bernoulli(q)-selected players in random order crediting ``nu(C) - v_prev``, utilities
-normalised to ``nu(empty) = 0, nu(N) = 1``, a walk stopped once ``1 - v_prev < eta``, and fresh
-walks (cycling through the levels) until the budget is spent; the walk cut by the budget keeps
-its credits, as the algorithm's counter would. Its fixed grid makes it biased: each walk's
-credits sum to nu(C), and the q = i/Q levels are not a quadrature of the Shapley integral
-(docs/valuation.md). When ``|nu(N) - nu(empty)| < 1e-12`` the utility is only shifted (not
-divided) and truncation is off, so nothing blows up.
+``owen-paper`` (Algorithm 1 of the paper) lives in ``owen_paper.py``.
 """
 
 from __future__ import annotations
@@ -152,90 +145,3 @@ def _owen_flip(
             break
     values, stderr, counts = summarise(samples, n)
     return Estimate(values, stderr, counts, 0, None, None)
-
-
-def owen_paper(
-    game: CachedGame,
-    rng: np.random.Generator,
-    *,
-    levels: int = 2,
-    eta: float = 0.01,
-) -> Estimate:
-    """Algorithm 1 of the FedOwen paper (Owen sampling with eta-truncation), literally."""
-    if not isinstance(levels, int) or levels < 1:
-        raise ValueError(f"levels (Q) must be a positive int; got {levels!r}")
-    if eta < 0:
-        raise ValueError(f"eta must be >= 0 (normalised units); got {eta}")
-    n = game.n_players
-    v0, v1 = game.ends()
-    gain = v1 - v0
-    normalise = abs(gain) >= TINY_GAIN
-    scale = gain if normalise else 1.0  # guard: only shift when the gain is ~0
-    truncate = normalise and eta > 0
-    sums = np.zeros((levels, n))
-    walks = np.zeros(levels, dtype=np.int64)
-    n_trunc = 0
-    level = 0
-    idle = 0  # consecutive walks that charged nothing (all rows cached: tiny games)
-    while game.remaining > 0 and idle < 10 * levels + 10:
-        before = game.n_evals
-        q = (level + 1) / levels
-        chosen = np.flatnonzero(rng.random(n) < q)
-        order = rng.permutation(chosen)
-        credits, stopped, complete = _paper_walk(game, order, v0, scale, truncate, eta)
-        sums[level] += credits
-        walks[level] += 1
-        n_trunc += int(stopped)
-        if not complete:
-            break
-        idle = idle + 1 if game.n_evals == before else 0
-        level = (level + 1) % levels
-    per_level = sums / np.maximum(walks, 1)[:, None]
-    used = walks > 0
-    values = per_level[used].mean(axis=0) * scale if used.any() else np.zeros(n)
-    stderr = np.full(n, np.nan)
-    counts = np.full(n, int(walks.sum()), dtype=np.int64)
-    return Estimate(values, stderr, counts, n_trunc, v0, v1)
-
-
-def _paper_walk(
-    game: CachedGame,
-    order: np.ndarray,
-    v0: float,
-    scale: float,
-    truncate: bool,
-    eta: float,
-) -> tuple[FloatArray, bool, bool]:
-    """One walk of Algorithm 1 in normalised units: (credits, truncated?, finished in budget?)."""
-    n = game.n_players
-    credits = np.zeros(n)
-    masks = np.zeros((len(order), n), dtype=bool)
-    for t, j in enumerate(order):
-        masks[t:, j] = True
-    if not truncate:  # nothing depends on the values: one batch, cut at the budget
-        fit = _rows_that_fit(game, masks)
-        nu = (game(masks[:fit]) - v0) / scale
-        credits[order[:fit]] = np.diff(np.concatenate([[0.0], nu]))
-        return credits, False, fit == len(order)
-    v_prev = 0.0
-    for t, j in enumerate(order):
-        if game.cost(masks[t : t + 1]) > game.remaining:
-            return credits, False, False
-        nu_c = (float(game(masks[t : t + 1])[0]) - v0) / scale
-        credits[j] = nu_c - v_prev
-        if 1.0 - nu_c < eta:  # optimistic remainder Delta_left = 1 - nu(C) below eta
-            return credits, True, True
-        v_prev = nu_c
-    return credits, False, True
-
-
-def _rows_that_fit(game: CachedGame, masks: np.ndarray) -> int:
-    """Largest prefix of ``masks`` whose new rows fit in the remaining budget."""
-    lo, hi = 0, len(masks)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if game.cost(masks[:mid]) <= game.remaining:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

@@ -13,8 +13,11 @@ import numpy as np
 from fedowen_strategy.valuation._base import CachedGame, Estimate, Utility, Valuation
 from fedowen_strategy.valuation.banzhaf import banzhaf
 from fedowen_strategy.valuation.exact import MAX_PLAYERS, exact
-from fedowen_strategy.valuation.owen import owen, owen_paper
+from fedowen_strategy.valuation.owen import owen
+from fedowen_strategy.valuation.owen_paper import owen_paper
 from fedowen_strategy.valuation.permutation import gtg_shapley, loo, mc_shapley, weighted_shap
+from fedowen_strategy.valuation.regression import kadd_shap, kernel_shap, leverage_shap
+from fedowen_strategy.valuation.svarm import svarm
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,10 @@ ESTIMATORS: Mapping[str, EstimatorSpec] = MappingProxyType(
             EstimatorSpec("banzhaf", banzhaf, lambda n: 2, "two subsets"),
             EstimatorSpec("weighted-shap", weighted_shap, _walk_min, "nu(empty), nu(N), one walk"),
             EstimatorSpec("loo", loo, _walk_min, "nu(N) and the n leave-one-out coalitions"),
+            EstimatorSpec("svarm", svarm, lambda n: 2, "nu(empty) and nu(N)"),
+            EstimatorSpec("kernel-shap", kernel_shap, lambda n: 2, "nu(empty) and nu(N)"),
+            EstimatorSpec("leverage-shap", leverage_shap, lambda n: 2, "nu(empty) and nu(N)"),
+            EstimatorSpec("kadd-shap", kadd_shap, lambda n: 2, "nu(empty) and nu(N)"),
         )
     }
 )
@@ -119,7 +126,8 @@ def estimate(
     ----------
     method : str
         One of ``ESTIMATORS`` (``exact``, ``owen``, ``owen-paper``, ``mc-shapley``,
-        ``gtg-shapley``, ``banzhaf``, ``weighted-shap``, ``loo``).
+        ``gtg-shapley``, ``banzhaf``, ``weighted-shap``, ``loo``, ``svarm``, ``kernel-shap``,
+        ``leverage-shap``, ``kadd-shap``).
     utility : callable
         ``utility(masks) -> values`` with ``masks`` a boolean ``(k, n)`` array and ``values``
         ``k`` floats. Called with batches; never with a coalition already evaluated in this call.
