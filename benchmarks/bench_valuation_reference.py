@@ -31,6 +31,7 @@ FL_GAME = ROOT / "tests" / "data" / "fl_game_mnist_lenet_n10.json"
 MS = (4, 10, 40, 200)
 NS = (10, 14)
 TOL = 1.2
+EXACT = 1e-20  # MSE below this is exact up to rounding (1e-35 .. 1e-26 by method): one class
 METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("owen", "owen", {}),
     ("owen-paper", "owen-paper", {}),
@@ -75,13 +76,18 @@ def run(n_seeds: int, methods: list[tuple[str, str, dict[str, Any]]]) -> list[di
                     "seconds": time.perf_counter() - t0,
                 })  # fmt: skip
             print(f"done {name} n={n} M={m}", file=sys.stderr, flush=True)
+    return with_ratios(rows)
+
+
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add each row's MSE over its cell's lowest (both floored at ``EXACT``)."""
     best: dict[tuple[str, int, int], float] = {}
     for r in rows:
         key = (r["game"], r["n"], r["M"])
         best[key] = min(best.get(key, np.inf), r["mse"])
     for r in rows:
-        floor = max(best[r["game"], r["n"], r["M"]], 1e-30)  # exact cells: ~1e-31 is exact
-        r["ratio"] = max(r["mse"], 1e-30) / floor
+        floor = max(best[r["game"], r["n"], r["M"]], EXACT)
+        r["ratio"] = max(r["mse"], EXACT) / floor
     return rows
 
 
@@ -91,8 +97,8 @@ def _fmt_ratio(r: float) -> str:
 
 def to_markdown(rows: list[dict[str, Any]], labels: list[str], command: str) -> str:
     out = [f"Made by `{command}`. MSE against the exact Shapley values over the seeds;",
-           "budget = n x M utility evaluations; best per row in bold; MSE below 1e-30 (exact up",
-           "to rounding) counts as 1e-30 for the ratios.", ""]  # fmt: skip
+           "budget = n x M utility evaluations; best per row in bold; an MSE below 1e-20 (exact",
+           "up to rounding) counts as 1e-20 for the ratios.", ""]  # fmt: skip
     out += ["| game | n | M | " + " | ".join(labels) + " |",
             "|---|---:|---:|" + "---:|" * len(labels)]
     keys = list(dict.fromkeys((r["game"], r["n"], r["M"]) for r in rows))
@@ -120,11 +126,20 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--out-json", type=Path, default=None)
+    ap.add_argument("--from-json", type=Path, default=None,
+                    help="re-render the tables from an earlier --out-json instead of running")
     args = ap.parse_args()
     script = "PYTHONPATH=. python benchmarks/bench_valuation_reference.py "
     command = script + " ".join(sys.argv[1:])
-    rows = run(args.seeds, METHODS)
-    text = to_markdown(rows, [m[0] for m in METHODS], command.strip())
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        rows, args.seeds = with_ratios(saved["rows"]), saved["seeds"]
+        script = "PYTHONPATH=. python benchmarks/bench_valuation_reference.py "
+        command = script + f"--seeds {args.seeds}"
+    else:
+        rows = run(args.seeds, METHODS)
+    labels = list(dict.fromkeys(r["method"] for r in rows))
+    text = to_markdown(rows, labels, command.strip())
     print(text)
     if args.out:
         args.out.write_text(text)
