@@ -65,7 +65,7 @@ class RunConfig(TaskConfig):
     tau: float = 0.0
     max_norm_ratio: float = 10.0
     # Robust update bounds (issue 14): see fedowen_strategy.bounds.
-    update_bound: str = "reject"
+    update_bound: str = "none"
     update_bound_multiple: float = 3.0
     round_timeout: float = 600.0
     node_wait_timeout: float = 15.0
