@@ -72,6 +72,7 @@ def _finish(proc: subprocess.Popen[bytes]) -> None:
     assert proc.returncode == 0, err.decode()[-3000:]
 
 
+@pytest.mark.e2e
 def test_killed_server_resumes_to_the_same_rounds(shared_data_dir: Path, tmp_path: Path) -> None:
     # Prepare: an uninterrupted reference run and a run we kill after its 2nd checkpoint
     ref_out, crash_out = tmp_path / "ref", tmp_path / "crash"
