@@ -113,7 +113,8 @@ def _resume(cfg: RunConfig, recorder: RunRecorder, strategy: Strategy,
     if not cfg.resume_from:
         return 0
     ckpt = load_checkpoint(cfg.resume_from)
-    check_run_config(ckpt, cfg.federation_config(), cfg.resume_from)
+    check_run_config(ckpt, cfg.federation_config(), cfg.resume_from,
+                     defaults=RunConfig().federation_config())
     model.load_state_dict({k: torch.as_tensor(v) for k, v in ckpt.global_state.items()})
     if isinstance(strategy, FedOwen):
         strategy.load_state_dict(ckpt.strategy_state, ckpt.server_round)
