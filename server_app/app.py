@@ -43,6 +43,7 @@ from fedowen_task.models import build_model
 from fedowen_task.partition import server_eval_split
 from fedowen_task.training import evaluate
 from server_app.config import RunConfig, parse_run_config
+from server_app.peers import peer_arguments
 from server_app.strategies import build_flower_strategy
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,8 @@ def make_strategy(cfg: RunConfig, num_nodes: int, model: torch.nn.Module,
     """FedOwen with a coalition utility on the evaluation set, or Flower's strategy."""
     if cfg.strategy != "fedowen":
         random.seed(cfg.seed)  # Flower's strategies sample nodes with the global random
-        return build_flower_strategy(cfg, num_nodes, recorder.log_train)
+        return build_flower_strategy(cfg, num_nodes, recorder.log_train,
+                                     **peer_arguments(cfg, model, sets, pick_device(cfg.device)))
     factory = CoalitionUtility(model, sets[0], sets[1], metric=cfg.utility_metric,
                                device=pick_device(cfg.device))
     return build_strategy(cfg, factory, recorder)
@@ -221,21 +223,27 @@ def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tens
     eval_model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
     device, started = pick_device(cfg.device), time.perf_counter()
     state_of = strategy.state_dict if isinstance(strategy, FedOwen) else dict
+    last_end = [started]  # when the previous evaluation finished
 
     def evaluate_fn(local_round: int, arrays: ArrayRecord) -> MetricRecord:
+        # The round's wall time: selection, client training, aggregation (not evaluation)
+        round_seconds = time.perf_counter() - last_end[0]
         server_round = local_round + done
         latest["arrays"] = arrays
         eval_model.load_state_dict(arrays.to_torch_state_dict())
         loss, acc = evaluate(eval_model, test[0], test[1], device=device)
         if local_round == 0 and done:  # this round's record and checkpoint already exist
+            last_end[0] = time.perf_counter()
             return MetricRecord({"test-accuracy": acc, "test-loss": loss})
         line = recorder.log_eval(server_round, {"test_accuracy": acc, "test_loss": loss,
+                                                "round_seconds": round_seconds,
                                                 "elapsed_seconds": time.perf_counter() - started})
         if server_round > 0:
             save_checkpoint(out_dir / CHECKPOINT_FILE, server_round, record_to_state(arrays),
                             state_of(), cfg.federation_config())
         log.info("round %d/%d: test accuracy %.4f, loss %.4f (%s)", server_round,
                  cfg.num_server_rounds, acc, loss, out_dir)
+        last_end[0] = time.perf_counter()
         return MetricRecord({"test-accuracy": acc, "test-loss": loss,
                              "valuation-seconds": float(line.get("valuation_seconds") or 0.0)})
 
