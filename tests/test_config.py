@@ -61,6 +61,9 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
     ("fltrust-root-epochs", 0, "fltrust-root-epochs=0 must be >= 1"),
     ("fltrust-root-size", -1, "fltrust-root-size=-1 must be >= 0"),
     ("foolsgold-kappa", 0.0, "foolsgold-kappa=0.0 must be > 0"),
+    ("adversary-kind", "colluding-sybl", "(did you mean 'colluding-sybil'?)"),
+    ("adversary-boost", 0.0, "adversary-boost=0.0 must be > 0"),
+    ("adversary-sybil-noise", -0.1, "adversary-sybil-noise=-0.1 must be >= 0"),
     ("strategy", "foolgold", "(did you mean 'foolsgold'?)"),
 ])
 def test_out_of_range_values_fail_loudly(key: str, value: object, message: str) -> None:
