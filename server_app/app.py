@@ -4,7 +4,8 @@ The server holds two data sets: the evaluation set (``eval-fraction`` of the ori
 split, stratified, never given to clients) on which coalitions are valued, and the official
 test split on which the global model's reported accuracy is measured after every round.
 Records land in the output dir: ``config.json``, ``rounds.jsonl``, ``ledger.csv``,
-``final_model.pt`` and ``summary.json``.
+``final_model.pt``, ``summary.json``, ``payouts.csv`` (the payout ledger, for runs that
+value clients) and ``adversaries.json`` (who attacked, when ``adversary-fraction > 0``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from fedowen_strategy.checkpoint import (
 )
 from fedowen_strategy.contribution import UtilityFactory, ValuationSettings
 from fedowen_strategy.nodes import wait_for_nodes
+from fedowen_strategy.payouts import ADVERSARIES_FILE, PAYOUTS_FILE, run_payouts, write_payouts
 from fedowen_strategy.records import RunRecorder, read_rounds
 from fedowen_strategy.replies import record_to_state
 from fedowen_strategy.strategy import FedOwen
@@ -199,6 +201,8 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
         return _already_finished(cfg, out_dir, model, recorder, done)
     if not done:
         recorder.write_json("config.json", asdict(cfg))
+    if cfg.adversary_fraction > 0:
+        _record_adversaries(cfg, len(nodes), recorder)
     latest = {"arrays": ArrayRecord(model.state_dict())}  # the global model after each round
     evaluate_fn = central_evaluation(cfg, ds, sets[2:], recorder, strategy, done, out_dir,
                                      latest)
@@ -210,7 +214,33 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     torch.save(latest["arrays"].to_torch_state_dict(), out_dir / FINAL_MODEL)
     summary = _summary(cfg, out_dir, done, time.perf_counter() - started)
     recorder.write_json("summary.json", summary)
+    _write_payouts(out_dir)
     return summary
+
+
+def _record_adversaries(cfg: RunConfig, num_nodes: int, recorder: RunRecorder) -> None:
+    """``adversaries.json``: who attacked, so reports need not recompute it. Simulation
+    only: partitions are numbered 0..N-1 with N the nodes connected at the start
+    (``num-supernodes``)."""
+    from client_app.adversary import adversary_ids  # the same pure function the clients use
+
+    ids = sorted(adversary_ids(num_nodes, cfg.adversary_fraction, cfg.seed))
+    recorder.write_json(ADVERSARIES_FILE, {
+        "kind": cfg.adversary_kind, "fraction": cfg.adversary_fraction, "seed": cfg.seed,
+        "num_partitions": num_nodes, "ids": [str(i) for i in ids],
+        "noise_std": cfg.adversary_noise_std, "sybil_noise": cfg.adversary_sybil_noise,
+        "boost": cfg.adversary_boost})
+
+
+def _write_payouts(out_dir: Path) -> None:
+    """The payout ledger (``payouts.csv``) of a run that valued clients; others have none."""
+    try:
+        rows = run_payouts(out_dir)
+    except ValueError:
+        return
+    write_payouts(rows, out_dir / PAYOUTS_FILE)
+    log.info("payout ledger of %d clients in %s (plot: python -m sim.ledger %s)", len(rows),
+             out_dir / PAYOUTS_FILE, out_dir)
 
 
 def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tensor, ...],
