@@ -23,7 +23,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.adversary import adversary_ids, flip_labels, noise_update, sybil_master
+from client_app.adversary import (
+    IDLE_KINDS,
+    SYBIL_KINDS,
+    adversary_ids,
+    flip_labels,
+    misbehave,
+    sybil_master,
+)
 from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY
 from fedowen_task.config import TaskConfig, parse_task_config
 from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
@@ -77,7 +84,7 @@ def _partition(cfg: TaskConfig, context: Context
                             eval_fraction=cfg.eval_fraction)
     adversaries = adversary_ids(num, cfg.adversary_fraction, cfg.seed)
     bad, name = pid in adversaries, _client_id(context)
-    if bad and cfg.adversary_kind == "sybil":
+    if bad and cfg.adversary_kind in SYBIL_KINDS:
         pid = sybil_master(adversaries)
         name = str(pid)
     idx = split.client_idx[pid]
@@ -99,6 +106,12 @@ def _model(cfg: TaskConfig, msg: Message, context: Context) -> torch.nn.Module:
 def _last_weight(model: torch.nn.Module) -> str:
     """Key of the classifier's weight (its rows are the classes)."""
     return [k for k, v in model.state_dict().items() if v.ndim == 2][-1]
+
+
+def _seed(run_seed: int, server_round: int, name: str) -> int:
+    """A training or attack seed, independent per (run seed, round, name)."""
+    return int(np.random.SeedSequence([run_seed, server_round, zlib.crc32(name.encode())]
+                                      ).generate_state(1)[0])
 
 
 def _named(content: RecordDict, client_id: str) -> RecordDict:
@@ -127,21 +140,19 @@ def train_handler(msg: Message, context: Context) -> Message:
     mu = train_config.get("proximal-mu", 0.0)
     if isinstance(mu, bool) or not isinstance(mu, int | float) or mu < 0:
         raise ValueError(f"proximal-mu={mu!r} in the train config must be a number >= 0")
-    seed = int(np.random.SeedSequence([cfg.seed, server_round, zlib.crc32(seed_name.encode())]
-                                      ).generate_state(1)[0])
+    seed = _seed(cfg.seed, server_round, seed_name)
     kind = cfg.adversary_kind if adversarial else "honest"
-    if kind in ("noise", "free-rider"):
-        state = model.state_dict()
-        if kind == "noise":
-            state = noise_update(state, cfg.adversary_noise_std, seed)
-        stats = {"loss": float("nan")}
-    else:
+    global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    stats = {"loss": float("nan")}
+    if kind not in IDLE_KINDS:
         if kind == "label-flip":
             y = flip_labels(y, int(model.state_dict()[_last_weight(model)].shape[0]))
         stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
                       batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
                       proximal_mu=float(mu), seed=seed)
-        state = model.state_dict()
+    state = misbehave(kind, global_state, model.state_dict(), cfg, server_round=server_round,
+                      seed=seed, attack_seed=_seed(cfg.seed, server_round, f"attack-{client_id}"),
+                      memory=context.state)
     content = RecordDict({
         "arrays": ArrayRecord(state),
         "metrics": MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y)}),

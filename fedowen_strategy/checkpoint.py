@@ -119,8 +119,13 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(server_round, arrays, state, run_config)
 
 
-def check_run_config(ckpt: Checkpoint, current: Mapping[str, Any], where: str | Path) -> None:
+def check_run_config(ckpt: Checkpoint, current: Mapping[str, Any], where: str | Path,
+                     defaults: Mapping[str, Any] | None = None) -> None:
     """Refuse to resume ``ckpt`` under a ``current`` run config whose keys differ.
+
+    A key the checkpoint does not record (added to the schema after it was made) counts as
+    equal when its current value is its default in ``defaults``: new keys default to the old
+    behaviour, so a run started before them can still be resumed.
 
     Raises
     ------
@@ -130,8 +135,10 @@ def check_run_config(ckpt: Checkpoint, current: Mapping[str, Any], where: str | 
     if not ckpt.run_config:
         return  # a checkpoint from before run configs were recorded: nothing to compare
     keys = sorted(set(ckpt.run_config) | set(current))
+    added = {k for k in keys if k not in ckpt.run_config and defaults is not None
+             and k in defaults and current.get(k) == defaults[k]}
     diff = [f"{k}={ckpt.run_config.get(k)!r} (now {current.get(k)!r})" for k in keys
-            if ckpt.run_config.get(k) != current.get(k)]
+            if k not in added and ckpt.run_config.get(k) != current.get(k)]
     if diff:
         raise CheckpointError(
             f"the checkpoint in {where} was made with other settings: {'; '.join(diff)}. "

@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-ADVERSARY_KINDS = ("label-flip", "noise", "free-rider", "sybil")
+ADVERSARY_KINDS = ("label-flip", "noise", "free-rider", "sybil", "disguised-free-rider",
+                   "replay-free-rider", "colluding-sybil", "boosted")
 _TYPES = {"int": int, "float": float, "str": str}
 
 
@@ -68,6 +69,8 @@ class TaskConfig:
     adversary_fraction: float = 0.0
     adversary_kind: str = "label-flip"
     adversary_noise_std: float = 0.05
+    adversary_sybil_noise: float = 0.1
+    adversary_boost: float = 2.5
 
     def model_name(self) -> str:
         """``model = "auto"``: ResNet-18 for CIFAR-10, LeNet otherwise (as in the paper)."""
@@ -98,6 +101,9 @@ class TaskConfig:
             (0 <= self.adversary_fraction <= 1,
              f"adversary-fraction={self.adversary_fraction} must lie in [0, 1]"),
             (self.adversary_noise_std >= 0, "adversary-noise-std must be >= 0"),
+            (self.adversary_sybil_noise >= 0,
+             f"adversary-sybil-noise={self.adversary_sybil_noise} must be >= 0"),
+            (self.adversary_boost > 0, f"adversary-boost={self.adversary_boost} must be > 0"),
         ]
         bad = [message for ok, message in checks if not ok]
         bad += one_of("dataset", self.dataset.split(":", 1)[0], DATASETS)

@@ -4,7 +4,8 @@ The server holds two data sets: the evaluation set (``eval-fraction`` of the ori
 split, stratified, never given to clients) on which coalitions are valued, and the official
 test split on which the global model's reported accuracy is measured after every round.
 Records land in the output dir: ``config.json``, ``rounds.jsonl``, ``ledger.csv``,
-``final_model.pt`` and ``summary.json``.
+``final_model.pt``, ``summary.json``, ``payouts.csv`` (the payout ledger, for runs that
+value clients) and ``adversaries.json`` (who attacked, when ``adversary-fraction > 0``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from fedowen_strategy.checkpoint import (
 )
 from fedowen_strategy.contribution import UtilityFactory, ValuationSettings
 from fedowen_strategy.nodes import wait_for_nodes
+from fedowen_strategy.payouts import ADVERSARIES_FILE, PAYOUTS_FILE, run_payouts, write_payouts
 from fedowen_strategy.records import RunRecorder, read_rounds
 from fedowen_strategy.replies import record_to_state
 from fedowen_strategy.strategy import FedOwen
@@ -43,6 +45,7 @@ from fedowen_task.models import build_model
 from fedowen_task.partition import server_eval_split
 from fedowen_task.training import evaluate
 from server_app.config import RunConfig, parse_run_config
+from server_app.peers import peer_arguments
 from server_app.strategies import build_flower_strategy
 
 log = logging.getLogger(__name__)
@@ -113,7 +116,8 @@ def _resume(cfg: RunConfig, recorder: RunRecorder, strategy: Strategy,
     if not cfg.resume_from:
         return 0
     ckpt = load_checkpoint(cfg.resume_from)
-    check_run_config(ckpt, cfg.federation_config(), cfg.resume_from)
+    check_run_config(ckpt, cfg.federation_config(), cfg.resume_from,
+                     defaults=RunConfig().federation_config())
     model.load_state_dict({k: torch.as_tensor(v) for k, v in ckpt.global_state.items()})
     if isinstance(strategy, FedOwen):
         strategy.load_state_dict(ckpt.strategy_state, ckpt.server_round)
@@ -130,7 +134,8 @@ def make_strategy(cfg: RunConfig, num_nodes: int, model: torch.nn.Module,
     """FedOwen with a coalition utility on the evaluation set, or Flower's strategy."""
     if cfg.strategy != "fedowen":
         random.seed(cfg.seed)  # Flower's strategies sample nodes with the global random
-        return build_flower_strategy(cfg, num_nodes, recorder.log_train)
+        return build_flower_strategy(cfg, num_nodes, recorder.log_train,
+                                     **peer_arguments(cfg, model, sets, pick_device(cfg.device)))
     factory = CoalitionUtility(model, sets[0], sets[1], metric=cfg.utility_metric,
                                device=pick_device(cfg.device))
     return build_strategy(cfg, factory, recorder)
@@ -196,6 +201,8 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
         return _already_finished(cfg, out_dir, model, recorder, done)
     if not done:
         recorder.write_json("config.json", asdict(cfg))
+    if cfg.adversary_fraction > 0:
+        _record_adversaries(cfg, len(nodes), recorder)
     latest = {"arrays": ArrayRecord(model.state_dict())}  # the global model after each round
     evaluate_fn = central_evaluation(cfg, ds, sets[2:], recorder, strategy, done, out_dir,
                                      latest)
@@ -207,7 +214,33 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     torch.save(latest["arrays"].to_torch_state_dict(), out_dir / FINAL_MODEL)
     summary = _summary(cfg, out_dir, done, time.perf_counter() - started)
     recorder.write_json("summary.json", summary)
+    _write_payouts(out_dir)
     return summary
+
+
+def _record_adversaries(cfg: RunConfig, num_nodes: int, recorder: RunRecorder) -> None:
+    """``adversaries.json``: who attacked, so reports need not recompute it. Simulation
+    only: partitions are numbered 0..N-1 with N the nodes connected at the start
+    (``num-supernodes``)."""
+    from client_app.adversary import adversary_ids  # the same pure function the clients use
+
+    ids = sorted(adversary_ids(num_nodes, cfg.adversary_fraction, cfg.seed))
+    recorder.write_json(ADVERSARIES_FILE, {
+        "kind": cfg.adversary_kind, "fraction": cfg.adversary_fraction, "seed": cfg.seed,
+        "num_partitions": num_nodes, "ids": [str(i) for i in ids],
+        "noise_std": cfg.adversary_noise_std, "sybil_noise": cfg.adversary_sybil_noise,
+        "boost": cfg.adversary_boost})
+
+
+def _write_payouts(out_dir: Path) -> None:
+    """The payout ledger (``payouts.csv``) of a run that valued clients; others have none."""
+    try:
+        rows = run_payouts(out_dir)
+    except ValueError:
+        return
+    write_payouts(rows, out_dir / PAYOUTS_FILE)
+    log.info("payout ledger of %d clients in %s (plot: python -m sim.ledger %s)", len(rows),
+             out_dir / PAYOUTS_FILE, out_dir)
 
 
 def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tensor, ...],
@@ -220,21 +253,27 @@ def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tens
     eval_model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
     device, started = pick_device(cfg.device), time.perf_counter()
     state_of = strategy.state_dict if isinstance(strategy, FedOwen) else dict
+    last_end = [started]  # when the previous evaluation finished
 
     def evaluate_fn(local_round: int, arrays: ArrayRecord) -> MetricRecord:
+        # The round's wall time: selection, client training, aggregation (not evaluation)
+        round_seconds = time.perf_counter() - last_end[0]
         server_round = local_round + done
         latest["arrays"] = arrays
         eval_model.load_state_dict(arrays.to_torch_state_dict())
         loss, acc = evaluate(eval_model, test[0], test[1], device=device)
         if local_round == 0 and done:  # this round's record and checkpoint already exist
+            last_end[0] = time.perf_counter()
             return MetricRecord({"test-accuracy": acc, "test-loss": loss})
         line = recorder.log_eval(server_round, {"test_accuracy": acc, "test_loss": loss,
+                                                "round_seconds": round_seconds,
                                                 "elapsed_seconds": time.perf_counter() - started})
         if server_round > 0:
             save_checkpoint(out_dir / CHECKPOINT_FILE, server_round, record_to_state(arrays),
                             state_of(), cfg.federation_config())
         log.info("round %d/%d: test accuracy %.4f, loss %.4f (%s)", server_round,
                  cfg.num_server_rounds, acc, loss, out_dir)
+        last_end[0] = time.perf_counter()
         return MetricRecord({"test-accuracy": acc, "test-loss": loss,
                              "valuation-seconds": float(line.get("valuation_seconds") or 0.0)})
 

@@ -77,6 +77,10 @@ class RunConfig(TaskConfig):
     torch_threads: int = 1
     resume_from: str = ""
     krum_malicious: int = 0
+    # Peer defences (issue 17): see fedowen_strategy.fltrust / foolsgold.
+    fltrust_root_size: int = 0
+    fltrust_root_epochs: int = 1
+    foolsgold_kappa: float = 1.0
     device: str = "auto"
 
     def axes(self) -> tuple[str, str]:
@@ -137,6 +141,12 @@ class RunConfig(TaskConfig):
             (self.max_norm_ratio >= 0, "max-norm-ratio must be >= 0 (0 = off)"),
             (self.update_bound_multiple > 1,
              f"update-bound-multiple={self.update_bound_multiple} must be > 1 (e.g. 3)"),
+            (self.fltrust_root_size >= 0,
+             f"fltrust-root-size={self.fltrust_root_size} must be >= 0 (0 = the whole "
+             "evaluation set)"),
+            (self.fltrust_root_epochs >= 1,
+             f"fltrust-root-epochs={self.fltrust_root_epochs} must be >= 1"),
+            (self.foolsgold_kappa > 0, f"foolsgold-kappa={self.foolsgold_kappa} must be > 0"),
         ]
         bad = super().problems() + [message for ok, message in checks if not ok]
         bad += one_of("valuation", self.valuation, METHODS)

@@ -1,12 +1,17 @@
 """Strategy swap by config: FedOwen or Flower's own strategies, with the same records.
 
 ``strategy = fedowen | fedavg | fedprox | krum | multikrum | fedadam | fedyogi |
-fedtrimmedavg | module:Class``. A Flower strategy is Flower's class itself, constructed from
-the run config (k = ``clients-per-round`` via ``fraction_train = k / connected nodes`` and
-``min_train_nodes = k``; FedProx's ``proximal-mu``; Krum's ``krum-malicious``; anything else
+fedtrimmedavg | fltrust | foolsgold | module:Class``. ``fltrust`` and ``foolsgold`` are this
+project's peers (:mod:`fedowen_strategy.fltrust`, :mod:`fedowen_strategy.foolsgold`), thin
+subclasses of Flower's FedAvg built the same way; FLTrust's server update (training on the
+root set) comes from the ServerApp (:mod:`server_app.peers`). A Flower strategy is Flower's
+class itself, constructed from the run config (k = ``clients-per-round`` via
+``fraction_train = k / connected nodes`` and ``min_train_nodes = k``; FedProx's
+``proximal-mu``; Krum's ``krum-malicious``; FoolsGold's ``foolsgold-kappa``; anything else
 through ``strategy-params = "name=value ..."``, checked against the class's constructor),
 wrapped by :class:`Recorded` so every round lands in ``rounds.jsonl`` (selected, returned
-and failed clients) like FedOwen's. Federated evaluation is off for every strategy: the
+and failed clients, ``aggregation_seconds``; the peers add the per-client ``weights`` they
+applied) like FedOwen's. Federated evaluation is off for every strategy: the
 ServerApp evaluates the global model centrally after each round.
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,18 +34,25 @@ from fedowen_task.config import did_you_mean
 
 FLOWER = {"fedavg": "FedAvg", "fedprox": "FedProx", "krum": "Krum", "multikrum": "MultiKrum",
           "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedtrimmedavg": "FedTrimmedAvg"}
-NAMES = ("fedowen", *FLOWER)
+#: This project's peer defences: name -> (module, class).
+PEERS = {"fltrust": ("fedowen_strategy.fltrust", "FLTrust"),
+         "foolsgold": ("fedowen_strategy.foolsgold", "FoolsGold")}
+NAMES = ("fedowen", *FLOWER, *PEERS)
 #: Strategies whose only state between rounds is the global model (resume-from works).
-RESUMABLE = ("fedowen", "fedavg", "fedprox", "krum", "multikrum", "fedtrimmedavg")
+RESUMABLE = ("fedowen", "fedavg", "fedprox", "krum", "multikrum", "fedtrimmedavg", "fltrust")
 # Keys the ServerApp sets from the run config; strategy-params may not repeat them.
 _OWNED = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes",
-          "min_available_nodes", "proximal_mu", "num_malicious_nodes")
+          "min_available_nodes", "proximal_mu", "num_malicious_nodes", "kappa",
+          "server_update")
 
 
 def strategy_class(name: str) -> type[Strategy]:
     """The class ``strategy = name`` names (a Flower strategy or ``module:Class``)."""
     if name in FLOWER:
         return getattr(flwr_strategies, FLOWER[name])
+    if name in PEERS:
+        module_name, class_name = PEERS[name]
+        return getattr(importlib.import_module(module_name), class_name)
     module, sep, attr = name.partition(":")
     if not sep or not module or not attr:
         raise ValueError(f"strategy={name!r} is not one of {', '.join(NAMES)}"
@@ -63,6 +76,7 @@ def strategy_kwargs(cfg: Any, cls: type[Strategy], num_nodes: int) -> dict[str, 
         "min_train_nodes": k, "min_evaluate_nodes": 0, "min_available_nodes": k,
         "proximal_mu": cfg.proximal_mu, "num_malicious_nodes": cfg.krum_malicious,
         "num_nodes_to_select": max(1, k - cfg.krum_malicious),
+        "kappa": cfg.foolsgold_kappa,
     }
     kwargs.update(parse_params(cfg.strategy_params, "strategy-params"))
     signature = inspect.signature(cls)
@@ -125,7 +139,7 @@ class Recorded(Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies = list(replies)
+        replies, started = list(replies), time.perf_counter()
         ok = [r for r in replies if not r.has_error()]
         names = {r.metadata.src_node_id: client_id_of(r) for r in ok}
         result = super().aggregate_train(  # type: ignore[safe-super]
@@ -136,18 +150,23 @@ class Recorded(Strategy):
                        if n not in answered})
         record = {"selected": [names.get(n, f"node:{n}") for n in self._selected_nodes],
                   "returned": [names[r.metadata.src_node_id] for r in ok], "failed": failed,
-                  "rejected": {}, "strategy": self.strategy_name}
+                  "rejected": {}, "strategy": self.strategy_name,
+                  "aggregation_seconds": time.perf_counter() - started}
+        # A peer defence (UpdateWeighted) says whom it accepted and the weights it applied
+        record.update(getattr(self, "round_record", {}))
         if self.on_round is not None:
             self.on_round(server_round + self.round_offset, record, [])
         return result
 
 
 def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
-                          round_offset: int = 0) -> Strategy:
-    """Flower's strategy ``cfg.strategy``, recording rounds through ``on_round``."""
+                          round_offset: int = 0, **extra: Any) -> Strategy:
+    """Flower's strategy (or a peer) ``cfg.strategy``, recording rounds through ``on_round``;
+    ``extra`` are constructor arguments the run config cannot hold (FLTrust's
+    ``server_update``)."""
     cls = strategy_class(cfg.strategy)
     recorded = type(f"Recorded{cls.__name__}", (Recorded, cls), {})
-    strategy = recorded(**strategy_kwargs(cfg, cls, num_nodes))
+    strategy = recorded(**strategy_kwargs(cfg, cls, num_nodes), **extra)
     strategy.on_round, strategy.round_offset = on_round, round_offset
     strategy.strategy_name = cfg.strategy
     return strategy

@@ -9,7 +9,15 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from client_app.adversary import adversary_ids, flip_labels, noise_update
+from client_app.adversary import (
+    adversary_ids,
+    boosted_update,
+    colluding_copy,
+    disguised_update,
+    flip_labels,
+    noise_update,
+    replay_update,
+)
 from client_app.app import train_handler
 from fedowen_task.models import build_model
 
@@ -77,3 +85,100 @@ def test_sybils_return_copies_of_one_update(shared_data_dir: Path) -> None:
     # Assert: the two Sybils' states are identical, the honest one's is not
     assert all(torch.equal(sybils[0][k], sybils[1][k]) for k in honest)
     assert not all(torch.equal(sybils[0][k], honest[k]) for k in honest)
+
+
+# Attacks on contribution schemes (issue 17)
+
+def _lenet_pair() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A global model and an 'honest' trained model 0.01 x N(0, 1) away from it."""
+    glob = build_model("lenet", 1, 10, seed=0).state_dict()
+    gen = torch.Generator().manual_seed(5)
+    trained = {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in glob.items()}
+    return glob, trained
+
+
+def _norm(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return float(torch.sqrt(sum(((a[k] - b[k]).double() ** 2).sum() for k in a)))
+
+
+def test_disguised_free_rider_sends_noise_of_the_honest_norm() -> None:
+    glob, trained = _lenet_pair()
+    out = disguised_update(glob, trained, seed=3)
+    assert _norm(out, glob) == pytest.approx(_norm(trained, glob), rel=1e-5)
+    # pure noise: no alignment with the honest update, and reproducible from its seed
+    d_out = torch.cat([(out[k] - glob[k]).ravel() for k in glob])
+    d_hon = torch.cat([(trained[k] - glob[k]).ravel() for k in glob])
+    assert abs(float(torch.nn.functional.cosine_similarity(d_out, d_hon, dim=0))) < 0.05
+    assert all(torch.equal(out[k], disguised_update(glob, trained, seed=3)[k]) for k in glob)
+
+
+def test_replay_free_rider_adds_the_last_global_update_per_round() -> None:
+    # Prepare: the client is sent g1 in round 1, then g4 in round 4 (not selected in between)
+    memory = RecordDict()
+    g1 = {"w": torch.zeros(3), "count": torch.tensor(7)}
+    g4 = {"w": torch.tensor([3.0, -6.0, 0.0]), "count": torch.tensor(9)}
+    # Execute
+    first = replay_update(g1, memory, server_round=1)
+    second = replay_update(g4, memory, server_round=4)
+    # Assert: nothing to replay at first; then g4 + (g4 - g1) / 3 = (4, -8, 0), counters kept
+    assert torch.equal(first["w"], g1["w"])
+    torch.testing.assert_close(second["w"], torch.tensor([4.0, -8.0, 0.0]))
+    assert second["count"].item() == 9
+    assert memory.config_records["replay-round"]["round"] == 4
+
+
+def test_colluding_sybil_copies_are_near_but_not_exact_duplicates() -> None:
+    from fedowen_strategy.aggregation import duplicate_groups
+
+    glob, trained = _lenet_pair()
+    copies = [colluding_copy(glob, trained, 0.1, seed=s) for s in (1, 2)]
+    # each copy is 0.1 x the update's norm away from the shared update
+    assert _norm(copies[0], trained) == pytest.approx(0.1 * _norm(trained, glob), rel=1e-4)
+    assert not torch.equal(copies[0]["stem.weight"], copies[1]["stem.weight"])
+    as_np = [{k: v.numpy() for k, v in c.items()} for c in copies]
+    ref = {k: v.numpy() for k, v in glob.items()}
+    # about 0.14 x the norm apart: the default duplicate-tolerance (0.05) misses them,
+    # a tolerance of 0.2 catches them; without noise they are exact duplicates
+    assert duplicate_groups(as_np, ref, 0.05) == []
+    assert duplicate_groups(as_np, ref, 0.2) == [[0, 1]]
+    assert colluding_copy(glob, trained, 0.0, seed=1)["fc1.bias"].equal(trained["fc1.bias"])
+
+
+def test_boosted_update_scales_the_honest_one() -> None:
+    glob, trained = _lenet_pair()
+    out = boosted_update(glob, trained, 2.5)
+    for k in glob:
+        torch.testing.assert_close(out[k] - glob[k], 2.5 * (trained[k] - glob[k]))
+
+
+@pytest.mark.parametrize("kind", ["disguised-free-rider", "boosted", "colluding-sybil"])
+def test_client_app_runs_the_new_attacks(kind: str, shared_data_dir: Path) -> None:
+    glob, out, loss = _reply(kind, shared_data_dir)
+    honest_glob, honest, _ = _reply(kind, shared_data_dir, fraction=0.0)
+    norm, honest_norm = _norm(out, glob), _norm(honest, honest_glob)
+    assert np.isfinite(loss)  # each trained (to measure, boost or share its update)
+    if kind == "disguised-free-rider":
+        assert norm == pytest.approx(honest_norm, rel=1e-4)
+    elif kind == "boosted":
+        assert norm == pytest.approx(2.5 * honest_norm, rel=1e-4)
+    else:  # partition 0 is its own Sybil master here: honest update plus 0.1 x norm noise
+        assert _norm(out, honest) == pytest.approx(0.1 * honest_norm, rel=1e-3)
+
+
+def test_client_app_replay_free_rider_remembers_the_global_model(shared_data_dir: Path) -> None:
+    # Prepare: one client context across two rounds, global models g and g + 0.01
+    run_config = {"dataset": "mnist", "data-dir": str(shared_data_dir), "client-max-samples": 40,
+                  "adversary-fraction": 1.0, "adversary-kind": "replay-free-rider"}
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 4},
+                  state=RecordDict(), run_config=run_config)
+    g = build_model("lenet", 1, 10, seed=0).state_dict()
+    outs = []
+    for server_round, shift in ((2, 0.0), (4, 0.02)):
+        msg = Message(RecordDict({"arrays": ArrayRecord({k: v + shift for k, v in g.items()}),
+                                  "config": ConfigRecord({"server-round": server_round})}),
+                      message_type=MessageType.TRAIN, dst_node_id=7)
+        outs.append(train_handler(msg, ctx).content.array_records["arrays"]
+                    .to_torch_state_dict())
+    # Assert: round 2 returns g; round 4 returns (g + 0.02) + 0.02 / 2
+    torch.testing.assert_close(outs[0]["fc1.weight"], g["fc1.weight"])
+    torch.testing.assert_close(outs[1]["fc1.weight"], g["fc1.weight"] + 0.03)

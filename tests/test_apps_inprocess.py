@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ def test_server_and_clients_in_process(valuation: str, shared_data_dir: Path,
     reference = build_model("lenet", 1, 10).state_dict()
     assert list(state) == list(reference)
     assert all(state[k].shape == v.shape for k, v in reference.items())
+    assert all(r["round_seconds"] > 0 for r in rounds[1:])
+    # the payout ledger is written for runs that value clients (valuation none values nobody)
+    assert (tmp_path / "payouts.csv").is_file() == (valuation != "none")
     if valuation != "none":
         assert all(0 < r["n_evals"] <= 4 * 4 for r in rounds[1:])
         assert all(r["nu_full"] is not None for r in rounds[1:])
@@ -68,6 +72,31 @@ def test_flower_strategy_swap_records_rounds(shared_data_dir: Path, tmp_path: Pa
     assert all(sorted(r["returned"]) == sorted(r["selected"]) for r in rounds[1:])
     assert rounds[2]["test_accuracy"] > rounds[0]["test_accuracy"] + 0.2
     assert (tmp_path / "checkpoint.npz").is_file()
+
+
+@pytest.mark.parametrize(("strategy", "attack"), [("fltrust", "disguised-free-rider"),
+                                                  ("foolsgold", "colluding-sybil")])
+def test_peer_defences_run_the_real_apps_under_attack(strategy: str, attack: str,
+                                                      shared_data_dir: Path,
+                                                      tmp_path: Path) -> None:
+    # Prepare: 2 of 6 clients attack; all 6 train every round
+    run_config = small_run_config(shared_data_dir, tmp_path, strategy=strategy, **{
+        "num-server-rounds": 2, "clients-per-round": 6, "adversary-fraction": 0.34,
+        "adversary-kind": attack})
+    nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
+    # Execute
+    run(InProcessGrid(client_app, nodes, run_config), parse_run_config(run_config), tmp_path)
+    # Assert: per-client weights recorded, who attacked recorded, the model learned
+    rounds = read_rounds(tmp_path)
+    assert all(r["strategy"] == strategy and len(r["weights"]) == 6 for r in rounds[1:])
+    assert all(sum(r["weights"].values()) == pytest.approx(1.0) for r in rounds[1:])
+    attackers = json.loads((tmp_path / "adversaries.json").read_text())
+    assert attackers["kind"] == attack and len(attackers["ids"]) == 2
+    assert rounds[2]["test_accuracy"] > rounds[0]["test_accuracy"] + 0.2
+    if strategy == "fltrust":  # noise is orthogonal to the root-set update: (almost) no trust
+        assert all(r["weights"][a] < 0.05 for r in rounds[1:] for a in attackers["ids"])
+    else:  # the two Sybil copies share one history: FoolsGold zeroes both
+        assert all(r["weights"][a] == 0.0 for r in rounds[1:] for a in attackers["ids"])
 
 
 def test_too_few_nodes_fail_fast_naming_the_fix(tmp_path: Path) -> None:

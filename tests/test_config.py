@@ -58,6 +58,13 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
     ("update-bound", "median", "update-bound='median' is not one of"),
     ("update-bound-multiple", 1.0, "update-bound-multiple=1.0 must be > 1"),
     ("max-norm-ratio", -1.0, "max-norm-ratio must be >= 0"),
+    ("fltrust-root-epochs", 0, "fltrust-root-epochs=0 must be >= 1"),
+    ("fltrust-root-size", -1, "fltrust-root-size=-1 must be >= 0"),
+    ("foolsgold-kappa", 0.0, "foolsgold-kappa=0.0 must be > 0"),
+    ("adversary-kind", "colluding-sybl", "(did you mean 'colluding-sybil'?)"),
+    ("adversary-boost", 0.0, "adversary-boost=0.0 must be > 0"),
+    ("adversary-sybil-noise", -0.1, "adversary-sybil-noise=-0.1 must be >= 0"),
+    ("strategy", "foolgold", "(did you mean 'foolsgold'?)"),
 ])
 def test_out_of_range_values_fail_loudly(key: str, value: object, message: str) -> None:
     assert any(message in p for p in problems_of({key: value})), problems_of({key: value})
@@ -85,6 +92,12 @@ def test_strategy_keys_are_checked_against_the_flower_class() -> None:
     assert "proximal-mu=0.1 is FedProx's" in mu
     (resume,) = problems_of({"strategy": "fedyogi", "resume-from": "/tmp/run"})
     assert "resume-from" in resume
+    # the peers are registered like Flower's classes; their own keys are not strategy-params
+    assert parse_run_config({"strategy": "fltrust", "resume-from": "/tmp/run"})
+    (kappa,) = problems_of({"strategy": "foolsgold", "strategy-params": "kappa=2"})
+    assert "kappa is set by the run config" in kappa
+    (gold,) = problems_of({"strategy": "foolsgold", "resume-from": "/tmp/run"})
+    assert "resume-from" in gold
     assert problems_of({"strategy": "no.such.module:Strategy"})[0].startswith(
         "strategy='no.such.module:Strategy': cannot import")
 

@@ -79,8 +79,9 @@ def test_flower_strategies_swap_in_and_the_bundled_app_runs(shared_data_dir: Pat
     base = {"dataset": "mnist", "data-dir": str(shared_data_dir), "num-server-rounds": 2,
             "clients-per-round": 4, "client-max-samples": 100, "test-max-samples": 500}
     runs = {"fedprox": {"proximal-mu": 0.1}, "krum": {"krum-malicious": 1},
-            "fedadam": {"strategy-params": "eta=0.01"}}
-    # Execute: three of Flower's strategies, one SuperLink
+            "fedadam": {"strategy-params": "eta=0.01"},
+            "fltrust": {"fltrust-root-size": 100}, "foolsgold": {"foolsgold-kappa": 1.0}}
+    # Execute: three of Flower's strategies and the two peers (FedAvg subclasses), one SuperLink
     outcomes = {}
     with LocalSuperLink(tmp_path / "flwr-home", cwd=decoy) as link:
         for name, extra in runs.items():
@@ -95,3 +96,8 @@ def test_flower_strategies_swap_in_and_the_bundled_app_runs(shared_data_dir: Pat
         assert all(r["strategy"] == name and len(r["returned"]) == 4 and not r["failed"]
                    for r in rounds[1:]), rounds
         assert all(isinstance(r["test_accuracy"], float) for r in rounds)
+        if name in ("fltrust", "foolsgold"):  # the weights they applied, per client
+            # (sum 0 only in a round FLTrust trusted nobody, which it records)
+            assert all(sorted(r["weights"]) == sorted(r["returned"]) and
+                       (sum(r["weights"].values()) == pytest.approx(1.0) or "kept_global" in r)
+                       for r in rounds[1:])

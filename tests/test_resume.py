@@ -124,6 +124,11 @@ def test_checkpoint_records_config_and_refuses_a_different_one(tmp_path: Path) -
         check_run_config(ckpt, {**cfg, "dataset": "fashion-mnist", "seed": 1}, tmp_path)
     assert "dataset='mnist' (now 'fashion-mnist'); seed=0 (now 1)" in str(err.value)
     assert "valuation" not in str(err.value)
+    # a key added to the schema after the checkpoint was made: fine at its default only
+    defaults = {"foolsgold-kappa": 1.0}
+    check_run_config(ckpt, {**cfg, "foolsgold-kappa": 1.0}, tmp_path, defaults=defaults)
+    with pytest.raises(CheckpointError, match=r"foolsgold-kappa=None \(now 2\.0\)"):
+        check_run_config(ckpt, {**cfg, "foolsgold-kappa": 2.0}, tmp_path, defaults=defaults)
 
 
 def test_nan_model_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,114 @@
+"""FLTrust: Byzantine-robust federated learning via trust bootstrapping.
+
+[Cao, Fang, Liu and Gong, NDSS 2021], https://arxiv.org/abs/2012.13995
+
+Every round the server trains the global model on its own small, clean *root set* with the
+clients' local-training settings; its update ``g0`` bootstraps trust. A client update
+``g_i`` gets the trust score ``TS_i = ReLU(cos(g_i, g0))``, is rescaled to the server
+update's norm, and the new global model is ``W + sum_i TS_i (||g0|| / ||g_i||) g_i /
+sum_i TS_i``. An update pointing away from the server's (cosine <= 0) gets weight 0 and a
+boosted update can be no larger than the server's, however it was scaled. When every score is
+0 (or ``g0`` is 0) no client is trusted and the global model is kept; the round's record says
+so (``kept_global``). A client that returned the global model unchanged (``||g_i|| = 0``)
+has no direction and gets trust 0.
+
+The server update comes from a callable (``server_update(global_state, round) -> state``), so
+this module needs no torch; the ServerApp trains a torch model on the root set
+(:mod:`server_app.peers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import MetricRecord, RecordDict
+from flwr.common.logger import log
+from numpy.typing import NDArray
+
+from fedowen_strategy.peers import State, UpdateWeighted, flat_delta
+
+#: ``(global state, server round) -> the global model trained on the root set``.
+ServerUpdate = Callable[[dict[str, NDArray], int], Mapping[str, NDArray]]
+
+
+def trust_scores(deltas: NDArray[np.float64], server_delta: NDArray[np.float64]
+                 ) -> NDArray[np.float64]:
+    """``ReLU(cos(g_i, g0))`` per row of ``deltas``; 0 where either vector is 0."""
+    norms = np.linalg.norm(deltas, axis=1)
+    g0_norm = float(np.linalg.norm(server_delta))
+    if g0_norm == 0.0:
+        return np.zeros(len(deltas))
+    dots = deltas @ server_delta
+    cos = np.divide(dots, norms * g0_norm, out=np.zeros(len(deltas)), where=norms > 0)
+    return np.maximum(cos, 0.0)
+
+
+def fltrust_aggregate(deltas: NDArray[np.float64], server_delta: NDArray[np.float64]
+                      ) -> tuple[NDArray[np.float64] | None, NDArray[np.float64],
+                                 NDArray[np.float64]]:
+    """(aggregate update or None when no client is trusted, weights ``TS_i / sum TS``,
+    trust scores ``TS_i``) of one round; every update is rescaled to ``||g0||``."""
+    trust = trust_scores(deltas, server_delta)
+    total = float(trust.sum())
+    if total == 0.0:
+        return None, np.zeros(len(deltas)), trust
+    weights = trust / total
+    norms = np.linalg.norm(deltas, axis=1)
+    scale = np.divide(np.linalg.norm(server_delta), norms, out=np.zeros(len(deltas)),
+                      where=norms > 0)
+    return (weights * scale) @ deltas, weights, trust
+
+
+class FLTrust(UpdateWeighted):
+    """FLTrust as a thin subclass of Flower's FedAvg (same sampling and arguments).
+
+    Parameters
+    ----------
+    server_update : callable
+        ``(global_state, server_round) -> state``: the global model trained on the root set
+        (one local-training step of the server, e.g. one epoch).
+    fraction_train, ..., evaluate_metrics_aggr_fn
+        As in Flower's ``FedAvg``; ``weighted_by_key`` is only checked (each reply needs a
+        positive integer count), it does not weight: trust does.
+    """
+
+    name = "fltrust"
+
+    def __init__(self, server_update: ServerUpdate, *, fraction_train: float = 1.0,
+                 fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
+                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
+                 weighted_by_key: str = "num-examples", arrayrecord_key: str = "arrays",
+                 configrecord_key: str = "config",
+                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord]
+                 | None = None,
+                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord]
+                 | None = None) -> None:
+        super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
+                         min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
+                         min_available_nodes=min_available_nodes,
+                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+                         configrecord_key=configrecord_key,
+                         train_metrics_aggr_fn=train_metrics_aggr_fn,
+                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
+        self.server_update = server_update
+
+    def summary(self) -> None:
+        log(INFO, "\t├──> FLTrust: trust = ReLU(cos(client update, server root-set update)), "
+            "updates rescaled to the server update's norm")
+        super().summary()
+
+    def combine(self, server_round: int, reference: State, client_ids: list[str],
+                deltas: NDArray[np.float64], keys: list[str]
+                ) -> tuple[NDArray[np.float64] | None, NDArray[np.float64], dict[str, Any]]:
+        server_state = self.server_update(dict(reference), server_round)
+        g0 = flat_delta(server_state, reference, keys)
+        delta, weights, trust = fltrust_aggregate(deltas, g0)
+        extra: dict[str, Any] = {"trust": dict(zip(client_ids, trust.tolist(), strict=True)),
+                                 "server_update_norm": float(np.linalg.norm(g0))}
+        if delta is None:
+            extra["kept_global"] = ("every trust score is 0 (no update points the server "
+                                    "update's way)")
+        return delta, weights, extra

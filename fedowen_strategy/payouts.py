@@ -1,0 +1,159 @@
+"""The payout ledger: what each client earned over a run, and how sure that figure is.
+
+Per client, from the rounds in which it was valued (``phi`` recorded in ``rounds.jsonl``):
+rounds selected and valued, total and mean phi, a 95% confidence interval, rank by total
+phi (1 = highest), a share of a payout pool (the non-negative part of the total phi,
+normalised over clients) and a flag where the interval lies wholly below zero.
+
+The interval is a Student-t interval of the client's *per-round* phi across the rounds it
+was valued in: ``mean +- t(0.975, m - 1) s / sqrt(m)`` for ``m`` rounds, and the same
+interval times ``m`` for the total. It treats a client's rounds as repeated draws of its
+contribution, so it covers both the spread across rounds (other co-selected clients, the
+model's stage) and each round's estimator noise, which is part of every recorded phi; the
+estimators' own per-round standard errors are not recorded and not added (that would count
+the estimator noise twice). A client valued once has no spread of its own: it gets the
+pooled within-client standard deviation of the run's clients valued at least twice (with
+their pooled degrees of freedom), so its interval is finite and as wide as one draw's; if
+no client was valued twice the interval is NaN and the client is never flagged.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedowen_strategy.contribution import NO_PHI
+from fedowen_strategy.nodes import client_order
+from fedowen_strategy.records import read_rounds
+
+CONFIDENCE = 0.95
+PAYOUTS_FILE = "payouts.csv"
+ADVERSARIES_FILE = "adversaries.json"
+
+
+@dataclass(frozen=True)
+class Payout:
+    """One client's line of the ledger (``ci`` = the interval of the mean phi)."""
+
+    client_id: str
+    rounds_selected: int
+    rounds_valued: int
+    total_phi: float
+    total_ci_low: float
+    total_ci_high: float
+    mean_phi: float
+    ci_low: float
+    ci_high: float
+    ci_from: str  # "own" spread, "pooled" spread (valued once), or "none"
+    rank: int
+    payout_share: float
+    ci_below_zero: bool
+    adversary: bool | None
+
+
+def client_values(rounds: Iterable[Mapping[str, Any]], field: str = "phi"
+                  ) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """(client -> its finite per-round ``field`` values, client -> rounds selected)."""
+    values: dict[str, list[float]] = {}
+    selected: dict[str, int] = {}
+    for rec in rounds:
+        for cid in rec.get("selected") or []:
+            selected[str(cid)] = selected.get(str(cid), 0) + 1
+        for cid, v in (rec.get(field) or {}).items():
+            values.setdefault(str(cid), [])
+            if v is not None and math.isfinite(float(v)):
+                values[str(cid)].append(float(v))
+    return values, selected
+
+
+def _t(df: float, confidence: float) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + confidence / 2, df))
+
+
+def pooled_sd(values: Mapping[str, Sequence[float]]) -> tuple[float, int]:
+    """(pooled within-client standard deviation, its degrees of freedom) over the clients
+    with at least two values; (NaN, 0) when there are none."""
+    ss = sum(float(np.var(v, ddof=1)) * (len(v) - 1) for v in values.values() if len(v) > 1)
+    df = sum(len(v) - 1 for v in values.values() if len(v) > 1)
+    return (math.sqrt(ss / df), df) if df else (math.nan, 0)
+
+
+def payouts(values: Mapping[str, Sequence[float]], selected: Mapping[str, int] | None = None,
+            adversaries: Iterable[str] | None = None, confidence: float = CONFIDENCE
+            ) -> list[Payout]:
+    """The ledger, one :class:`Payout` per client with at least one value, by rank."""
+    valued = {c: list(v) for c, v in values.items() if v}
+    sd_pool, df_pool = pooled_sd(valued)
+    totals = {c: float(np.sum(v)) for c, v in valued.items()}
+    pool = sum(max(t, 0.0) for t in totals.values())
+    adv = None if adversaries is None else {str(a) for a in adversaries}
+    out = []
+    for cid, vals in valued.items():
+        m, mean = len(vals), float(np.mean(vals))
+        if m > 1:
+            sd = float(np.std(vals, ddof=1))
+            half, source = _t(m - 1, confidence) * sd / math.sqrt(m), "own"
+        elif df_pool:
+            half, source = _t(df_pool, confidence) * sd_pool, "pooled"
+        else:
+            half, source = math.nan, "none"
+        rank = 1 + sum(t > totals[cid] for t in totals.values())
+        out.append(Payout(cid, (selected or {}).get(cid, m), m, totals[cid],
+                          m * (mean - half), m * (mean + half), mean, mean - half, mean + half,
+                          source, rank, max(totals[cid], 0.0) / pool if pool > 0 else 0.0,
+                          bool(mean + half < 0), None if adv is None else cid in adv))
+    return sorted(out, key=lambda p: (p.rank, client_order(p.client_id)))
+
+
+def recorded_adversaries(run_dir: str | Path) -> list[str] | None:
+    """The adversaries' client ids the ServerApp recorded (``adversaries.json``), else None."""
+    path = Path(run_dir) / ADVERSARIES_FILE
+    if not path.exists():
+        return None
+    return [str(i) for i in json.loads(path.read_text())["ids"]]
+
+
+def run_payouts(run_dir: str | Path, field: str = "phi",
+                adversaries: Iterable[str] | None = None) -> list[Payout]:
+    """The ledger of a run dir (adversaries from its ``adversaries.json`` unless given).
+
+    Raises
+    ------
+    ValueError
+        When ``rounds.jsonl`` records no ``field`` (a strategy that values nobody).
+    """
+    rounds = [r for r in read_rounds(run_dir) if r.get("round", 0) > 0]
+    values, selected = client_values(rounds, field)
+    placeholder = rounds and all(r.get("valuation") in NO_PHI for r in rounds)
+    if placeholder or not any(values.values()):
+        raise ValueError(f"{Path(run_dir) / 'rounds.jsonl'} records no {field!r} in any of its "
+                         f"{len(rounds)} rounds (valuation none and multikrum record "
+                         "placeholders): the ledger needs a strategy that values clients "
+                         "(FedOwen with a valuation method)")
+    if adversaries is None:
+        adversaries = recorded_adversaries(run_dir)
+    return payouts(values, selected, adversaries)
+
+
+def write_payouts(rows: Sequence[Payout], path: str | Path) -> Path:
+    """The ledger as CSV (one row per client, by rank)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = list(Payout.__dataclass_fields__)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=names)
+        writer.writeheader()
+        for row in rows:
+            line = asdict(row)
+            writer.writerow({k: ("" if v is None else round(v, 6) if isinstance(v, float)
+                                 else v) for k, v in line.items()})
+    return path

@@ -1,0 +1,111 @@
+"""Shared glue of the peer defences (FLTrust, FoolsGold): FedAvg with update-space weights.
+
+Both peers see a round's accepted updates as flat vectors ``d_i = W_i - W`` (floating arrays
+only) and produce a new global ``W + delta`` together with one weight per client.
+:class:`UpdateWeighted` is the thin Flower part: it keeps the global model sent in
+``configure_train``, validates replies one by one as FedOwen does
+(:func:`fedowen_strategy.replies.parse_replies`: a malformed reply rejects only itself),
+orders updates by client id and calls the subclass's :meth:`UpdateWeighted.combine`. What
+it decided lands in ``round_record`` (per-client ``weights``, ``returned``, ``rejected`` and
+the peer's own fields), which the ServerApp's recorder merges into ``rounds.jsonl``.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from numpy.typing import NDArray
+
+from fedowen_strategy.nodes import client_order
+from fedowen_strategy.replies import parse_replies, record_to_state, state_to_record
+
+State = Mapping[str, NDArray]
+
+
+def float_keys(state: State) -> list[str]:
+    """Keys of the floating arrays (integer counters such as BatchNorm's are not updates)."""
+    return [k for k, v in state.items() if np.issubdtype(v.dtype, np.floating)]
+
+
+def flat_delta(state: State, reference: State, keys: Sequence[str]) -> NDArray[np.float64]:
+    """``state - reference`` over ``keys`` as one float64 vector."""
+    return np.concatenate([(np.asarray(state[k], np.float64) - reference[k]).ravel()
+                           for k in keys]) if keys else np.zeros(0)
+
+
+def apply_delta(reference: State, delta: NDArray[np.float64], keys: Sequence[str]
+                ) -> dict[str, NDArray]:
+    """``reference + delta`` (``delta`` flat over ``keys``); other arrays kept as they are."""
+    out = {k: np.array(v, copy=True) for k, v in reference.items()}
+    start = 0
+    for key in keys:
+        ref = reference[key]
+        part = delta[start:start + ref.size].reshape(ref.shape)
+        out[key] = (ref.astype(np.float64) + part).astype(ref.dtype)
+        start += ref.size
+    return out
+
+
+class UpdateWeighted(FedAvg):
+    """FedAvg whose aggregation is ``W + combine(updates)``; subclasses override
+    :meth:`combine` only. ``round_record`` holds the last round's decisions."""
+
+    name = "update-weighted"
+
+    def __init__(self, **fedavg: Any) -> None:
+        super().__init__(**fedavg)
+        self._global: ArrayRecord | None = None
+        self.round_record: dict[str, Any] = {}
+
+    @abstractmethod
+    def combine(self, server_round: int, reference: State, client_ids: list[str],
+                deltas: NDArray[np.float64], keys: list[str]
+                ) -> tuple[NDArray[np.float64] | None, NDArray[np.float64], dict[str, Any]]:
+        """(aggregate delta or None to keep the global model, per-client weights, extra
+        record fields) for one round's flat updates ``deltas`` (one row per client)."""
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self._global = arrays
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate the replies, combine the accepted updates, record the weights."""
+        if self._global is None:
+            raise RuntimeError("aggregate_train called before configure_train")
+        started = time.perf_counter()
+        reference = record_to_state(self._global)
+        parsed = parse_replies(list(replies), reference, arrays_key=self.arrayrecord_key,
+                               weight_key=self.weighted_by_key)
+        parsed.updates.sort(key=lambda upd: client_order(upd.client_id))
+        ids = [u.client_id for u in parsed.updates]
+        self.round_record = {"returned": ids, "rejected": parsed.rejected}
+        if not parsed.updates:
+            log(WARNING, "round %d: no usable update; global model kept", server_round)
+            self.round_record["kept_global"] = "no usable update"
+            return None, MetricRecord({"num-returned": 0})
+        keys = float_keys(reference)
+        deltas = np.stack([flat_delta(u.state, reference, keys) for u in parsed.updates])
+        delta, weights, extra = self.combine(server_round, reference, ids, deltas, keys)
+        self.round_record.update(extra, weights=dict(zip(ids, weights.tolist(), strict=True)),
+                                 aggregation_seconds=time.perf_counter() - started)
+        metrics = MetricRecord({"num-returned": len(ids),
+                                **{f"weight/{c}": float(w) for c, w in zip(ids, weights,
+                                                                          strict=True)}})
+        if delta is None:
+            log(WARNING, "round %d: %s: %s; global model kept", server_round, self.name,
+                extra.get("kept_global", "no aggregate"))
+            return None, metrics
+        log(INFO, "aggregate_train: round %d, %s weights %s", server_round, self.name,
+            ", ".join(f"{c}={w:.3f}" for c, w in zip(ids, weights, strict=True)))
+        return state_to_record(apply_delta(reference, delta, keys)), metrics

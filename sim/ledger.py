@@ -1,0 +1,96 @@
+"""``python -m sim.ledger RUN_DIR [--out DIR]``: a run's payout ledger as CSV and PNG.
+
+Works on any run dir whose ``rounds.jsonl`` records phi (FedOwen with any valuation method);
+the computation and its confidence intervals are :mod:`fedowen_strategy.payouts`'.
+Adversaries are marked when known: the run's ``adversaries.json`` (written by the ServerApp
+when ``adversary-fraction > 0``), ``--adversaries 3,17,...``, or for older runs
+``--num-partitions N`` (recomputed from the run's ``config.json``: fraction and seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from client_app.adversary import adversary_ids
+from fedowen_strategy.payouts import PAYOUTS_FILE, Payout, run_payouts, write_payouts
+
+PNG_FILE = "payouts.png"
+
+
+def adversaries_from_config(run_dir: Path, num_partitions: int) -> list[str]:
+    """Adversary ids of an older run (no ``adversaries.json``) from its ``config.json``."""
+    cfg = json.loads((run_dir / "config.json").read_text())
+    fraction = float(cfg.get("adversary_fraction", 0.0))
+    return [str(i) for i in sorted(adversary_ids(num_partitions, fraction,
+                                                 int(cfg.get("seed", 0))))]
+
+
+def plot_payouts(rows: Sequence[Payout], path: Path, title: str = "") -> Path:
+    """Total phi per client by rank with its 95% CI whiskers; adversaries in red."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(rows) + 3), 4.2))
+    x = np.arange(len(rows))
+    total = np.array([r.total_phi for r in rows])
+    lo = np.array([r.total_ci_low for r in rows])
+    hi = np.array([r.total_ci_high for r in rows])
+    err = np.nan_to_num(np.vstack([total - lo, hi - total]), nan=0.0)
+    for flag, color, label in ((False, "tab:blue", "honest"), (True, "tab:red", "adversary"),
+                               (None, "tab:gray", "client")):
+        pick = np.array([r.adversary is flag for r in rows], dtype=bool)
+        if pick.any():
+            ax.errorbar(x[pick], total[pick], yerr=err[:, pick], fmt="o", ms=3, capsize=2,
+                        color=color, label=label, lw=0.8)
+    ax.axhline(0.0, color="black", lw=0.6)
+    ax.set(xlabel="clients, by total phi (rank)", ylabel="total phi over the run (95% CI)",
+           title=title or "payout ledger")
+    if len(rows) <= 40:
+        ax.set_xticks(x, [r.client_id for r in rows], rotation=90, fontsize=7)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim.ledger", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path, help="a run's output dir (with rounds.jsonl)")
+    parser.add_argument("--out", type=Path, help="where to write (default: the run dir)")
+    parser.add_argument("--field", default="phi", choices=("phi", "phi_raw"),
+                        help="phi on the run's phi-scale (default) or raw utility gains")
+    parser.add_argument("--adversaries", help="comma-separated client ids to mark")
+    parser.add_argument("--num-partitions", type=int,
+                        help="recompute the adversaries of an older run from its config.json")
+    args = parser.parse_args(argv)
+    adversaries = None
+    if args.adversaries:
+        adversaries = [a.strip() for a in args.adversaries.split(",") if a.strip()]
+    elif args.num_partitions:
+        adversaries = adversaries_from_config(args.run_dir, args.num_partitions)
+    try:
+        rows = run_payouts(args.run_dir, args.field, adversaries)
+    except (ValueError, OSError) as err:
+        print(f"sim.ledger: {err}", file=sys.stderr)
+        return 2
+    out = args.out or args.run_dir
+    csv_path = write_payouts(rows, out / PAYOUTS_FILE)
+    png = plot_payouts(rows, out / PNG_FILE, title=f"{args.run_dir.name}: {args.field}")
+    flagged = [r.client_id for r in rows if r.ci_below_zero]
+    print(f"{len(rows)} clients; CI wholly below zero: {', '.join(flagged) or 'none'}")
+    print(f"wrote {csv_path} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
