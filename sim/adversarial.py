@@ -15,6 +15,7 @@ cells' ``rounds.jsonl``: per round, ``returned`` (partition ids that trained), `
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,22 @@ NO_PHI = ("none", "multikrum")
 DEFAULTS = {"adversary-kind": "label-flip", "adversary-fraction": 0.0}  # pyproject.toml's
 
 
-def _cols(cfg: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(cfg.get(c, DEFAULTS[c]) for c in COLS)
+def _cols(cfg: dict[str, Any], extra: tuple[str, ...] = ()) -> tuple[Any, ...]:
+    """The cell's column: adversary kind and fraction, then the grids' other axes (e.g. alpha)."""
+    return (*(cfg.get(c, DEFAULTS[c]) for c in COLS), *(cfg.get(k) for k in extra))
+
+
+def _extra_axes(grids: list[Any], row_key: str) -> tuple[str, ...]:
+    """Axes of the grids besides seed, the rows and :data:`COLS` (each a column key)."""
+    return tuple(dict.fromkeys(k for g in grids for k in g.axes
+                               if k not in ("seed", row_key, *COLS)))
+
+
+def _values_phi(cfg: dict[str, Any]) -> bool:
+    """Whether the cell's phi is a contribution estimate (not FedAvg's, Multi-Krum's or a peer
+    strategy's placeholder)."""
+    return (cfg.get("strategy", "fedowen") == "fedowen"
+            and cfg.get("valuation", "owen") not in NO_PHI)
 
 
 def rank_percentiles(phi: dict[str, float]) -> dict[str, float]:
@@ -107,16 +122,19 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
     the grids' ``rows`` key, e.g. ``valuation`` or ``variant``)."""
     grids = [g for g in preset.grids if g.kind == "adversarial"]
     row_key = grids[0].rows
-    cells = [res[c.cell_id] for g in grids for c in expand_grid(preset, g)]
+    extra = _extra_axes(grids, row_key)
+    col_keys = (*COLS, *extra)
+    cells = list({c.cell_id: res[c.cell_id] for g in grids
+                  for c in expand_grid(preset, g)}.values())
     rows = list(dict.fromkeys(_row(r, row_key) for r in cells))
-    cols = [dict(zip(COLS, k, strict=True)) for k in dict.fromkeys(
-        _cols(r.cell.run_config) for r in cells)]
+    cols = [dict(zip(col_keys, k, strict=True)) for k in dict.fromkeys(
+        _cols(r.cell.run_config, extra) for r in cells)]
     groups: dict[tuple[Any, ...], list[CellResult]] = {}
     no_phi: set[str] = set()
     for r in cells:
         cfg = r.cell.run_config
-        groups.setdefault((_row(r, row_key), *_cols(cfg)), []).append(r)
-        if cfg.get("valuation", "owen") in NO_PHI:
+        groups.setdefault((_row(r, row_key), *_cols(cfg, extra)), []).append(r)
+        if not _values_phi(cfg):
             no_phi.add(_row(r, row_key))
     stats = {}
     for key, members in groups.items():
@@ -132,10 +150,10 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
           "", "How each method treats the adversaries (all recorded rounds of finished and "
           "unfinished cells; rank percentile of phi within the round: 0 = top, 1 = bottom, "
           "0.5 = no signal; share = adversaries among the round's participants):", "",
-          f"| {row_key} | " + " | ".join(COLS) + " | base rate | selected share (all / 2nd "
+          f"| {row_key} | " + " | ".join(col_keys) + " | base rate | selected share (all / 2nd "
           "half) | weight share | adversary phi rank | honest phi rank | adversary mean phi | "
           "honest mean phi | rounds |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "|---|" + "---|" * (len(col_keys) + 9)]
     csv_rows: list[dict[str, Any]] = []
     for key, members in groups.items():
         series = [cell_series(m, preset.num_supernodes) for m in members if m.rounds]
@@ -153,22 +171,48 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
         ranks = ("- | - | - | -" if math.isnan(row["adv_rank"]) else
                  f"{row['adv_rank']:.3f} | {row['honest_rank']:.3f} | {row['adv_phi']:+.4f} | "
                  f"{row['honest_phi']:+.4f}")
-        md.append(f"| {key[0]} | {key[1]} | {key[2]} | {float(key[2]):.2f} | {row['share']:.3f}"
+        md.append(f"| {key[0]} | " + " | ".join(str(v) for v in key[1:]) +
+                  f" | {float(key[2]):.2f} | {row['share']:.3f}"
                   f" / {row['share_2nd_half']:.3f} | {row['weight_share']:.3f} | "
                   f"{ranks} | {len(cat['round'])} |")
         st = stats[key]
         csv_rows.append({"grid": "adversarial", "metric": "final", "row_key": row_key,
-                         "row": key[0], "columns": f"{COLS[0]}={key[1]}, {COLS[1]}={key[2]}",
+                         "row": key[0],
+                         "columns": ", ".join(f"{k}={v}" for k, v in zip(col_keys, key[1:],
+                                                                        strict=True)),
                          "n": st.n, "expected": st.expected,
                          "mean": "" if not st.n else round(st.mean, 4),
                          "std": "" if math.isnan(st.std) else round(st.std, 4),
                          "values": " ".join(f"{v:.2f}" for v in st.values), "paper": "",
                          **{k: round(v, 4) for k, v in row.items()}})
-    png = plot_selection_share(groups, preset.num_supernodes, cols, out / "selection-share.png")
-    md += ["", "Phi ranks only for contribution-valuing methods (FedAvg and Multi-Krum value "
-           "nobody); the weight share is the adversaries' part of the aggregate.", "",
-           f"![selection share]({png.name})", ""]
-    return md, csv_rows, [png]
+    pngs = [plot_selection_share(groups, preset.num_supernodes, cols, out / f"{name}.png",
+                                 what=what)
+            for name, what in (("selection-share", "share"), ("weight-share", "weight_share"))]
+    per_round = write_adversary_rounds(groups, preset.num_supernodes, col_keys, row_key,
+                                       out / "adversary-rounds.csv")
+    md += ["", "Phi ranks only for contribution-valuing methods (FedAvg, Multi-Krum, FLTrust and "
+           "FoolsGold value nobody); the weight share is the adversaries' part of the aggregate.",
+           "", *(f"![{p.stem}]({p.name})" for p in pngs), "",
+           f"Per-round data (adversaries' share of participants and of weight, phi ranks): "
+           f"[{per_round.name}]({per_round.name}).", ""]
+    return md, csv_rows, [*pngs, per_round]
+
+
+def write_adversary_rounds(groups: dict[tuple[Any, ...], list[CellResult]], num_partitions: int,
+                           col_keys: tuple[str, ...], row_key: str, path: Path) -> Path:
+    """Every cell's per-round :func:`round_stats` (the data behind the share plots)."""
+    keys = ("share", "weight_share", "adv_rank", "honest_rank", "adv_phi", "honest_phi")
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow([row_key, *col_keys, "seed", "round", *keys])
+        for key, members in groups.items():
+            for m in members:
+                series = cell_series(m, num_partitions)
+                for i, rnd in enumerate(series["round"]):
+                    writer.writerow([*key, m.cell.run_config.get("seed", 0), int(rnd),
+                                     *("" if not np.isfinite(series[k][i]) else
+                                       round(float(series[k][i]), 4) for k in keys)])
+    return path
 
 
 def moving_average(x: np.ndarray, k: int) -> np.ndarray:
@@ -181,9 +225,11 @@ def moving_average(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def plot_selection_share(groups: dict[tuple[Any, ...], list[CellResult]], num_partitions: int,
-                         cols: list[dict[str, Any]], path: Path, smooth: int = 5) -> Path:
-    """Adversaries' share of each round's participants (mean over seeds, ``smooth``-round
-    moving average) per method, one panel per (kind, fraction), base rate dashed."""
+                         cols: list[dict[str, Any]], path: Path, smooth: int = 5,
+                         what: str = "share") -> Path:
+    """Adversaries' share of each round's participants (``what="share"``) or of its
+    aggregation weight (``"weight_share"``), mean over seeds, ``smooth``-round moving average,
+    per method, one panel per column (kind, fraction, other axes), base rate dashed."""
     ncol = min(max(len(cols), 1), 2)
     nrow = math.ceil(max(len(cols), 1) / ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(6 * ncol, 4.2 * nrow), squeeze=False)
@@ -197,13 +243,15 @@ def plot_selection_share(groups: dict[tuple[Any, ...], list[CellResult]], num_pa
             if not series:
                 continue
             n = min(len(s["share"]) for s in series)
-            share = np.nanmean(np.stack([s["share"][:n] for s in series]), axis=0)
+            share = np.nanmean(np.stack([s[what][:n] for s in series]), axis=0)
             ax.plot(series[0]["round"][:n], moving_average(share, smooth),
                     label=f"{key[0]} ({len(series)} seed{'s' * (len(series) > 1)})",
                     lw=2.2 if key[0] in ("owen", "fedowen") else 1.2)
         ax.axhline(float(col["adversary-fraction"]), ls="--", color="gray", label="base rate")
         ax.set(title=", ".join(f"{k}={v}" for k, v in col.items()), xlabel="round",
-               ylabel=f"adversaries among participants ({smooth}-round mean)", ylim=(0, 1))
+               ylabel=(f"adversaries among participants ({smooth}-round mean)"
+                       if what == "share" else
+                       f"adversaries' share of the weight ({smooth}-round mean)"), ylim=(0, 1))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
