@@ -32,6 +32,7 @@ from client_app.adversary import (
     sybil_master,
 )
 from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY
+from fedowen_strategy.shapfed import last_layer_key
 from fedowen_task.config import TaskConfig, parse_task_config
 from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
@@ -103,11 +104,6 @@ def _model(cfg: TaskConfig, msg: Message, context: Context) -> torch.nn.Module:
     return model
 
 
-def _last_weight(model: torch.nn.Module) -> str:
-    """Key of the classifier's weight (its rows are the classes)."""
-    return [k for k, v in model.state_dict().items() if v.ndim == 2][-1]
-
-
 def _seed(run_seed: int, server_round: int, name: str) -> int:
     """A training or attack seed, independent per (run seed, round, name)."""
     return int(np.random.SeedSequence([run_seed, server_round, zlib.crc32(name.encode())]
@@ -146,7 +142,8 @@ def train_handler(msg: Message, context: Context) -> Message:
     stats = {"loss": float("nan")}
     if kind not in IDLE_KINDS:
         if kind == "label-flip":
-            y = flip_labels(y, int(model.state_dict()[_last_weight(model)].shape[0]))
+            trained = model.state_dict()
+            y = flip_labels(y, int(trained[last_layer_key(trained)].shape[0]))
         stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
                       batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
                       proximal_mu=float(mu), seed=seed)

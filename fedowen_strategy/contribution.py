@@ -1,32 +1,37 @@
 """One round's valuation: contributions phi, their scale, and the aggregation weights.
 
 The utility of a coalition S is supplied by the caller (the ServerApp builds a batched torch
-utility over its evaluation set); this module only decides which estimator runs, under which
-budget, and how its output becomes weights.
+utility over its evaluation set); this module decides which valuer runs (one table,
+:data:`ROUND_VALUERS`, from which the method lists derive), under which budget, and how its
+output becomes weights.
 
-Scale of phi. Estimators return values in the utility's raw units (accuracy gained). With ten
-clients these are a few hundredths, and ``softmax(phi)`` of such numbers is uniform to within
-a few percent, so the paper's aggregation would silently be FedAvg. FedOwen therefore uses the
-*normalised* scale Algorithm 1 works on, ``phi / |nu(N) - nu(empty)|``, so a round's values sum
-to +-1 (the sign of the round's total gain), guarded as ``l1`` below (the default). When
-``|nu(N) - nu(empty)| < 1e-9`` nothing can be normalised and the raw values (all ~0) are used,
-which gives uniform softmax weights. ``phi-scale = "raw"`` keeps raw gains.
+Scale of phi (this module owns it). Estimators return values in the utility's raw units
+(accuracy gained): a few hundredths per client, and ``softmax(phi)`` of such numbers is
+nearly uniform, so the paper's aggregation would silently be FedAvg. ``phi-scale`` puts them on
+a unit scale:
 
-The normalised scale has one failure mode, seen in the CPU experiments at alpha 0.01: when
-the clients' contributions nearly cancel (raw values of +-0.08 summing to a gain of 0.003) it
-inflates them to +-24 and the softmax puts all weight on one client. ``phi-scale = "l1"``
-divides by ``sum |phi|`` instead, which equals ``|gain|`` for an efficient estimator whenever
-all contributions share a sign and keeps ``|phi| <= 1`` when they cancel. Measured
-(docs/results/phi-scale-mnist, MNIST, 20 rounds, 3 seeds): the largest weight any client got
-was 0.23 with ``l1`` against 1.00 in 4 of 6 cells with ``normalised``; final accuracy 33.1 vs
-26.1 at alpha 0.01, 64.2 vs 64.7 at alpha 0.1. ``l1`` is therefore the default.
+* ``l1`` (default): ``phi / sum|phi|``; ``|phi| <= 1`` always.
+* ``normalised``: ``phi / |nu(N) - nu(empty)|``, the scale Algorithm 1 works on; an efficient
+  estimator's values then sum to the sign of the round's gain. It equals ``l1`` when all
+  contributions share the gain's sign, but when they nearly cancel it inflates them without
+  bound and softmax gives one client all the weight: that is why ``l1`` is the default
+  (measurements: docs/results/phi-scale-mnist/).
+* ``raw``: unchanged.
+
+A scale below :data:`~fedowen_strategy.valuation.FLAT` leaves the values raw (all ~0, so the
+softmax weights are uniform).
+
+The round's end points ``nu(empty)`` and ``nu(N)`` are those of the estimate, evaluated within
+the budget of N x M utility calls.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -34,60 +39,20 @@ from numpy.typing import NDArray
 
 from fedowen_strategy.aggregation import AGGREGATIONS, NEEDS_PHI, mix_and_cap, round_weights
 from fedowen_strategy.selection import SELECTIONS
-from fedowen_strategy.shapfed import shapfed_scores
-from fedowen_strategy.valuation import ESTIMATORS, estimate
+from fedowen_strategy.shapfed import last_layer_key, shapfed_scores
+from fedowen_strategy.valuation import ESTIMATORS, FLAT, estimate
 
 Utility = Callable[[NDArray[np.bool_]], NDArray[np.float64]]
 #: ``(global_state, client_states, num_examples[, shares=p]) -> utility``; ``shares`` is passed
 #: only for the delta game.
 UtilityFactory = Callable[..., Utility]
-
-#: Valuation methods the strategy accepts: every game estimator, ShapFed-WA, none (FedAvg) and
-#: multikrum (Flower's Multi-Krum selection, then FedAvg over the kept updates; a robustness
-#: baseline, not a valuation).
-METHODS: tuple[str, ...] = (*ESTIMATORS, "shapfed-wa", "none", "multikrum")
-#: Methods that compute no contributions phi (multikrum's "phi" is its 0/1 keep mask), so
-#: neither the bandit nor softmax aggregation can use them.
-NO_PHI = ("none", "multikrum")
+#: What a coalition utility measures on the evaluation set: accuracy or minus the loss.
+UTILITY_METRICS = ("accuracy", "neg-loss")
 PHI_SCALES = ("normalised", "l1", "raw")
 #: The coalition game: ``average`` (a coalition's model is the num-examples average of its
 #: members' models) or ``delta`` (``global + sum_{i in S} p_i delta_i``, p = the aggregation's
 #: base weights; a client that changed nothing is a null player).
 GAMES = ("average", "delta")
-_FLAT = 1e-9
-
-
-def resolve_axes(method: str, selection: str, aggregation: str) -> tuple[str, str]:
-    """The (selection, aggregation) a run uses; ``auto`` picks FedOwen's choices (``adaptive``,
-    ``softmax``) for a valuation method and FedAvg's (``random``, ``examples``) for the methods
-    in NO_PHI.
-
-    Raises
-    ------
-    ValueError
-        For a value outside its choices, or a combination that needs contributions from a
-        method that computes none (e.g. ``valuation = "none"`` with ``softmax``).
-    """
-    no_phi = method in NO_PHI
-    if selection == "auto":
-        selection = "random" if no_phi else "adaptive"
-    if aggregation == "auto":
-        aggregation = "examples" if no_phi else "softmax"
-    problems = []
-    if selection not in SELECTIONS:
-        problems.append(f"selection={selection!r} is not one of auto, {', '.join(SELECTIONS)}")
-    if aggregation not in AGGREGATIONS:
-        problems.append(f"aggregation={aggregation!r} is not one of auto, "
-                        f"{', '.join(AGGREGATIONS)}")
-    if no_phi and selection == "adaptive":
-        problems.append(f"selection='adaptive' ranks clients by phi, which valuation={method!r} "
-                        "does not compute: use selection='random' (or 'auto')")
-    if no_phi and aggregation in NEEDS_PHI:
-        problems.append(f"aggregation={aggregation!r} weights by phi, which valuation="
-                        f"{method!r} does not compute: use 'examples' or 'uniform' (or 'auto')")
-    if problems:
-        raise ValueError("; ".join(problems))
-    return selection, aggregation
 
 
 @dataclass(frozen=True)
@@ -124,7 +89,8 @@ class ValuationSettings:
 
 @dataclass(frozen=True)
 class RoundValuation:
-    """Result of valuing one round's returned updates (arrays aligned with the updates)."""
+    """One round's valuation: the estimate's values (``phi_raw``), their scaled form and the
+    aggregation weights, all aligned with the updates, and the round's cost and end points."""
 
     phi: NDArray[np.float64]
     phi_raw: NDArray[np.float64]
@@ -135,12 +101,37 @@ class RoundValuation:
     nu_full: float = float("nan")
 
 
-def last_layer_key(state: Mapping[str, NDArray]) -> str:
-    """Name of the final linear layer's weight: the last 2-D array of the state."""
-    keys = [k for k, v in state.items() if v.ndim == 2]
-    if not keys:
-        raise ValueError("ShapFed-WA needs a final linear layer (a 2-D weight) in the model")
-    return keys[-1]
+def resolve_axes(method: str, selection: str, aggregation: str) -> tuple[str, str]:
+    """The (selection, aggregation) a run uses; ``auto`` picks FedOwen's choices (``adaptive``,
+    ``softmax``) for a valuation method and FedAvg's (``random``, ``examples``) for the methods
+    in NO_PHI.
+
+    Raises
+    ------
+    ValueError
+        For a value outside its choices, or a combination that needs contributions from a
+        method that computes none (e.g. ``valuation = "none"`` with ``softmax``).
+    """
+    no_phi = method in NO_PHI
+    if selection == "auto":
+        selection = "random" if no_phi else "adaptive"
+    if aggregation == "auto":
+        aggregation = "examples" if no_phi else "softmax"
+    problems = []
+    if selection not in SELECTIONS:
+        problems.append(f"selection={selection!r} is not one of auto, {', '.join(SELECTIONS)}")
+    if aggregation not in AGGREGATIONS:
+        problems.append(f"aggregation={aggregation!r} is not one of auto, "
+                        f"{', '.join(AGGREGATIONS)}")
+    if no_phi and selection == "adaptive":
+        problems.append(f"selection='adaptive' ranks clients by phi, which valuation={method!r} "
+                        "does not compute: use selection='random' (or 'auto')")
+    if no_phi and aggregation in NEEDS_PHI:
+        problems.append(f"aggregation={aggregation!r} weights by phi, which valuation="
+                        f"{method!r} does not compute: use 'examples' or 'uniform' (or 'auto')")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return selection, aggregation
 
 
 def multikrum_keep(states: Sequence[Mapping[str, NDArray]], malicious: int) -> NDArray[np.bool_]:
@@ -180,10 +171,90 @@ def scale_phi(phi_raw: NDArray[np.float64], gain: float, scale: str) -> NDArray[
 
     ``normalised``: ``phi / |gain|``; ``l1``: ``phi / sum|phi|`` (equal to ``normalised`` when
     all contributions share the gain's sign, bounded by 1 in absolute value when they cancel);
-    ``raw``: unchanged. Scales below 1e-9 leave the values raw.
+    ``raw``: unchanged. A scale below ``FLAT`` leaves the values raw.
     """
     denom = {"normalised": abs(gain), "l1": float(np.abs(phi_raw).sum()), "raw": 1.0}[scale]
-    return phi_raw / denom if denom >= _FLAT else phi_raw
+    return phi_raw / denom if denom >= FLAT else phi_raw
+
+
+def round_budget(method: str, n: int, budget_m: int) -> int:
+    """Utility calls one round may spend on ``n`` updates: ``n x M``, all 2^n for ``exact``."""
+    return 2**n if method == "exact" else n * budget_m
+
+
+@dataclass(frozen=True)
+class _Round:
+    """What a round valuer sees: the updates, their example counts and the global model."""
+
+    states: Sequence[Mapping[str, NDArray]]
+    num_examples: Sequence[int]
+    global_state: Mapping[str, NDArray]
+    settings: ValuationSettings
+
+
+def _fedavg(r: _Round, factory: UtilityFactory | None, rng: np.random.Generator
+            ) -> RoundValuation:
+    zeros = np.zeros(len(r.states))
+    weights = round_weights(r.settings.aggregation, zeros, r.num_examples)
+    return RoundValuation(zeros, zeros, weights, 0, 0.0)
+
+
+def _multikrum(r: _Round, factory: UtilityFactory | None, rng: np.random.Generator
+               ) -> RoundValuation:
+    kept = multikrum_keep(r.states, r.settings.krum_malicious)
+    base = round_weights(r.settings.aggregation, kept.astype(np.float64), r.num_examples)
+    weights = np.where(kept, base, 0.0)
+    return RoundValuation(kept.astype(np.float64), kept.astype(np.float64),
+                          weights / weights.sum(), 0, 0.0)
+
+
+def _shapfed(r: _Round, factory: UtilityFactory | None, rng: np.random.Generator
+             ) -> RoundValuation:
+    key = last_layer_key(r.global_state)
+    phi = shapfed_scores([s[key] for s in r.states], r.global_state[key])
+    return RoundValuation(phi, phi, _weights(r.settings, phi, r.num_examples), 0, 0.0)
+
+
+def _game(r: _Round, factory: UtilityFactory | None, rng: np.random.Generator
+          ) -> RoundValuation:
+    settings, n = r.settings, len(r.states)
+    if factory is None:
+        raise ValueError(f"valuation={settings.method!r} needs a utility over coalitions")
+    utility = (factory(r.global_state, r.states, r.num_examples) if settings.game == "average"
+               else factory(r.global_state, r.states, r.num_examples,
+                            shares=delta_shares(settings.aggregation, r.num_examples)))
+    result = estimate(settings.method, utility, n,
+                      budget=round_budget(settings.method, n, settings.budget_m), seed=rng,
+                      **settings.params)
+    phi = scale_phi(result.values, result.v_grand - result.v_empty, settings.phi_scale)
+    return RoundValuation(phi, result.values, _weights(settings, phi, r.num_examples),
+                          int(result.n_evals), 0.0, result.v_empty, result.v_grand)
+
+
+@dataclass(frozen=True)
+class RoundValuer:
+    """One valuation method of a round: how it values, and what it needs and gives."""
+
+    value: Callable[[_Round, UtilityFactory | None, np.random.Generator], RoundValuation]
+    computes_phi: bool  # False: neither the bandit nor phi-weighted aggregation can use it
+    uses_game: bool  # values coalitions: needs a utility, takes valuation-params and a budget
+
+
+_GAME = RoundValuer(_game, computes_phi=True, uses_game=True)
+#: Every valuation method the strategy accepts, in one table: the game estimators, ShapFed-WA,
+#: ``none`` (FedAvg) and ``multikrum`` (Flower's Multi-Krum selection, then FedAvg over the kept
+#: updates; a robustness baseline whose "phi" is its 0/1 keep mask).
+ROUND_VALUERS: Mapping[str, RoundValuer] = MappingProxyType({
+    **dict.fromkeys(ESTIMATORS, _GAME),
+    "shapfed-wa": RoundValuer(_shapfed, computes_phi=True, uses_game=False),
+    "none": RoundValuer(_fedavg, computes_phi=False, uses_game=False),
+    "multikrum": RoundValuer(_multikrum, computes_phi=False, uses_game=False),
+})
+METHODS: tuple[str, ...] = tuple(ROUND_VALUERS)
+#: Methods that compute no contributions phi.
+NO_PHI: tuple[str, ...] = tuple(m for m, v in ROUND_VALUERS.items() if not v.computes_phi)
+#: Methods that value coalitions of updates (need a utility factory, take valuation-params).
+GAME_METHODS: tuple[str, ...] = tuple(m for m, v in ROUND_VALUERS.items() if v.uses_game)
 
 
 def value_round(
@@ -196,36 +267,9 @@ def value_round(
 ) -> RoundValuation:
     """Value the ``states`` returned this round and turn the values into weights."""
     start = time.perf_counter()
-    n = len(states)
-    if n == 0:
+    if not states:
         raise ValueError("value_round needs at least one returned update")
-    if settings.method == "none":
-        zeros = np.zeros(n)
-        return RoundValuation(zeros, zeros, round_weights(settings.aggregation, zeros,
-                                                          num_examples), 0,
-                              time.perf_counter() - start)
-    if settings.method == "multikrum":
-        kept = multikrum_keep(states, settings.krum_malicious)
-        base = round_weights(settings.aggregation, kept.astype(np.float64), num_examples)
-        weights = np.where(kept, base, 0.0)
-        return RoundValuation(kept.astype(np.float64), kept.astype(np.float64),
-                              weights / weights.sum(), 0, time.perf_counter() - start)
-    if settings.method == "shapfed-wa":
-        key = last_layer_key(global_state)
-        phi = shapfed_scores([s[key] for s in states], global_state[key])
-        return RoundValuation(phi, phi, _weights(settings, phi, num_examples), 0,
-                              time.perf_counter() - start)
-    if utility_factory is None:
-        raise ValueError(f"valuation={settings.method!r} needs a utility over coalitions")
-    utility = (utility_factory(global_state, states, num_examples) if settings.game == "average"
-               else utility_factory(global_state, states, num_examples,
-                                    shares=delta_shares(settings.aggregation, num_examples)))
-    ends = utility(np.array([np.zeros(n, bool), np.ones(n, bool)]))
-    nu_empty, nu_full = float(ends[0]), float(ends[1])
-    budget = 2**n if settings.method == "exact" else n * settings.budget_m
-    result = estimate(settings.method, utility, n, budget=budget, seed=seed, **settings.params)
-    phi_raw = np.asarray(result.values, dtype=np.float64)
-    phi = scale_phi(phi_raw, nu_full - nu_empty, settings.phi_scale)
-    weights = _weights(settings, phi, num_examples)
-    return RoundValuation(phi, phi_raw, weights, int(result.n_evals),
-                          time.perf_counter() - start, nu_empty, nu_full)
+    valuer = ROUND_VALUERS[settings.method]
+    val = valuer.value(_Round(states, num_examples, global_state, settings), utility_factory,
+                       seed)
+    return dataclasses.replace(val, seconds=time.perf_counter() - start)

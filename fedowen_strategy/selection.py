@@ -13,11 +13,12 @@ zero) and ``k`` clients are drawn without replacement with those weights.
 returned an update), ``t`` the round. Everything here is a pure function of its inputs and an
 explicit ``numpy.random.Generator``; the strategy keeps the state.
 
-Defaults and their scale: FedOwen feeds ``phi`` on the *normalised* scale (a round's values
-sum to 1, as Algorithm 1 outputs; see ``fedowen_strategy.strategy``), so a typical client in a
-round of 10 has phi ~ 0.1. ``c = 0.1`` makes the exploration bonus of a client seen a few
-times (u ~ 0.05-0.1 at t ~ 50) comparable to one typical contribution, so neither term drowns
-the other; ``tau = 0`` penalises exactly the clients whose updates lowered the utility.
+Defaults and their scale: FedOwen feeds ``phi`` on its ``phi-scale``, by default ``l1`` (a
+round's absolute values sum to 1; :mod:`fedowen_strategy.contribution` owns the scale), so a
+typical client in a round of 10 has phi ~ 0.1. ``c = 0.1`` makes the exploration bonus of a
+client seen a few times (u ~ 0.05-0.1 at t ~ 50) comparable to one typical contribution, so
+neither term drowns the other; ``tau = 0`` penalises exactly the clients whose updates
+lowered the utility.
 """
 
 from __future__ import annotations

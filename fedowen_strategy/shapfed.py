@@ -14,17 +14,30 @@ is appended as an extra column) and ``W_i`` client ``i``'s after local training:
     g_i    = max(0, (1 / C) * sum_c cos(u_i^c, U^c))             (cos = 0 for a zero vector)
     gamma  = g / sum_i g_i,   or uniform 1/n when every g_i = 0
 
-``gamma`` sums to 1; the strategy aggregates with it.
+``gamma`` sums to 1. The strategy takes it as the round's phi (already on a unit scale, so
+``phi-scale`` is not applied) and weights the updates by the configured aggregation
+(``softmax(gamma / T)`` by default, where ShapFed-WA itself averages with ``gamma``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
+
+
+def last_layer_key(state: Mapping[str, Any]) -> str:
+    """Name of the final linear layer's weight (its rows are the classes): the last 2-D array
+    of a model's state (numpy arrays or torch tensors)."""
+    keys = [k for k, v in state.items() if v.ndim == 2]
+    if not keys:
+        raise ValueError(f"no 2-D weight among {list(state)}: the model needs a final linear "
+                         "layer (ShapFed-WA scores it, label flipping counts its classes)")
+    return keys[-1]
 
 
 def _with_bias(weight: np.ndarray, bias: np.ndarray | None, what: str) -> FloatArray:

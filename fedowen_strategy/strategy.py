@@ -34,6 +34,7 @@ from flwr.serverapp.strategy import FedAvg
 from fedowen_strategy.aggregation import duplicate_groups, share_duplicates, weighted_average
 from fedowen_strategy.bounds import bound_updates
 from fedowen_strategy.contribution import (
+    GAME_METHODS,
     RoundValuation,
     UtilityFactory,
     ValuationSettings,
@@ -55,7 +56,6 @@ from fedowen_strategy.selection import (
     select_uniform,
     update_memory,
 )
-from fedowen_strategy.valuation import ESTIMATORS
 
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
 MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
@@ -131,7 +131,7 @@ class FedOwen(FedAvg):
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1 (or None "
                              "to derive k from fraction_train)")
         valuation = valuation or ValuationSettings()
-        if valuation.method in ESTIMATORS and utility_factory is None:
+        if valuation.method in GAME_METHODS and utility_factory is None:
             raise ValueError(
                 f"valuation={valuation.method!r} values coalitions of updates and needs "
                 "utility_factory: pass fedowen_strategy.torch_utility.CoalitionUtility(model, "

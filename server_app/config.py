@@ -17,12 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from fedowen_strategy.bounds import UPDATE_BOUNDS
-from fedowen_strategy.contribution import GAMES, METHODS, NO_PHI, PHI_SCALES, resolve_axes
+from fedowen_strategy.contribution import (
+    GAME_METHODS,
+    GAMES,
+    METHODS,
+    PHI_SCALES,
+    UTILITY_METRICS,
+    resolve_axes,
+    round_budget,
+)
 from fedowen_strategy.selection import MEMORIES, SelectionParams
-from fedowen_strategy.valuation import ESTIMATORS, estimate_problems
+from fedowen_strategy.valuation import estimate_problems
 from fedowen_task.config import ConfigError, TaskConfig, one_of, parse_config, parse_scalar
 
-METRICS = ("accuracy", "neg-loss")
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
                               "device", "round-timeout", "node-wait-timeout", "torch-threads"})
@@ -150,7 +157,7 @@ class RunConfig(TaskConfig):
         ]
         bad = super().problems() + [message for ok, message in checks if not ok]
         bad += one_of("valuation", self.valuation, METHODS)
-        bad += one_of("utility-metric", self.utility_metric, METRICS)
+        bad += one_of("utility-metric", self.utility_metric, UTILITY_METRICS)
         bad += one_of("phi-scale", self.phi_scale, PHI_SCALES)
         bad += one_of("game", self.game, GAMES)
         bad += one_of("bandit-memory", self.bandit_memory, MEMORIES)
@@ -174,13 +181,13 @@ class RunConfig(TaskConfig):
             params = self.estimator_params()
         except ValueError as err:
             return [str(err)]
-        if self.valuation not in ESTIMATORS:
-            if params and self.valuation in (*NO_PHI, "shapfed-wa"):
+        if self.valuation not in GAME_METHODS:
+            if params and self.valuation in METHODS:
                 return [f"valuation-params={self.valuation_params!r}: valuation="
                         f"{self.valuation!r} takes no parameters"]
             return []
         for n in range(1, self.clients_per_round + 1):
-            budget = 2**n if self.valuation == "exact" else n * self.budget_m
+            budget = round_budget(self.valuation, n, self.budget_m)
             found = estimate_problems(self.valuation, n, budget, params)
             if found:
                 hint = (f" (budget = returned updates x budget-m={self.budget_m}: raise "

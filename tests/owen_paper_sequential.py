@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedowen_strategy.valuation._base import TINY_GAIN, CachedGame, Estimate, FloatArray
+from fedowen_strategy.valuation._base import FLAT, CachedGame, FloatArray
 
 
 def owen_paper_sequential(
@@ -15,7 +15,7 @@ def owen_paper_sequential(
     *,
     levels: int = 2,
     eta: float = 0.01,
-) -> Estimate:
+) -> FloatArray:
     """Algorithm 1 of the FedOwen paper (Owen sampling with eta-truncation), literally."""
     if not isinstance(levels, int) or levels < 1:
         raise ValueError(f"levels (Q) must be a positive int; got {levels!r}")
@@ -24,12 +24,11 @@ def owen_paper_sequential(
     n = game.n_players
     v0, v1 = game.ends()
     gain = v1 - v0
-    normalise = abs(gain) >= TINY_GAIN
+    normalise = abs(gain) >= FLAT
     scale = gain if normalise else 1.0  # guard: only shift when the gain is ~0
     truncate = normalise and eta > 0
     sums = np.zeros((levels, n))
     walks = np.zeros(levels, dtype=np.int64)
-    n_trunc = 0
     level = 0
     idle = 0  # consecutive walks that charged nothing (all rows cached: tiny games)
     while game.remaining > 0 and idle < 10 * levels + 10:
@@ -37,20 +36,16 @@ def owen_paper_sequential(
         q = (level + 1) / levels
         chosen = np.flatnonzero(rng.random(n) < q)
         order = rng.permutation(chosen)
-        credits, stopped, complete = _paper_walk(game, order, v0, scale, truncate, eta)
+        credits, _, complete = _paper_walk(game, order, v0, scale, truncate, eta)
         sums[level] += credits
         walks[level] += 1
-        n_trunc += int(stopped)
         if not complete:
             break
         idle = idle + 1 if game.n_evals == before else 0
         level = (level + 1) % levels
     per_level = sums / np.maximum(walks, 1)[:, None]
     used = walks > 0
-    values = per_level[used].mean(axis=0) * scale if used.any() else np.zeros(n)
-    stderr = np.full(n, np.nan)
-    counts = np.full(n, int(walks.sum()), dtype=np.int64)
-    return Estimate(values, stderr, counts, n_trunc, v0, v1)
+    return per_level[used].mean(axis=0) * scale if used.any() else np.zeros(n)
 
 
 def _paper_walk(

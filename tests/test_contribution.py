@@ -1,8 +1,9 @@
 """One round's valuation on degenerate inputs: no division by zero, no NaN weights.
 
-Documented behaviour (fedowen_strategy.contribution): phi is normalised by |nu(N) - nu(empty)|
-so a round's values sum to the sign of its gain; when that gain is below 1e-9 the raw values
-are kept (all ~0) and the softmax weights are uniform.
+Documented behaviour (fedowen_strategy.contribution): phi is put on the ``l1`` scale by
+default (divided by sum |phi|, so |phi| <= 1), or on the ``normalised`` scale (divided by
+|nu(N) - nu(empty)|, an efficient estimator's values then sum to the sign of the gain); a
+scale below FLAT keeps the raw values (all ~0) and the softmax weights are uniform.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ shape ``(k, n)``, ``values`` ``k`` floats. Estimators pass coalitions in batches
 maps the registered names to their specs (``ESTIMATORS[name].defaults`` lists the parameters).
 ``Valuation.n_evals`` counts the coalition rows passed to ``utility`` (empty and grand
 coalitions included) and is always ``<= budget``; a coalition repeated within one call is
-served from a cache and not charged again. The same seed gives the same values.
+served from a cache and not charged again. ``nu(empty)`` and ``nu(N)`` are evaluated first,
+within the budget, for every method (``Valuation.v_empty``, ``Valuation.v_grand``). The same
+seed gives the same values.
 
 Methods and the axioms they keep
 --------------------------------
@@ -57,7 +59,7 @@ reference games).
 
 from __future__ import annotations
 
-from fedowen_strategy.valuation._base import Valuation
+from fedowen_strategy.valuation._base import FLAT, Valuation
 from fedowen_strategy.valuation.registry import (
     ESTIMATORS,
     EstimatorSpec,
@@ -65,4 +67,4 @@ from fedowen_strategy.valuation.registry import (
     estimate_problems,
 )
 
-__all__ = ["ESTIMATORS", "EstimatorSpec", "Valuation", "estimate", "estimate_problems"]
+__all__ = ["ESTIMATORS", "FLAT", "EstimatorSpec", "Valuation", "estimate", "estimate_problems"]

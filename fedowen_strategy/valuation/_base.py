@@ -23,9 +23,11 @@ Utility = Callable[[NDArray[np.bool_]], Any]
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
 
-# |nu(N) - nu(empty)| below this counts as "no total gain": nothing is divided by it and
-# gain-relative truncation is switched off (see ``Valuation.normalised``).
-TINY_GAIN = 1e-12
+#: The one flatness threshold: a total gain ``|nu(N) - nu(empty)|`` (or any other scale of the
+#: values) below this counts as zero, so nothing is divided by it and gain-relative truncation
+#: is off. Float noise in a sum of utility differences lies far below it; the gain of an
+#: accuracy on any evaluation set of fewer than 10^9 examples lies above it.
+FLAT = 1e-9
 
 
 class BudgetExhausted(RuntimeError):
@@ -34,12 +36,12 @@ class BudgetExhausted(RuntimeError):
 
 @dataclass(frozen=True, eq=False)
 class Valuation:
-    """Result of one estimator call.
+    """Result of one :func:`~fedowen_strategy.valuation.estimate` call.
 
     Attributes
     ----------
     values : ndarray of shape (n,)
-        Estimated values in the game's raw units (e.g. accuracy gained), never normalised.
+        Estimated values in the game's raw units (e.g. accuracy gained), never rescaled.
     n_evals : int
         Coalition rows actually passed to the utility (empty and grand coalitions included);
         rows served from the per-call cache are not counted. Always ``<= budget``.
@@ -47,16 +49,8 @@ class Valuation:
         Registered method name.
     budget : int
         The budget the call ran under.
-    stderr : ndarray of shape (n,)
-        Per-player standard error of ``values`` treating sampling units as independent
-        (conservative for stratified samplers); NaN where it cannot be estimated, 0 for
-        deterministic methods.
-    n_samples : ndarray of shape (n,)
-        Marginal contributions (or subset samples) averaged into each player's value.
-    n_truncated : int
-        Walks stopped early by a truncation rule (``owen-paper``, ``gtg-shapley``, ``owen``).
-    v_empty, v_grand : float or None
-        nu(empty) and nu(N), when the method evaluated them.
+    v_empty, v_grand : float
+        nu(empty) and nu(N), evaluated within the budget for every method.
     params : dict
         The estimator's effective parameters (defaults filled in).
     """
@@ -65,46 +59,9 @@ class Valuation:
     n_evals: int
     method: str
     budget: int
-    stderr: FloatArray
-    n_samples: NDArray[np.int64]
-    n_truncated: int = 0
-    v_empty: float | None = None
-    v_grand: float | None = None
+    v_empty: float
+    v_grand: float
     params: dict[str, Any] = field(default_factory=dict)
-
-    def normalised(self) -> FloatArray:
-        """Values divided by the total gain ``nu(N) - nu(empty)`` (sum to 1 for efficient methods).
-
-        Raises
-        ------
-        ValueError
-            If the method did not evaluate both end points, or the gain is below 1e-12 in
-            absolute value (the scale is undefined; use the raw ``values``).
-        """
-        if self.v_empty is None or self.v_grand is None:
-            raise ValueError(
-                f"method {self.method!r} did not evaluate nu(empty) and nu(N); "
-                "normalised() needs both; use .values (raw units)"
-            )
-        gain = self.v_grand - self.v_empty
-        if abs(gain) < TINY_GAIN:
-            raise ValueError(
-                f"total gain nu(N) - nu(empty) = {gain:.3g} is ~0; the normalised scale is "
-                "undefined; use .values (raw units)"
-            )
-        return self.values / gain
-
-
-@dataclass
-class Estimate:
-    """What an estimator function returns; the registry turns it into a :class:`Valuation`."""
-
-    values: FloatArray
-    stderr: FloatArray
-    n_samples: NDArray[np.int64]
-    n_truncated: int = 0
-    v_empty: float | None = None
-    v_grand: float | None = None
 
 
 class CachedGame:
@@ -207,21 +164,14 @@ def stratified_uniforms(
     return (bins + rng.random((n_rows, n_cols))) / n_strata
 
 
-def summarise(
-    samples: list[FloatArray], n_players: int
-) -> tuple[FloatArray, FloatArray, NDArray[np.int64]]:
-    """Per-player mean, standard error and count of marginal samples.
+def summarise(samples: list[FloatArray], n_players: int) -> FloatArray:
+    """Per-player mean of marginal samples (0 for a player with none).
 
     ``samples`` holds arrays of shape (k, n) with NaN where a player got no sample.
     """
     if not samples:
-        nan = np.full(n_players, np.nan)
-        return np.zeros(n_players), nan, np.zeros(n_players, dtype=np.int64)
+        return np.zeros(n_players)
     stacked = np.concatenate(samples)
-    counts = np.sum(~np.isnan(stacked), axis=0).astype(np.int64)
+    counts = np.sum(~np.isnan(stacked), axis=0)
     filled = np.where(np.isnan(stacked), 0.0, stacked)
-    means = filled.sum(axis=0) / np.maximum(counts, 1)
-    dev = np.where(np.isnan(stacked), 0.0, stacked - means) ** 2
-    var = dev.sum(axis=0) / np.maximum(counts - 1, 1)
-    stderr = np.where(counts >= 2, np.sqrt(var / np.maximum(counts, 1)), np.nan)
-    return means, stderr, counts
+    return filled.sum(axis=0) / np.maximum(counts, 1)

@@ -31,19 +31,17 @@ def run_walks(
     v_empty: float,
     v_grand: float,
     tol: float | None = None,
-) -> tuple[FloatArray, int]:
+) -> FloatArray:
     """Marginals of each player in each walk, shape (K, n) indexed by player.
 
     With ``tol`` set, a walk stops once ``|nu(N) - nu(prefix)| < tol`` (checked before every
-    step, as in GTG-Shapley); the players after that point get marginal 0. Returns the marginals
-    and the number of truncated walks. The caller plans at most ``game.remaining // (n - 1)``
-    walks, so the budget cannot run out here.
+    step, as in GTG-Shapley); the players after that point get marginal 0. The caller plans
+    at most ``game.remaining // (n - 1)`` walks, so the budget cannot run out here.
     """
     n_walks, n = orders.shape
     by_position = np.zeros((n_walks, n))
-    n_truncated = 0
     if n_walks == 0:
-        return by_position, 0
+        return by_position
     masks = prefix_masks(orders)
     if tol is None:
         inner = game(masks[:, :-1].reshape(-1, n)).reshape(n_walks, n - 1)
@@ -52,7 +50,6 @@ def run_walks(
     else:
         v_prev = np.full(n_walks, v_empty)
         live = np.abs(v_grand - v_prev) >= tol
-        n_truncated += int(np.sum(~live))
         for t in range(n):
             idx = np.flatnonzero(live)
             if idx.size == 0:
@@ -62,11 +59,10 @@ def run_walks(
             v_prev[idx] = v_t
             stop = np.abs(v_grand - v_t) < tol
             if t < n - 1:
-                n_truncated += int(np.sum(stop))
                 live[idx[stop]] = False
     marginals = np.zeros_like(by_position)
     np.put_along_axis(marginals, orders, by_position, axis=1)
-    return marginals, n_truncated
+    return marginals
 
 
 def walk_capacity(game: CachedGame) -> int:
@@ -106,33 +102,23 @@ def sample_walks(
     v_empty: float,
     v_grand: float,
     tol: float | None = None,
-    max_walks: int | None = None,
     unit: int = 1,
-) -> tuple[list[FloatArray], list[IntArray], int]:
+) -> tuple[list[FloatArray], list[IntArray]]:
     """Run batches of walks until the budget cannot hold another one.
 
     Each batch is sized to the worst-case cost; evaluations saved by the cache or by
     truncation are re-spent on the next batch. Stops when a batch charged nothing (every
     coalition already known, only possible for tiny games) to avoid looping forever. Batches
     hold a multiple of ``unit`` walks (2 for antithetic pairs, so no walk is left unpaired).
-    Returns per-batch marginals, per-batch orders and the truncated-walk count.
+    Returns per-batch marginals and per-batch orders.
     """
     marginals: list[FloatArray] = []
     orders_out: list[IntArray] = []
-    n_truncated = 0
-    done = 0
     while (k := walk_capacity(game) // unit * unit) > 0:
-        if max_walks is not None:
-            k = min(k, max_walks - done)
-            if k <= 0:
-                break
         before = game.n_evals
         orders = make_orders(k)
-        m, t = run_walks(game, orders, v_empty, v_grand, tol)
-        marginals.append(m)
+        marginals.append(run_walks(game, orders, v_empty, v_grand, tol))
         orders_out.append(orders)
-        n_truncated += t
-        done += k
         if game.n_evals == before:
             break
-    return marginals, orders_out, n_truncated
+    return marginals, orders_out

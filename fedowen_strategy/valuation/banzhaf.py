@@ -4,17 +4,18 @@ Wang and Jia (2023), "Data Banzhaf: A robust data valuation framework for machin
 Subsets ``S`` are drawn uniformly (each player in with probability 1/2) and every draw is used
 for every player: ``beta_i = mean(nu(S) : i in S) - mean(nu(S) : i not in S)``. One evaluation
 per draw. The Banzhaf value is a semivalue (symmetry, null player) but not efficient; its
-values are in raw units and do not sum to ``nu(N) - nu(empty)``.
+values are in raw units and do not sum to ``nu(N) - nu(empty)``. The subsets are drawn with
+the budget left after the registry's ``nu(empty)`` and ``nu(N)`` (a draw of either is free).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedowen_strategy.valuation._base import CachedGame, Estimate
+from fedowen_strategy.valuation._base import CachedGame, FloatArray
 
 
-def banzhaf(game: CachedGame, rng: np.random.Generator) -> Estimate:
+def banzhaf(game: CachedGame, rng: np.random.Generator) -> FloatArray:
     """MSR Banzhaf estimate, drawing subsets until the budget is spent."""
     n = game.n_players
     masks_all: list[np.ndarray] = []
@@ -35,11 +36,4 @@ def banzhaf(game: CachedGame, rng: np.random.Generator) -> Estimate:
     mean_in = sum_in / np.maximum(inside, 1)
     mean_out = sum_out / np.maximum(outside, 1)
     ok = (inside > 0) & (outside > 0)
-    est = np.where(ok, mean_in - mean_out, 0.0)
-    sq_in = (values**2) @ masks
-    sq_out = (values**2).sum() - sq_in
-    var_in = np.maximum(sq_in / np.maximum(inside, 1) - mean_in**2, 0.0)
-    var_out = np.maximum(sq_out / np.maximum(outside, 1) - mean_out**2, 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        stderr = np.where(ok, np.sqrt(var_in / inside + var_out / outside), np.nan)
-    return Estimate(est, stderr, np.minimum(inside, outside).astype(np.int64))
+    return np.where(ok, mean_in - mean_out, 0.0)

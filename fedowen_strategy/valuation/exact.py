@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from fedowen_strategy.valuation._base import CachedGame, Estimate, FloatArray
+from fedowen_strategy.valuation._base import CachedGame, FloatArray
 
 MAX_PLAYERS = 20
 _CHUNK = 1 << 15
@@ -40,15 +40,17 @@ def shapley_from_table(table: FloatArray) -> FloatArray:
     return values
 
 
-def exact(game: CachedGame, rng: np.random.Generator) -> Estimate:
-    """Exact Shapley values by full enumeration (the registry refuses n > 20)."""
+def exact(game: CachedGame, rng: np.random.Generator) -> FloatArray:
+    """Exact Shapley values by full enumeration (the registry refuses n > 20).
+
+    The empty and grand coalitions come from the game's cache (the registry evaluated them);
+    the 2^n - 2 others are evaluated once each, bypassing the cache.
+    """
     n = game.n_players
     total = 1 << n
     table = np.empty(total)
-    for start in range(0, total, _CHUNK):
-        stop = min(start + _CHUNK, total)
+    table[0], table[-1] = game.ends()
+    for start in range(1, total - 1, _CHUNK):
+        stop = min(start + _CHUNK, total - 1)
         table[start:stop] = game.evaluate_distinct(all_coalitions(n, start, stop))
-    values = shapley_from_table(table)
-    zeros = np.zeros(n)
-    counts = np.full(n, 1 << (n - 1), dtype=np.int64)
-    return Estimate(values, zeros, counts, 0, float(table[0]), float(table[-1]))
+    return shapley_from_table(table)

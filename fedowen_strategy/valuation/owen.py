@@ -30,9 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedowen_strategy.valuation._base import (
-    TINY_GAIN,
+    FLAT,
     CachedGame,
-    Estimate,
     FloatArray,
     stratified_uniforms,
     summarise,
@@ -55,7 +54,7 @@ def owen(
     antithetic: bool = False,
     strata: int | None = None,
     eta: float = 0.0,
-) -> Estimate:
+) -> FloatArray:
     """Unbiased, stratified, antithetic Owen sampling with sample reuse."""
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {SAMPLERS}; got {sampler!r}")
@@ -70,7 +69,7 @@ def owen(
     n = game.n_players
     v0, v1 = game.ends()
     gain = abs(v1 - v0)
-    tol = eta * gain if eta > 0 and gain >= TINY_GAIN else None
+    tol = eta * gain if eta > 0 and gain >= FLAT else None
 
     def make(k: int) -> IntArray:
         return stratified_orders(rng, k, n, strata, antithetic)
@@ -81,13 +80,10 @@ def owen(
             f"n_players={n}; give at least {2 * n} evaluations or antithetic=False"
         )
     unit = 2 if antithetic else 1
-    marginals, _, n_trunc = sample_walks(game, make, v0, v1, tol, unit=unit)
+    marginals, _ = sample_walks(game, make, v0, v1, tol, unit=unit)
     if antithetic:  # average each walk with its reverse: the pair is the sampling unit
         marginals = [_pair_means(m) for m in marginals]
-    values, stderr, counts = summarise(marginals, n)
-    if antithetic:
-        counts = counts * 2
-    return Estimate(values, stderr, counts, n_trunc, v0, v1)
+    return summarise(marginals, n)
 
 
 def _pair_means(m: FloatArray) -> FloatArray:
@@ -118,7 +114,7 @@ def _flip_marginals(game: CachedGame, masks: np.ndarray, players: list[np.ndarra
 
 def _owen_flip(
     game: CachedGame, rng: np.random.Generator, antithetic: bool, strata: int | None
-) -> Estimate:
+) -> FloatArray:
     n = game.n_players
     samples: list[FloatArray] = []
     all_players = np.arange(n)
@@ -143,5 +139,4 @@ def _owen_flip(
         samples.append(_flip_marginals(game, mask, [js]))
         if game.n_evals == before:
             break
-    values, stderr, counts = summarise(samples, n)
-    return Estimate(values, stderr, counts, 0, None, None)
+    return summarise(samples, n)

@@ -5,8 +5,8 @@ crediting ``nu(C) - v_prev``, utilities normalised to ``nu(empty) = 0, nu(N) = 1
 stopped once ``1 - v_prev < eta``, and fresh walks (cycling through the levels) until the budget
 is spent; the walk cut by the budget keeps its credits, as the algorithm's counter would. Its
 fixed grid makes it biased: each walk's credits sum to nu(C), and the q = i/Q levels are not a
-quadrature of the Shapley integral (docs/valuation.md). When ``|nu(N) - nu(empty)| < 1e-12``
-the utility is only shifted (not divided) and truncation is off, so nothing blows up.
+quadrature of the Shapley integral (docs/valuation.md). When ``|nu(N) - nu(empty)|`` is below
+``FLAT`` the utility is only shifted (not divided) and truncation is off, so nothing blows up.
 
 **Lockstep.** Read one walk at a time, Algorithm 1 asks for one coalition per utility call
 (the next step depends on the last value). Its walks are independent, so here all admitted
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedowen_strategy.valuation._base import TINY_GAIN, BoolArray, CachedGame, Estimate, FloatArray
+from fedowen_strategy.valuation._base import FLAT, BoolArray, CachedGame, FloatArray
 
 
 @dataclass
@@ -44,7 +44,6 @@ class _Walk:
     credits: FloatArray
     t: int = 0  # rows evaluated so far
     v_prev: float = 0.0
-    stopped: bool = False
     done: bool = False
 
     def rest(self) -> BoolArray:
@@ -80,7 +79,7 @@ def _credit(walk: _Walk, values: FloatArray, norm: _Norm) -> None:
             walk.credits[walk.order[walk.t]] = nu_c - walk.v_prev
             walk.t += 1
             if 1.0 - nu_c < norm.eta:
-                walk.stopped = walk.done = True
+                walk.done = True
                 return
             walk.v_prev = nu_c
     walk.done = walk.done or walk.t == len(walk.order)
@@ -173,7 +172,7 @@ def owen_paper(
     *,
     levels: int = 2,
     eta: float = 0.01,
-) -> Estimate:
+) -> FloatArray:
     """Algorithm 1 of the FedOwen paper (Owen sampling with eta-truncation), walks in lockstep."""
     if not isinstance(levels, int) or levels < 1:
         raise ValueError(f"levels (Q) must be a positive int; got {levels!r}")
@@ -181,7 +180,7 @@ def owen_paper(
         raise ValueError(f"eta must be >= 0 (normalised units); got {eta}")
     n = game.n_players
     v0, v1 = game.ends()
-    normalise = abs(v1 - v0) >= TINY_GAIN
+    normalise = abs(v1 - v0) >= FLAT
     scale = v1 - v0 if normalise else 1.0  # guard: only shift when the gain is ~0
     norm = _Norm(v0, scale, eta if normalise and eta > 0 else None)
     sums = np.zeros((levels, n))
@@ -192,7 +191,4 @@ def owen_paper(
         counts[w.level] += 1
     per_level = sums / np.maximum(counts, 1)[:, None]
     used = counts > 0
-    values = per_level[used].mean(axis=0) * scale if used.any() else np.zeros(n)
-    n_trunc = sum(w.stopped for w in walks)
-    return Estimate(values, np.full(n, np.nan), np.full(n, len(walks), dtype=np.int64), n_trunc,
-                    v0, v1)
+    return per_level[used].mean(axis=0) * scale if used.any() else np.zeros(n)

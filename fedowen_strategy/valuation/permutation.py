@@ -6,14 +6,14 @@
 * ``gtg-shapley``: Liu et al. (2022), "GTG-Shapley: Efficient and accurate participant
   contribution evaluation in federated learning". Guided sampling (each player leads in turn,
   the rest in random order) and within-round truncation: once ``|nu(N) - nu(prefix)| < eps``
-  the remaining players of the walk get 0. Between-round truncation: given the previous round's
-  ``nu(N)`` as ``previous_grand``, if ``|nu(N) - previous_grand| < eps_between`` every value is 0.
+  the remaining players of the walk get 0. The paper's between-round truncation (skip a round
+  whose model barely changed) is not implemented: a round is always valued.
 * ``weighted-shap``: Kwon and Zou (2022), Beta Shapley / WeightedSHAP. A semivalue weighting the
   marginal at position ``j`` (coalition size ``j - 1``) by
   ``w_j = n * C(n-1, j-1) * B(j - 1 + beta, n - j + alpha) / B(alpha, beta)``, the weights of
   the Beta(alpha, beta) semivalue (mean weight 1; ``alpha = beta = 1`` is the Shapley value;
   large ``alpha`` stresses small coalitions, Beta Shapley's recommended ``(16, 1)``).
-* ``loo``: leave-one-out, ``nu(N) - nu(N \\ {i})``; n + 1 evaluations.
+* ``loo``: leave-one-out, ``nu(N) - nu(N \\ {i})``; n + 1 evaluations (n + 2 with nu(empty)).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from fedowen_strategy.valuation._base import CachedGame, Estimate, FloatArray, summarise
+from fedowen_strategy.valuation._base import CachedGame, FloatArray, summarise
 from fedowen_strategy.valuation._walks import IntArray, random_orders, sample_walks
 
 
@@ -35,7 +35,8 @@ def _antithetic_orders(rng: np.random.Generator, k: int, n: int) -> IntArray:
     return np.concatenate(parts)
 
 
-def mc_shapley(game: CachedGame, rng: np.random.Generator, *, antithetic: bool = False) -> Estimate:
+def mc_shapley(game: CachedGame, rng: np.random.Generator, *,
+               antithetic: bool = False) -> FloatArray:
     """Permutation sampling (Castro et al. 2009)."""
     n = game.n_players
     v0, v1 = game.ends()
@@ -43,9 +44,8 @@ def mc_shapley(game: CachedGame, rng: np.random.Generator, *, antithetic: bool =
     def make(k: int) -> IntArray:
         return _antithetic_orders(rng, k, n) if antithetic else random_orders(rng, k, n)
 
-    marginals, _, _ = sample_walks(game, make, v0, v1, unit=2 if antithetic else 1)
-    values, stderr, counts = summarise(marginals, n)
-    return Estimate(values, stderr, counts, 0, v0, v1)
+    marginals, _ = sample_walks(game, make, v0, v1, unit=2 if antithetic else 1)
+    return summarise(marginals, n)
 
 
 def gtg_shapley(
@@ -53,19 +53,12 @@ def gtg_shapley(
     rng: np.random.Generator,
     *,
     eps: float = 1e-3,
-    previous_grand: float | None = None,
-    eps_between: float | None = None,
-) -> Estimate:
+) -> FloatArray:
     """Guided truncation gradient Shapley (Liu et al. 2022), stopped at the budget."""
     if eps < 0:
         raise ValueError(f"eps must be >= 0 (absolute, in the utility's units); got {eps}")
     n = game.n_players
     v0, v1 = game.ends()
-    if previous_grand is not None:
-        tol_b = eps if eps_between is None else eps_between
-        if abs(v1 - previous_grand) < tol_b:
-            zeros = np.zeros(n)
-            return Estimate(zeros, zeros.copy(), np.zeros(n, dtype=np.int64), 0, v0, v1)
     leaders: Iterator[int] = iter(())  # cycles through random player orders so each leads in turn
 
     def make(k: int) -> IntArray:
@@ -80,9 +73,8 @@ def gtg_shapley(
             row[[0, pos]] = row[[pos, 0]]
         return orders
 
-    marginals, _, n_trunc = sample_walks(game, make, v0, v1, tol=eps if eps > 0 else None)
-    values, stderr, counts = summarise(marginals, n)
-    return Estimate(values, stderr, counts, n_trunc, v0, v1)
+    marginals, _ = sample_walks(game, make, v0, v1, tol=eps if eps > 0 else None)
+    return summarise(marginals, n)
 
 
 def beta_weights(n: int, alpha: float, beta: float) -> FloatArray:
@@ -102,28 +94,27 @@ def beta_weights(n: int, alpha: float, beta: float) -> FloatArray:
 
 def weighted_shap(
     game: CachedGame, rng: np.random.Generator, *, alpha: float = 16.0, beta: float = 1.0
-) -> Estimate:
+) -> FloatArray:
     """Beta(alpha, beta)-weighted semivalue from position-wise permutation marginals."""
     if alpha <= 0 or beta <= 0:
         raise ValueError(f"alpha and beta must be > 0; got alpha={alpha}, beta={beta}")
     n = game.n_players
     v0, v1 = game.ends()
     weights = beta_weights(n, alpha, beta)
-    marginals, orders, _ = sample_walks(game, lambda k: random_orders(rng, k, n), v0, v1)
+    marginals, orders = sample_walks(game, lambda k: random_orders(rng, k, n), v0, v1)
     weighted = []
     for m, o in zip(marginals, orders, strict=True):
         w = np.empty_like(m)
         np.put_along_axis(w, o, np.broadcast_to(weights, o.shape), axis=1)
         weighted.append(m * w)
-    values, stderr, counts = summarise(weighted, n)
-    return Estimate(values, stderr, counts, 0, v0, v1)
+    return summarise(weighted, n)
 
 
-def loo(game: CachedGame, rng: np.random.Generator) -> Estimate:
-    """Leave-one-out values ``nu(N) - nu(N without i)``; deterministic, n + 1 evaluations."""
+def loo(game: CachedGame, rng: np.random.Generator) -> FloatArray:
+    """Leave-one-out values ``nu(N) - nu(N without i)``; deterministic, n + 1 evaluations
+    (n + 2 with the registry's nu(empty))."""
     n = game.n_players
     masks = np.ones((n + 1, n), dtype=bool)
     masks[np.arange(1, n + 1), np.arange(n)] = False
     v = game(masks)
-    values = v[0] - v[1:]
-    return Estimate(values, np.zeros(n), np.ones(n, dtype=np.int64), 0, None, float(v[0]))
+    return v[0] - v[1:]

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from fedowen_strategy.valuation._base import CachedGame, Estimate, Utility, Valuation
+from fedowen_strategy.valuation._base import CachedGame, FloatArray, Utility, Valuation
 from fedowen_strategy.valuation.banzhaf import banzhaf
 from fedowen_strategy.valuation.exact import MAX_PLAYERS, exact
 from fedowen_strategy.valuation.owen import owen
@@ -22,10 +22,15 @@ from fedowen_strategy.valuation.svarm import svarm
 
 @dataclass(frozen=True)
 class EstimatorSpec:
-    """A registered method: its function and the smallest budget it can use."""
+    """A registered method: its function and the smallest budget it can use.
+
+    ``fn(game, rng, **params) -> values`` gets a :class:`CachedGame` whose ``nu(empty)`` and
+    ``nu(N)`` are already evaluated (``game.ends()`` serves them from the cache), so every
+    minimum budget counts those two rows.
+    """
 
     name: str
-    fn: Callable[..., Estimate]
+    fn: Callable[..., FloatArray]
     min_budget: Callable[[int], int]
     needs: str  # what the minimum budget buys, for the error message
 
@@ -44,6 +49,10 @@ def _walk_min(n: int) -> int:
     return n + 1
 
 
+def _loo_min(n: int) -> int:
+    return n + 2 if n > 1 else 2  # with one player, N without it is the empty coalition
+
+
 ESTIMATORS: Mapping[str, EstimatorSpec] = MappingProxyType(
     {
         spec.name: spec
@@ -53,9 +62,10 @@ ESTIMATORS: Mapping[str, EstimatorSpec] = MappingProxyType(
             EstimatorSpec("owen-paper", owen_paper, lambda n: 2, "nu(empty) and nu(N)"),
             EstimatorSpec("mc-shapley", mc_shapley, _walk_min, "nu(empty), nu(N), one walk"),
             EstimatorSpec("gtg-shapley", gtg_shapley, _walk_min, "nu(empty), nu(N), one walk"),
-            EstimatorSpec("banzhaf", banzhaf, lambda n: 2, "two subsets"),
+            EstimatorSpec("banzhaf", banzhaf, lambda n: 4, "nu(empty), nu(N) and two subsets"),
             EstimatorSpec("weighted-shap", weighted_shap, _walk_min, "nu(empty), nu(N), one walk"),
-            EstimatorSpec("loo", loo, _walk_min, "nu(N) and the n leave-one-out coalitions"),
+            EstimatorSpec("loo", loo, _loo_min, "nu(empty), nu(N) and the n leave-one-out "
+                          "coalitions"),
             EstimatorSpec("svarm", svarm, lambda n: 2, "nu(empty) and nu(N)"),
             EstimatorSpec("kernel-shap", kernel_shap, lambda n: 2, "nu(empty) and nu(N)"),
             EstimatorSpec("leverage-shap", leverage_shap, lambda n: 2, "nu(empty) and nu(N)"),
@@ -154,16 +164,14 @@ def estimate(
     _check_call(spec, n_players, budget, params)
     rng = np.random.default_rng(seed)
     game = CachedGame(utility, int(n_players), int(budget))
-    result = spec.fn(game, rng, **params)
+    v_empty, v_grand = game.ends()  # within the budget, for every method (the round's record)
+    values = spec.fn(game, rng, **params)
     return Valuation(
-        values=result.values,
+        values=np.asarray(values, dtype=np.float64),
         n_evals=game.n_evals,
         method=method,
         budget=int(budget),
-        stderr=result.stderr,
-        n_samples=result.n_samples,
-        n_truncated=result.n_truncated,
-        v_empty=result.v_empty,
-        v_grand=result.v_grand,
+        v_empty=v_empty,
+        v_grand=v_grand,
         params={**spec.defaults, **params},
     )

@@ -31,7 +31,7 @@ from math import comb
 
 import numpy as np
 
-from fedowen_strategy.valuation._base import BoolArray, CachedGame, Estimate, FloatArray
+from fedowen_strategy.valuation._base import BoolArray, CachedGame, FloatArray
 from fedowen_strategy.valuation._sampling import (
     border_plan,
     draw_samples,
@@ -94,7 +94,7 @@ def _regression(
     paired: bool,
     order: int,
     ridge: float,
-) -> Estimate:
+) -> FloatArray:
     if proposal not in PROPOSALS:
         raise ValueError(f"proposal must be one of {PROPOSALS}; got {proposal!r}")
     if ridge < 0:
@@ -119,20 +119,19 @@ def _regression(
         i, j = _pair_index(n)
         np.add.at(values, i, beta[n:] / 2.0)
         np.add.at(values, j, beta[n:] / 2.0)
-    counts = np.full(n, len(masks), dtype=np.int64)
-    return Estimate(values, np.full(n, np.nan), counts, 0, v0, v1)
+    return values
 
 
 def kernel_shap(
     game: CachedGame, rng: np.random.Generator, *, paired: bool = True, proposal: str = "kernel"
-) -> Estimate:
+) -> FloatArray:
     """KernelSHAP: constrained Shapley-kernel regression, paired sampling, border trick."""
     return _regression(game, rng, proposal, paired, order=1, ridge=0.0)
 
 
 def leverage_shap(
     game: CachedGame, rng: np.random.Generator, *, paired: bool = True
-) -> Estimate:
+) -> FloatArray:
     """Leverage SHAP: KernelSHAP's regression with sizes drawn uniformly (leverage scores)."""
     return _regression(game, rng, "leverage", paired, order=1, ridge=0.0)
 
@@ -144,6 +143,6 @@ def kadd_shap(
     paired: bool = False,
     proposal: str = "kernel",
     ridge: float = 1e-6,
-) -> Estimate:
+) -> FloatArray:
     """kADD-SHAP with k = 2: Shapley values of a fitted 2-additive game."""
     return _regression(game, rng, proposal, paired, order=2, ridge=ridge)

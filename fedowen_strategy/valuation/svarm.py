@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedowen_strategy.valuation._base import BoolArray, CachedGame, Estimate, FloatArray
+from fedowen_strategy.valuation._base import BoolArray, CachedGame, FloatArray
 from fedowen_strategy.valuation._sampling import (
     SizePlan,
     border_plan,
@@ -108,7 +108,8 @@ def _plan(n: int, budget: int, proposal: str) -> SizePlan:
     return border_plan(n, budget, weights)
 
 
-def svarm(game: CachedGame, rng: np.random.Generator, *, proposal: str = "uniform") -> Estimate:
+def svarm(game: CachedGame, rng: np.random.Generator, *,
+          proposal: str = "uniform") -> FloatArray:
     """Stratified SVARM with exact sizes 1 and n - 1, a covering warm-up and random draws."""
     if proposal not in PROPOSALS:
         raise ValueError(f"proposal must be one of {PROPOSALS}; got {proposal!r}")
@@ -126,5 +127,4 @@ def svarm(game: CachedGame, rng: np.random.Generator, *, proposal: str = "unifor
         sizes = tuple(range(1, n))
         plan = SizePlan((), sizes, np.full(n - 1, 1.0 / (n - 1)), game.remaining)
     strata.add(*draw_samples(game, rng, plan, paired=False))
-    counts = (strata.n_plus[:, 1:n] + strata.n_minus[:, 1:n]).sum(axis=1)
-    return Estimate(strata.values(v1 - v0), np.full(n, np.nan), counts, 0, v0, v1)
+    return strata.values(v1 - v0)
