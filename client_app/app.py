@@ -3,8 +3,9 @@
 A simulated client finds its partition from ``partition-id`` and ``num-partitions`` in its
 node config and the dataset/split settings in the run config; a deployed SuperNode may also
 set ``client-id`` (its stable name; default: the partition id) and ``data-dir`` (its local
-data; default: the run config's ``data-dir``, else ``$FEDOWEN_DATA``). The reply carries the trained
-weights, ``num-examples``, ``train-loss`` and the client id (in ConfigRecord ``client``).
+data; default: the run config's ``data-dir``, else the rule of
+:func:`fedowen_task.data.resolve_data_dir`). The reply carries the trained weights,
+``num-examples``, ``train-loss`` and the client id (in ConfigRecord ``client``).
 
 The ClientApp reads only its own run-config keys (:class:`fedowen_task.config.TaskConfig`)
 and ignores the rest, and trains with FedProx's proximal term when the server's train config

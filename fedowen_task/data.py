@@ -6,7 +6,8 @@ subset; ``medmnist`` alone means ``medmnist:breastmnist``) and ``femnist``.
 
 Where the files are
     The data directory is the run-config value ``data-dir``, else the environment variable
-    ``FEDOWEN_DATA``, else ``~/.cache/fedowen/data`` (see :func:`resolve_data_dir`). Inside it:
+    ``FEDOWEN_DATA``, else ``../shared/data`` beside the repository when it exists, else
+    ``~/.cache/fedowen/data`` (:func:`resolve_data_dir`, the one rule). Inside it:
     ``MNIST/raw``, ``FashionMNIST/raw`` (torchvision's layout), ``cifar-10-batches-py`` (the
     official CIFAR-10, as torchvision downloads it) or ``cifar10/cifar10-jpg.zip`` (the offline
     JPEG copy, an ImageFolder tree read straight from the zip), ``medmnist/<flag>.npz`` and
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist", "cifar10", "medmnist", "femnist")
 DEFAULT_MEDMNIST_FLAG = "breastmnist"
 DEFAULT_DATA_DIR = Path("~/.cache/fedowen/data")
+#: The offline copies beside a checkout (``<repo>/../shared/data``).
+SHARED_DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 DEFAULT_CACHE_DIR = Path("~/.cache/fedowen")
 CACHE_VERSION = 1  # bump whenever decoding changes, so stale caches are rebuilt
 
@@ -88,15 +91,19 @@ class DatasetArrays:
     writer_test: np.ndarray | None = None
 
 
-def resolve_data_dir(value: str | os.PathLike[str] | None = None) -> Path:
-    """Return the data directory: ``value`` (run config), else ``$FEDOWEN_DATA``, else default.
+def resolve_data_dir(value: str | os.PathLike[str] | None = None,
+                     shared: Path = SHARED_DATA_DIR) -> Path:
+    """Return the data directory: ``value`` (run config), else ``$FEDOWEN_DATA``, else
+    ``shared`` (``<repo>/../shared/data``) when it exists, else ``~/.cache/fedowen/data``.
 
-    The default is ``~/.cache/fedowen/data``. Empty strings count as unset. Pass absolute paths
-    from run config: ``flwr run`` executes the app from a bundle directory.
+    Empty strings count as unset. Pass absolute paths from run config: ``flwr run`` executes
+    the app from a bundle directory, beside which there is no ``shared`` folder.
     """
     for candidate in (value, os.environ.get("FEDOWEN_DATA")):
         if candidate is not None and str(candidate).strip():
             return Path(candidate).expanduser().resolve()
+    if shared.is_dir():
+        return shared.resolve()
     return DEFAULT_DATA_DIR.expanduser()
 
 

@@ -60,16 +60,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from fedowen_task.data import resolve_data_dir
     from sim.inline import inline_run
     from sim.launcher import LocalSuperLink, flwr_run
-    from sim.run import default_data_dir
 
     preset, results = _load(args)
     backend = args.backend or preset.backend
     if backend != "inline" and args.jobs > 1:
         raise SystemExit(f"--jobs {args.jobs} needs --backend inline (flwr runs share one "
                          "SuperLink and its Ray cluster)")
-    data_dir = (args.data_dir or default_data_dir()).resolve()
+    data_dir = resolve_data_dir(args.data_dir)
     if backend == "inline":
         runner = Runner(preset, results, data_dir, run_fn=inline_run, link_factory=nullcontext,
                         jobs=args.jobs)

@@ -11,7 +11,6 @@ downloads only where a machine is online and the files are absent).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,13 +23,11 @@ from sim.procs import exit_on_signals
 
 
 def default_data_dir() -> Path:
-    """``$FEDOWEN_DATA``, else ``../shared/data`` beside the repo, else the user cache."""
-    if os.environ.get("FEDOWEN_DATA"):
-        return Path(os.environ["FEDOWEN_DATA"]).resolve()
-    shared = APP_DIR.parent / "shared" / "data"
-    if shared.is_dir():
-        return shared.resolve()
-    return Path.home() / ".cache" / "fedowen" / "data"
+    """The data dir when none is given: :func:`fedowen_task.data.resolve_data_dir` decides
+    (kept by this name for the benchmarks that import it)."""
+    from fedowen_task.data import resolve_data_dir
+
+    return resolve_data_dir(None)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,12 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_run_config(args: argparse.Namespace) -> dict[str, Any]:
     """The run-config overrides the arguments describe (absolute paths)."""
+    from fedowen_task.data import resolve_data_dir  # imports torch: only when a run starts
+
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.output_dir or APP_DIR / "outputs" / f"{stamp}-{args.dataset}-{args.valuation}"
     cfg: dict[str, Any] = {
         "num-server-rounds": args.rounds, "clients-per-round": args.clients_per_round,
         "dataset": args.dataset, "valuation": args.valuation,
-        "data-dir": str((args.data_dir or default_data_dir()).resolve()),
+        "data-dir": str(resolve_data_dir(args.data_dir)),
         "output-dir": str(Path(out).resolve()),
     }
     for item in args.set:

@@ -124,11 +124,14 @@ def test_unknown_names_list_the_valid_ones() -> None:
 
 def test_resolve_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("FEDOWEN_DATA", raising=False)
-    assert resolve_data_dir(None) == Path("~/.cache/fedowen/data").expanduser()
+    shared = tmp_path / "shared" / "data"
+    assert resolve_data_dir(None, shared) == Path("~/.cache/fedowen/data").expanduser()
+    shared.mkdir(parents=True)
+    assert resolve_data_dir(None, shared) == shared
     monkeypatch.setenv("FEDOWEN_DATA", str(tmp_path / "env"))
-    assert resolve_data_dir(None) == tmp_path / "env"
-    assert resolve_data_dir("") == tmp_path / "env"
-    assert resolve_data_dir(str(tmp_path / "cfg")) == tmp_path / "cfg"
+    assert resolve_data_dir(None, shared) == tmp_path / "env"
+    assert resolve_data_dir("", shared) == tmp_path / "env"
+    assert resolve_data_dir(str(tmp_path / "cfg"), shared) == tmp_path / "cfg"
 
 
 def test_to_tensor_standardises(shared_data_dir: Path) -> None:
