@@ -84,9 +84,10 @@ class RunRecorder:
         _atomic_write(self.output_dir / LEDGER_FILE, buf.getvalue())
 
     def write_json(self, name: str, payload: dict[str, Any]) -> Path:
-        """Write ``payload`` as ``name`` (e.g. the run's settings or summary)."""
+        """Write ``payload`` as ``name`` (e.g. the run's settings or summary) atomically:
+        ``summary.json`` is the runner's "done" marker, so it is never seen half written."""
         path = self.output_dir / name
-        path.write_text(json.dumps(_jsonable(payload), indent=2) + "\n")
+        _atomic_write(path, json.dumps(_jsonable(payload), indent=2) + "\n")
         return path
 
 
@@ -99,6 +100,7 @@ def _round_of(row: dict[str, Any]) -> float:
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, then move it into place."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)

@@ -181,16 +181,17 @@ class FedOwen(FedAvg):
                 "select_rng": self.select_rng.bit_generator.state,
                 "value_rng": self.value_rng.bit_generator.state}
 
-    def load_state_dict(self, state: dict[str, Any], completed_rounds: int) -> None:
-        """Continue after ``completed_rounds``: the next ``start`` round 1 is round
-        ``completed_rounds + 1`` for selection, seeds and records."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a checkpoint's state. To continue after ``r`` completed rounds also set
+        ``round_offset = r``: the next ``start``'s round 1 is then round ``r + 1`` for
+        selection, seeds and records (the ServerApp's Flower strategies take the same
+        attribute)."""
         self.phi = {str(k): float(v) for k, v in state["phi"].items()}
         self.counts = {str(k): int(v) for k, v in state["counts"].items()}
         self.identities = IdentityBook({int(k): str(v)
                                         for k, v in state["client_of_node"].items()})
         self.select_rng.bit_generator.state = state["select_rng"]
         self.value_rng.bit_generator.state = state["value_rng"]
-        self.round_offset = completed_rounds
 
     @property
     def client_of_node(self) -> dict[int, str]:

@@ -40,6 +40,7 @@ from fedowen_strategy.records import RunRecorder, read_rounds
 from fedowen_strategy.replies import record_to_state
 from fedowen_strategy.strategy import FedOwen
 from fedowen_strategy.torch_utility import CoalitionUtility
+from fedowen_strategy.torch_utility.batched import resolve_device
 from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
 from fedowen_task.partition import server_eval_split
@@ -62,13 +63,6 @@ def route_library_logs() -> None:
             if handler not in lib.handlers:
                 lib.addHandler(handler)
         lib.propagate = False
-
-
-def pick_device(name: str) -> torch.device:
-    """``auto``: the GPU when there is one, else the CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def server_sets(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
@@ -119,10 +113,10 @@ def _resume(cfg: RunConfig, recorder: RunRecorder, strategy: Strategy,
     check_run_config(ckpt, cfg.federation_config(), cfg.resume_from,
                      defaults=RunConfig().federation_config())
     model.load_state_dict({k: torch.as_tensor(v) for k, v in ckpt.global_state.items()})
-    if isinstance(strategy, FedOwen):
-        strategy.load_state_dict(ckpt.strategy_state, ckpt.server_round)
-    else:  # a stateless Flower strategy (checked by the config): only the round numbers move
-        strategy.round_offset = ckpt.server_round  # type: ignore[attr-defined]
+    if isinstance(strategy, FedOwen):  # Flower's strategies here are stateless (config-checked)
+        strategy.load_state_dict(ckpt.strategy_state)
+    # the one resume offset, of FedOwen and of server_app.strategies.Recorded alike
+    strategy.round_offset = ckpt.server_round  # type: ignore[attr-defined]
     recorder.truncate_after(ckpt.server_round)
     log.info("Resuming after round %d of %d from %s", ckpt.server_round, cfg.num_server_rounds,
              cfg.resume_from)
@@ -132,12 +126,13 @@ def _resume(cfg: RunConfig, recorder: RunRecorder, strategy: Strategy,
 def make_strategy(cfg: RunConfig, num_nodes: int, model: torch.nn.Module,
                   sets: tuple[torch.Tensor, ...], recorder: RunRecorder) -> Strategy:
     """FedOwen with a coalition utility on the evaluation set, or Flower's strategy."""
+    device = resolve_device(cfg.torch_device())
     if cfg.strategy != "fedowen":
         random.seed(cfg.seed)  # Flower's strategies sample nodes with the global random
         return build_flower_strategy(cfg, num_nodes, recorder.log_train,
-                                     **peer_arguments(cfg, model, sets, pick_device(cfg.device)))
+                                     **peer_arguments(cfg, model, sets, device))
     factory = CoalitionUtility(model, sets[0], sets[1], metric=cfg.utility_metric,
-                               device=pick_device(cfg.device))
+                               device=device)
     return build_strategy(cfg, factory, recorder)
 
 
@@ -251,7 +246,7 @@ def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tens
     evaluated model is kept in ``latest["arrays"]`` (the final model, even if nothing was
     aggregated)."""
     eval_model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
-    device, started = pick_device(cfg.device), time.perf_counter()
+    device, started = resolve_device(cfg.torch_device()), time.perf_counter()
     state_of = strategy.state_dict if isinstance(strategy, FedOwen) else dict
     last_end = [started]  # when the previous evaluation finished
 

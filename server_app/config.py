@@ -94,6 +94,10 @@ class RunConfig(TaskConfig):
         """(selection, aggregation) with ``auto`` resolved for this valuation."""
         return resolve_axes(self.valuation, self.selection, self.aggregation)
 
+    def torch_device(self) -> str | None:
+        """``device`` for torch's resolver: None for ``auto`` (the GPU when there is one)."""
+        return None if self.device == "auto" else self.device
+
     def selection_params(self) -> SelectionParams:
         """Algorithm 2's constants."""
         return SelectionParams(epsilon=self.epsilon, c=self.ucb_c, tau=self.tau)
