@@ -1,11 +1,10 @@
-"""Tests for fedowen_task.partition (and its re-export sim.partition)."""
+"""Tests for fedowen_task.partition."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-import sim.partition
 from fedowen_task import dirichlet
 from fedowen_task.data import DatasetArrays
 from fedowen_task.partition import (
@@ -206,8 +205,3 @@ def test_federated_split_writer_scheme() -> None:
             fake_dataset(labels), num_clients=2, alpha=1.0, imbalance_factor=1.0, seed=0,
             scheme="writer",
         )  # fmt: skip
-
-
-def test_sim_reexports_the_task_module() -> None:
-    assert sim.partition.partition_indices is partition_indices
-    assert sim.partition.federated_split is federated_split

@@ -9,7 +9,7 @@ import torch
 
 from fedowen_strategy.torch_utility.batched import CoalitionGame, coalition_coefficients
 from fedowen_task.models import build_model, state_to_numpy
-from server_app.utility_reference import naive_utility
+from tests.utility_reference import naive_utility
 
 Case = tuple[
     torch.nn.Module,

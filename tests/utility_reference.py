@@ -1,7 +1,8 @@
 """Reference coalition utility: the slow, obviously-correct per-coalition evaluation.
 
-Used by the tests and the benchmark to check and time
-:class:`fedowen_strategy.torch_utility.batched.CoalitionGame`; never by the server itself.
+A test oracle: ``tests/test_utility.py`` checks
+:class:`fedowen_strategy.torch_utility.batched.CoalitionGame` against it, and
+``benchmarks/bench_utility.py`` times both. Test code only.
 """
 
 from __future__ import annotations
