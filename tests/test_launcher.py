@@ -1,0 +1,87 @@
+"""sim.launcher.flwr_run reads a run's final status back from ``flwr list``, over a fake ``flwr``.
+
+``flwr run`` exits 0 even when the run failed, so the status must come from ``flwr list``.
+The fake ``flwr`` executable answers ``run`` as Flower does (the run id in its output) and
+``list`` with the statuses given, one per call, so polling and failure are checked without a
+SuperLink (the real ``flwr run`` paths are the e2e tests in test_e2e_flwr_run.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import sim.launcher
+from sim.launcher import flwr_run
+
+RUN_ID = 1859953118041441032
+FAKE_FLWR = """#!{python}
+import json, sys
+from pathlib import Path
+here = Path(__file__).parent
+if sys.argv[1] == "run":
+    print({run_line!r}, flush=True)
+elif sys.argv[1] == "list":
+    calls = here / "list-calls"
+    n = int(calls.read_text()) if calls.exists() else 0
+    calls.write_text(str(n + 1))
+    statuses = json.loads((here / "statuses.json").read_text())
+    run = {{"run-id": int(sys.argv[sys.argv.index("--run-id") + 1]),
+           "status": statuses[min(n, len(statuses) - 1)]}}
+    print(json.dumps({{"success": True, "runs": [run]}}))
+"""
+
+
+@dataclass
+class Link:
+    flwr_home: Path
+    name: str = "fake"
+
+
+def fake_flwr(bin_dir: Path, statuses: list[str], run_line: str) -> Path:
+    bin_dir.mkdir()
+    (bin_dir.parent / "home").mkdir(exist_ok=True)  # the Link's FLWR_HOME
+    script = bin_dir / "flwr"
+    script.write_text(FAKE_FLWR.format(python=sys.executable, run_line=run_line))
+    script.chmod(0o755)
+    (bin_dir / "statuses.json").write_text(json.dumps(statuses))
+    return bin_dir
+
+
+def test_a_run_that_fails_at_once_is_reported_failed(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: flwr run "succeeds" (exit 0, a run id), flwr list says the run failed
+    bin_dir = fake_flwr(tmp_path / "bin", ["starting", "finished:failed"],
+                        f"Successfully started run {RUN_ID}")
+    monkeypatch.setattr(sim.launcher, "BIN", bin_dir)
+    # Execute
+    outcome = flwr_run(Link(tmp_path / "home"), {"num-server-rounds": 1}, num_supernodes=2,
+                       timeout=30)
+    # Assert: the status was polled past "starting" and the failure is not an ok outcome
+    assert outcome.run_id == RUN_ID
+    assert outcome.status == "finished:failed" and not outcome.ok
+    assert (bin_dir / "list-calls").read_text() == "2"
+
+
+def test_a_completed_run_is_ok_and_an_unsubmitted_one_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare
+    done = fake_flwr(tmp_path / "done", ["running", "running", "finished:completed"],
+                     f"run ID: {RUN_ID}")
+    refused = fake_flwr(tmp_path / "refused", ["finished:completed"],
+                        "[code: 15] Invalid run configuration.")
+    # Execute
+    monkeypatch.setattr(sim.launcher, "BIN", done)
+    completed = flwr_run(Link(tmp_path / "home"), {}, num_supernodes=2, timeout=30)
+    monkeypatch.setattr(sim.launcher, "BIN", refused)
+    unsubmitted = flwr_run(Link(tmp_path / "home"), {}, num_supernodes=2, timeout=30)
+    # Assert
+    assert completed.ok and completed.status == "finished:completed"
+    assert (done / "list-calls").read_text() == "3"
+    assert unsubmitted.status == "not-submitted" and unsubmitted.run_id is None
+    assert not unsubmitted.ok and "Invalid run configuration" in unsubmitted.output
+    assert not (refused / "list-calls").exists()  # no run id: flwr list is never asked
