@@ -25,11 +25,8 @@ class TrainConfig:
     """Local-training hyperparameters, validated.
 
     The defaults (``lr=0.02, momentum=0.9, batch_size=10, local_epochs=1``, no weight decay)
-    come from measurements on this project's 2-core machine: plain FedAvg, LeNet, MNIST,
-    100 clients, 10 per round, 100 rounds, per-class Dirichlet ``alpha=0.1``, imbalance
-    factor 0.05 reached 95.6% test accuracy with ``lr=0.02`` and batch 10 (the paper reports
-    93.66% for FedAvg); ``lr=0.01`` with batch 32 reached only 64% at imbalance 0.01, and
-    ``lr=0.05`` diverged. One local epoch is the paper's setting (Sec. 4.1).
+    were chosen by plain-FedAvg runs on MNIST (measurements: docs/defaults.md); one local
+    epoch is the paper's setting (Sec. 4.1).
     """
 
     lr: float = 0.02
