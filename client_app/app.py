@@ -160,7 +160,9 @@ def train_handler(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_handler(msg: Message, context: Context) -> Message:
-    """Evaluate the received model on this client's partition."""
+    """Evaluate the received model on this client's partition (federated evaluation: this
+    app's ServerApp evaluates centrally, but FedOwen as a drop-in FedAvg, or any Flower
+    strategy, sends evaluate messages whenever ``fraction_evaluate > 0``)."""
     cfg = _config(tuple(sorted(context.run_config.items())))
     x, y, _, _ = _partition(cfg, context)
     client_id = _client_id(context)

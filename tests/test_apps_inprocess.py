@@ -118,3 +118,28 @@ def test_at_least_half_the_nodes_run_with_k_capped(shared_data_dir: Path,
                                       for i in range(4)], run_config)
     run(grid, parse_run_config(run_config), tmp_path)
     assert len(read_rounds(tmp_path)[1]["returned"]) == 4
+
+
+def test_federated_evaluation_reaches_the_clientapp(shared_data_dir: Path,
+                                                    tmp_path: Path) -> None:
+    # FedOwen is a drop-in FedAvg: with fraction_evaluate > 0 (FedAvg's default) it sends
+    # evaluate messages, which the ClientApp's evaluate handler must answer
+    from flwr.app import ArrayRecord
+
+    from fedowen_strategy import FedOwen
+    from fedowen_strategy.contribution import ValuationSettings
+    from fedowen_task.models import build_model
+
+    # Prepare
+    run_config = small_run_config(shared_data_dir, tmp_path, **{"client-max-samples": 100})
+    grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": 4}
+                                      for i in range(4)], run_config)
+    strategy = FedOwen(valuation=ValuationSettings(method="none"), fraction_evaluate=1.0,
+                       min_available_nodes=4, min_evaluate_nodes=4, node_wait_timeout=5.0)
+    # Execute
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(
+        build_model("lenet", 1, 10, seed=0).state_dict()), num_rounds=1)
+    # Assert: every node evaluated the round's model on its partition
+    assert sorted(grid.sent[-1]) == [1000, 1001, 1002, 1003]
+    metrics = result.evaluate_metrics_clientapp[1]
+    assert 0.0 <= metrics["eval-accuracy"] <= 1.0 and metrics["eval-loss"] > 0.0
