@@ -160,13 +160,13 @@ class Recorded(Strategy):
 
 
 def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
-                          round_offset: int = 0, **extra: Any) -> Strategy:
+                          **extra: Any) -> Strategy:
     """Flower's strategy (or a peer) ``cfg.strategy``, recording rounds through ``on_round``;
     ``extra`` are constructor arguments the run config cannot hold (FLTrust's
     ``server_update``)."""
     cls = strategy_class(cfg.strategy)
     recorded = type(f"Recorded{cls.__name__}", (Recorded, cls), {})
     strategy = recorded(**strategy_kwargs(cfg, cls, num_nodes), **extra)
-    strategy.on_round, strategy.round_offset = on_round, round_offset
+    strategy.on_round = on_round  # a resume sets ``round_offset`` (server_app.app._resume)
     strategy.strategy_name = cfg.strategy
     return strategy

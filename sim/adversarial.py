@@ -27,13 +27,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from client_app.adversary import adversary_ids
+from fedowen_strategy.contribution import NO_PHI
+from fedowen_task.config import TaskConfig
 from sim.grid import Preset, expand_grid
 from sim.report import markdown_table
 from sim.results import CellResult, Stat
 
 COLS = ("adversary-kind", "adversary-fraction")
-NO_PHI = ("none", "multikrum")
-DEFAULTS = {"adversary-kind": "label-flip", "adversary-fraction": 0.0}  # pyproject.toml's
+DEFAULTS = {"adversary-kind": TaskConfig.adversary_kind,
+            "adversary-fraction": TaskConfig.adversary_fraction}
 
 
 def _cols(cfg: dict[str, Any], extra: tuple[str, ...] = ()) -> tuple[Any, ...]:
