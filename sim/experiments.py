@@ -70,6 +70,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--jobs {args.jobs} needs --backend inline (flwr runs share one "
                          "SuperLink and its Ray cluster)")
     data_dir = resolve_data_dir(args.data_dir)
+    if args.restore is not None:
+        results.mkdir(parents=True, exist_ok=True)
+        print(f"[experiments] restored {restore_cells(args.restore, results)} cells from "
+              f"{args.restore}", flush=True)
     if backend == "inline":
         runner = Runner(preset, results, data_dir, run_fn=inline_run, link_factory=nullcontext,
                         jobs=args.jobs)
@@ -115,9 +119,50 @@ def cmd_report(args: argparse.Namespace) -> int:
         path = args.preset.resolve()
         source = str(path.relative_to(APP_DIR) if path.is_relative_to(APP_DIR) else path)
     files = write_report(preset, results, out, command=args.command_note, source=source)
+    if args.archive:
+        files.append(archive_cells(preset, results, out / ARCHIVE))
     print(f"[experiments] report of {results} written to {out}: "
           + ", ".join(sorted(p.name for p in files)))
     return 0
+
+
+ARCHIVE = "cells.tar.gz"
+ARCHIVED = ("rounds.jsonl", "summary.json", "config.json")
+
+
+def archive_cells(preset: Preset, results: Path, path: Path) -> Path:
+    """Write ``path``: every finished cell's records (``<cell id>/rounds.jsonl``, summary and
+    config), so a fresh checkout can restore them (``run --restore``) and go on."""
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for cell in preset.cells():
+            cell_dir = results / cell.cell_id
+            if (cell_dir / "summary.json").exists():
+                for name in ARCHIVED:
+                    if (cell_dir / name).exists():
+                        tar.add(cell_dir / name, arcname=f"{cell.cell_id}/{name}")
+    return path
+
+
+def restore_cells(archive: Path, results: Path) -> int:
+    """Unpack an :func:`archive_cells` file into ``results`` without overwriting a cell that is
+    already there; returns how many cells were restored."""
+    import tarfile
+
+    if not archive.is_file():
+        raise SystemExit(f"--restore {archive}: no such file (a report's {ARCHIVE})")
+    restored = set()
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            cell, _, name = member.name.partition("/")
+            if not member.isfile() or name not in ARCHIVED or "/" in name or ".." in cell:
+                continue
+            if (results / cell / "summary.json").exists() and cell not in restored:
+                continue
+            tar.extract(member, results, filter="data")
+            restored.add(cell)
+    return len(restored)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -146,6 +191,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     status.add_argument("-v", "--verbose", action="store_true", help="list every cell")
     report.add_argument("--out", type=Path, default=None,
                         help="report dir (default docs/results/<preset name>)")
+    report.add_argument("--archive", action="store_true",
+                        help=f"also write {ARCHIVE}: the finished cells' records (run "
+                             "--restore unpacks them)")
+    run.add_argument("--restore", type=Path, default=None, metavar="ARCHIVE",
+                     help=f"first unpack a report's {ARCHIVE} into the results dir (finished "
+                          "cells are not run again)")
     report.add_argument("--command-note", default=None,
                         help="the command that produced the results, quoted in the README")
     return p.parse_args(argv)

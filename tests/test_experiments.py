@@ -338,3 +338,27 @@ def test_real_flwr_run_preset_resumes_and_reports(tmp_path: Path, shared_data_di
     assert first["done"] == 1 and second["done"] == 1
     assert len(read_state(tmp_path / "res")[preset.cells()[0].cell_id]) == 1
     assert "Cells finished: 1 of 1" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_archive_restores_finished_cells_only_and_keeps_existing_ones(tmp_path: Path) -> None:
+    # Prepare: a sweep whose second cell crashed before finishing
+    from sim.experiments import archive_cells, restore_cells
+
+    fake = FakeFlwr(["ok", "crash-after-ckpt", "crash-after-ckpt"])
+    runner = make_runner(tmp_path, fake)
+    runner.run()
+    done, crashed = (c.cell_id for c in runner.preset.cells())
+    archive = archive_cells(runner.preset, runner.results, tmp_path / "cells.tar.gz")
+    fresh = tmp_path / "fresh"
+    (fresh / done).mkdir(parents=True)
+    (fresh / done / "summary.json").write_text('{"kept": true}')
+    # Execute
+    restored_into_fresh = restore_cells(archive, fresh)
+    restored_into_empty = restore_cells(archive, tmp_path / "empty")
+    # Assert: only the finished cell travels, an existing cell is not overwritten
+    assert restored_into_fresh == 0
+    assert (fresh / done / "summary.json").read_text() == '{"kept": true}'
+    assert restored_into_empty == 1
+    assert (tmp_path / "empty" / done / "rounds.jsonl").read_text() == \
+        (runner.results / done / "rounds.jsonl").read_text()
+    assert not (tmp_path / "empty" / crashed).exists()
