@@ -2,7 +2,7 @@
 and estimator seeds (issue 11, "signal before weighting").
 
 A recorded round: equal-weight FedAvg runs ``--rounds-before`` rounds of the paper's setting
-(MNIST, IF 0.01, 100 clients, 10 per round, per-class split, the ablation's local recipe) through
+(MNIST, IF 0.01, 100 clients, 10 per round, per-class split, the app's local recipe) through
 the inline backend; then ten clients drawn with a seeded generator train one round from that
 global model through the real ClientApp. Their updates are valued with the app's estimator
 (``owen``, budget 10 x M = 40 utility calls) in the delta game (equal shares), under
@@ -56,7 +56,7 @@ def base_config(alpha: float, seed: int, data_dir: Path) -> dict[str, Any]:
     """The ablation protocol's run config for equal-weight FedAvg."""
     return {"dataset": "mnist", "data-dir": str(data_dir), "imbalance-factor": 0.01,
             "alpha": alpha, "partition-scheme": "per-class", "clients-per-round": CLIENTS,
-            "momentum": 0.5, "seed": seed, "valuation": "none", "selection": "random",
+            "seed": seed, "valuation": "none", "selection": "random",
             "aggregation": "uniform", "torch-threads": 1}
 
 
