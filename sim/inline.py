@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.launcher import APP_DIR, RunOutcome
-from sim.procs import follow, stop_tree
+from sim.procs import follow, stop_tree, tracked
 
 log = logging.getLogger(__name__)
 COMPLETED = "finished:completed"
@@ -66,7 +66,8 @@ def inline_run(_link: Any, run_config: dict[str, Any], *, num_supernodes: int,
     proc = subprocess.Popen(cmd, env=env, cwd=APP_DIR, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        lines, timed_out = follow(proc, stream_to, timeout)
+        with tracked(proc):  # a SIGTERM to the runner stops it from the main thread
+            lines, timed_out = follow(proc, stream_to, timeout)
         if timed_out:
             lines.append(f"[inline] timed out after {timeout:.0f}s; killed\n")
     finally:  # also on SIGTERM/SIGINT: no cell process is left behind

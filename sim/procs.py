@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -114,8 +115,11 @@ def exit_on_signals() -> Iterator[None]:
     exited, so a second Ctrl-C cannot cut the cleanup short (SIGKILL still can)."""
 
     def handler(signum: int, _frame: FrameType | None) -> None:
+        # A Python no-op, not SIG_IGN: an ignored disposition survives exec, so children
+        # started during the cleanup (a runner's next cell) would be deaf to SIGTERM.
         for sig in SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
+            signal.signal(sig, _ignore)
+        stop_tracked()
         raise Terminated(128 + signum)
 
     saved = {sig: signal.signal(sig, handler) for sig in SIGNALS}
@@ -124,3 +128,37 @@ def exit_on_signals() -> Iterator[None]:
     finally:
         for sig, previous in saved.items():
             signal.signal(sig, previous)
+
+
+def _ignore(_signum: int, _frame: FrameType | None) -> None:
+    """Swallow a repeated signal while the cleanup runs."""
+
+
+_TRACKED: set[subprocess.Popen[str]] = set()
+_TRACK_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
+@contextmanager
+def tracked(process: subprocess.Popen[str], grace: float = 5.0) -> Iterator[None]:
+    """Register a child that worker threads wait on, so a signal in the main thread can stop it
+    (:func:`stop_tracked`); a child started after that is stopped at once."""
+    with _TRACK_LOCK:
+        _TRACKED.add(process)
+    if _STOPPING.is_set():
+        stop_tree(process, grace=grace)
+    try:
+        yield
+    finally:
+        with _TRACK_LOCK:
+            _TRACKED.discard(process)
+
+
+def stop_tracked(grace: float = 5.0) -> None:
+    """Stop every :func:`tracked` child (and any tracked later), e.g. the cells that a
+    runner's worker threads are following when SIGTERM arrives."""
+    _STOPPING.set()
+    with _TRACK_LOCK:
+        running = list(_TRACKED)
+    for proc in running:
+        stop_tree(proc, grace=grace)

@@ -268,9 +268,14 @@ class Runner:
             else:
                 with ThreadPoolExecutor(self.jobs) as pool:
                     futures = [pool.submit(work, cell, st) for cell, st in todo]
-                    for future in as_completed(futures):
-                        counts[future.result()] += 1
-                        tick()
+                    try:
+                        for future in as_completed(futures):
+                            counts[future.result()] += 1
+                            tick()
+                    except BaseException:  # SIGTERM/SIGINT: start no further cell
+                        for future in futures:
+                            future.cancel()
+                        raise
         finally:
             self.link.close()
         return counts

@@ -115,3 +115,31 @@ def test_sigterm_to_sim_deploy_stops_superlink_supernodes_and_serverapp(
         _terminate_and_check(proc, tree, log)
     finally:
         _cleanup(proc, tree)
+
+
+@pytest.mark.e2e
+def test_sigterm_to_parallel_inline_sweep_stops_its_cells_and_starts_no_more(
+        shared_data_dir: Path, tmp_path: Path) -> None:
+    # Prepare: four long cells, two at a time, on the inline backend
+    preset = tmp_path / "long.toml"
+    preset.write_text(
+        '[preset]\nname = "long"\nnum-supernodes = 4\nbackend = "inline"\n'
+        '[base]\ndataset = "mnist"\nnum-server-rounds = 200\nclients-per-round = 2\n'
+        'valuation = "none"\nclient-max-samples = 20\ntest-max-samples = 100\n'
+        '[[grid]]\nname = "g"\naxes = { seed = [0, 1, 2, 3] }\n')
+    log = tmp_path / "sweep.log"
+    proc = _start([str(BIN / "python"), "-m", "sim.experiments", "run", str(preset), "--jobs",
+                   "2", "--results", str(tmp_path / "res"), "--data-dir", str(shared_data_dir)],
+                  log)
+    tree: dict[int, str] = {}
+    try:
+        # Execute: once both cells run, SIGTERM the runner alone
+        tree.update(_wait_for(proc, lambda t: sum("sim.inline" in c for c in t.values()) == 2,
+                              120, log))
+        _terminate_and_check(proc, tree, log)
+        # Assert: no third cell was started during the cleanup
+        started = [d for d in (tmp_path / "res").iterdir() if (d / "inline-run-config.json")
+                   .exists()]
+        assert len(started) == 2, sorted(d.name for d in started)
+    finally:
+        _cleanup(proc, tree)
