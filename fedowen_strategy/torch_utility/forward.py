@@ -11,8 +11,8 @@ pool, so every logit is bit-identical to the eager model (tested), and they appl
 ``torch.fx`` can trace. Pools that do not fit the pattern fall back to ``F.max_pool2d``.
 
 Measured on this project's 2-core machine (LeNet, 600 images, 1 thread, CPU seconds, same
-process): eager forward 1.00, rewritten 0.52-0.59 at batch 256, 0.47 at batch 128 (eager at
-128: 0.95); ``torch.compile`` of the same forward 0.66 after a 60-75 s compile, also
+process): eager forward 1.00, rewritten 0.53-0.59 at batch 256, 0.47-0.51 at batch 128
+(eager at 128: 0.95); ``torch.compile`` of the same forward 0.66 after a 60-75 s compile, also
 bit-identical. ResNet-18 (CIFAR variant) has no max-pool: the rewrite leaves it as it is
 (``torch.compile`` gave 0.88 there, with logits off by 2e-8).
 """
