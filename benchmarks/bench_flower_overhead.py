@@ -43,8 +43,8 @@ from benchmarks._common import (
     summarise,
     write_outputs,
 )
+from fedowen_task.data import resolve_data_dir
 from sim.launcher import LocalSuperLink, flwr_run
-from sim.run import default_data_dir
 
 
 def run_config(args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.rounds < 2 or args.repeats < 1:
         p.error("--rounds must be >= 2 (round 1 is reported apart) and --repeats >= 1")
-    args.data_dir = (args.data_dir or default_data_dir()).resolve()
+    args.data_dir = resolve_data_dir(args.data_dir)
     machine = machine_info()
     print(machine, flush=True)
     runs: dict[str, list[dict[str, Any]]] = {"inprocess": [], "flower": []}

@@ -32,7 +32,7 @@ from benchmarks._common import (
     write_outputs,
 )
 from benchmarks.bench_flower_overhead import flower_job
-from sim.run import default_data_dir
+from fedowen_task.data import resolve_data_dir
 
 
 def _children_of_self() -> list[int]:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out-json", default=None)
     p.add_argument("--out-md", default=None)
     args = p.parse_args(argv)
-    args.data_dir = (args.data_dir or default_data_dir()).resolve()
+    args.data_dir = resolve_data_dir(args.data_dir)
     machine = machine_info()
     print(machine, flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:

@@ -5,7 +5,7 @@ real batched torch utility (:class:`fedowen_strategy.torch_utility.batched.Coali
 LeNet, the MNIST server evaluation set of 600 images = 1% of the 60k training images) at the
 server's budget ``n x budget-m`` (``2^n`` for ``exact``), with the estimator parameters the
 ServerApp passes (``RunConfig.estimator_params``). The time covers building the utility
-(stacking the states, the stem cache), ``nu(empty)`` and ``nu(N)``, and the estimator.
+(stacking the states, the chunk size), ``nu(empty)`` and ``nu(N)``, and the estimator.
 
 Client states: a seeded LeNet is trained for one epoch on ``--global-samples`` MNIST images
 (the round's global model); each of the n clients then trains a copy for one epoch on its own
@@ -14,11 +14,12 @@ really differ in accuracy (truncating methods such as GTG behave as in a run).
 
 Baseline, measured in the same run: one plain forward pass of the global LeNet over the 600
 images (``forward``); ``valuation / forward`` says how many forward passes a round's
-valuation costs (FedAvg itself values nothing). The stem-cache build (``CoalitionGame``
-construction alone) is timed separately. Jobs are repeated ``--repeats`` times in rotating
-order; the table shows the minimum seconds, and ``valuation / forward`` is the median over
-runs of each run's seconds over the mean of the forward passes timed just before and after
-it (the load on a shared machine swings within seconds, so only adjacent timings compare).
+valuation costs (FedAvg itself values nothing). The utility's construction for a round
+(the factory's call alone, ``build``) is timed separately. Jobs are repeated ``--repeats``
+times in rotating order; the table shows the minimum seconds, and ``valuation / forward``
+is the median over runs of each run's seconds over the mean of the forward passes timed just
+before and after it (the load on a shared machine swings within seconds, so only adjacent
+timings compare).
 Example::
 
     PYTHONPATH=. python benchmarks/bench_valuation_time.py \
@@ -105,7 +106,7 @@ def bench_n(n: int, repeats: int, args: argparse.Namespace) -> list[dict[str, An
         return lambda: value_round(r["states"], r["sizes"], r["global"], settings, factory, rng)
 
     jobs: dict[str, Callable[[], Any]] = {m: valuation(m) for m in methods}
-    jobs["stem-build"] = lambda: factory(r["global"], r["states"], r["sizes"])
+    jobs["build"] = lambda: factory(r["global"], r["states"], r["sizes"])
     forward()  # warm-up
     runs: dict[str, list[float]] = {k: [] for k in [*jobs, "forward"]}
     paired: dict[str, list[float]] = {k: [] for k in jobs}  # run / forward around it
@@ -120,20 +121,20 @@ def bench_n(n: int, repeats: int, args: argparse.Namespace) -> list[dict[str, An
             runs["forward"].append(fwd_before)
             runs[key].append(seconds)
             paired[key].append(seconds / ((fwd_before + fwd_after) / 2))
-            if key != "stem-build":
+            if key != "build":
                 evals[key] = out.n_evals
         print(f"n={n} repeat {rep + 1}/{repeats} done, load {load_average()[0]:.1f}",
               flush=True)
     fwd = summarise(runs["forward"], args.summary)
-    stem = summarise(runs["stem-build"], args.summary)
+    build = summarise(runs["build"], args.summary)
     rows = []
     for m in methods:
         sec = summarise(runs[m], args.summary)
         budget = 2**n if m == "exact" else n * args.budget_m
         rows.append({"method": m, "n": n, "budget": 0 if m == "shapfed-wa" else budget,
                      "n_evals": evals[m], "seconds": sec, "forward_s": fwd,
-                     "over_forward": statistics.median(paired[m]), "stem_build_s": stem,
-                     "stem_over_forward": statistics.median(paired["stem-build"]),
+                     "over_forward": statistics.median(paired[m]), "build_s": build,
+                     "build_over_forward": statistics.median(paired["build"]),
                      "runs_s": runs[m], "over_forward_runs": paired[m]})
     return rows
 
@@ -141,10 +142,10 @@ def bench_n(n: int, repeats: int, args: argparse.Namespace) -> list[dict[str, An
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one row per (method, n)."""
     head = ["method", "n", "budget", "n_evals", "seconds", "forward s", "valuation / forward",
-            "of which stem build s"]
+            "of which build s"]
     body = [[r["method"], r["n"], r["budget"], r["n_evals"], f"{r['seconds']:.3f}",
              f"{r['forward_s'] * 1e3:.1f} ms", f"{r['over_forward']:.1f}",
-             "-" if r["method"] == "shapfed-wa" else f"{r['stem_build_s']:.3f}"]
+             "-" if r["method"] == "shapfed-wa" else f"{r['build_s']:.3f}"]
             for r in sorted(rows, key=lambda r: (METHODS.index(r["method"]), r["n"]))]
     return markdown_table(head, body)
 

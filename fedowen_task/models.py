@@ -1,9 +1,7 @@
 """Models shared by the client and server apps: LeNet-5 and a CIFAR-style ResNet-18.
 
-Every model exposes the split the batched coalition utility
-(``fedowen_strategy.torch_utility``) relies on: an attribute ``stem`` (the first layer, an
-``nn.Conv2d``, linear in its weights and bias) and a method ``forward_from_stem(h)``
-(everything after the stem), with ``forward(x) == forward_from_stem(stem(x))``.
+The first layer of each is called ``stem`` (its arrays are ``stem.weight`` / ``stem.bias`` in
+every checkpoint and ArrayRecord).
 
 References
 ----------
@@ -38,17 +36,13 @@ class LeNet5(nn.Module):
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, num_classes)
 
-    def forward_from_stem(self, h: torch.Tensor) -> torch.Tensor:
-        """Everything after ``stem``: (B, 6, 28, 28) -> logits (B, num_classes)."""
-        h = F.max_pool2d(F.relu(h), 2)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(F.relu(self.stem(x)), 2)
         h = F.max_pool2d(F.relu(self.conv2(h)), 2)
         h = torch.flatten(h, 1)
         h = F.relu(self.fc1(h))
         h = F.relu(self.fc2(h))
         return self.fc3(h)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_from_stem(self.stem(x))
 
 
 class BasicBlock(nn.Module):
@@ -90,14 +84,10 @@ class ResNet18(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(512, num_classes)
 
-    def forward_from_stem(self, h: torch.Tensor) -> torch.Tensor:
-        """Everything after ``stem``: (B, 64, H, W) -> logits (B, num_classes)."""
-        h = F.relu(self.bn1(h))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn1(self.stem(x)))
         h = self.layer4(self.layer3(self.layer2(self.layer1(h))))
         return self.fc(torch.flatten(self.avgpool(h), 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_from_stem(self.stem(x))
 
 
 _BUILDERS: dict[str, Callable[[int, int], nn.Module]] = {"lenet": LeNet5, "resnet18": ResNet18}

@@ -186,6 +186,8 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     cfg = replace(cfg, clients_per_round=min(cfg.clients_per_round, len(nodes)))
     if cfg.torch_threads:  # torch's default (all cores) was 4-6x slower on a shared 2-core box
         torch.set_num_threads(cfg.torch_threads)
+    log.info("torch threads in the ServerApp: %d (run config torch-threads=%d; 0 = torch's "
+             "default)", torch.get_num_threads(), cfg.torch_threads)
     recorder = RunRecorder(out_dir)
     ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
     sets = server_sets(cfg, ds)

@@ -47,20 +47,31 @@ def run_cell(run_config: dict[str, Any], num_supernodes: int) -> dict[str, Any]:
         return run(grid, cfg, cfg.resolved_output_dir(0))
 
 
+def child_env(run_config: dict[str, Any]) -> dict[str, str]:
+    """The cell process's environment: this one, the app first on ``PYTHONPATH``, and OpenMP /
+    MKL threads from ``torch-threads`` (default 1; 0 leaves them as they are)."""
+    env = {**os.environ, "PYTHONPATH": str(APP_DIR) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    threads = int(run_config.get("torch-threads", 1))
+    if threads > 0:  # set before torch loads: its OpenMP pool is sized at import
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
 def inline_run(_link: Any, run_config: dict[str, Any], *, num_supernodes: int,
                cpus_per_client: float = 1.0, timeout: float = 3600,
                stream_to: Any = None) -> RunOutcome:
     """Run one cell in a child process (the runner's ``run_fn`` for the inline backend).
 
-    The child gets one torch/OpenMP thread (``cpus_per_client`` is ignored: a cell is one
-    process); its output streams to ``stream_to``; past ``timeout`` seconds it is killed.
+    The child's OpenMP/MKL threads follow the run config's ``torch-threads`` (default 1, as
+    the ServerApp then sets torch's; 0 leaves the libraries' defaults); ``cpus_per_client`` is
+    ignored (a cell is one process). Its output streams to ``stream_to``; past ``timeout``
+    seconds it is killed.
     """
     out = Path(str(run_config["output-dir"]))
     out.mkdir(parents=True, exist_ok=True)
     cfg_file = out / "inline-run-config.json"
     cfg_file.write_text(json.dumps(run_config, indent=1))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONPATH": str(APP_DIR) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = child_env(run_config)
     cmd = [sys.executable, "-m", "sim.inline", "--run-config", str(cfg_file),
            "--num-supernodes", str(num_supernodes)]
     proc = subprocess.Popen(cmd, env=env, cwd=APP_DIR, stdout=subprocess.PIPE,

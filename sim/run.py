@@ -22,14 +22,6 @@ from sim.launcher import APP_DIR, LocalSuperLink, flwr_run
 from sim.procs import exit_on_signals
 
 
-def default_data_dir() -> Path:
-    """The data dir when none is given: :func:`fedowen_task.data.resolve_data_dir` decides
-    (kept by this name for the benchmarks that import it)."""
-    from fedowen_task.data import resolve_data_dir
-
-    return resolve_data_dir(None)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=100, help="server rounds (paper: 100)")

@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedowen_strategy.torch_utility.batched import CoalitionGame, coalition_coefficients
+from fedowen_strategy.torch_utility import CoalitionUtility
+from fedowen_strategy.torch_utility.batched import (
+    CoalitionGame,
+    choose_mode,
+    coalition_coefficients,
+)
 from fedowen_task.models import build_model, state_to_numpy
 from tests.utility_reference import naive_utility
 
@@ -61,28 +66,16 @@ def _setup(name: str, n: int, n_eval: int, seed: int = 0) -> Case:
     return model, glob, clients, num_examples, x, y, rng
 
 
-@pytest.mark.parametrize(("mode", "stem_cache"), [("loop", "on"), ("loop", "off"),
-                                                  ("vmap", "auto")])
+@pytest.mark.parametrize(("mode", "forward"), [("loop", "auto"), ("loop", "eager"),
+                                               ("vmap", "auto")])
 @pytest.mark.parametrize("metric", ["accuracy", "neg-loss"])
-def test_lenet_matches_naive(metric: str, mode: str, stem_cache: str) -> None:
+def test_lenet_matches_naive(metric: str, mode: str, forward: str) -> None:
     # Prepare
     model, glob, clients, num_examples, x, y, rng = _setup("lenet", 5, 64)
     masks = _masks(5, 6, rng)
-    utility = CoalitionGame(
-        model,
-        glob,
-        clients,
-        num_examples,
-        x,
-        y,
-        metric=metric,
-        device="cpu",
-        mode=mode,
-        batch_size=40,
-        chunk_size=3,
-        stem_cache=stem_cache,
-    )
-    assert (utility.stem_cache_bytes > 0) == (stem_cache == "on")
+    utility = CoalitionGame(model, glob, clients, num_examples, x, y, metric=metric,
+                            device="cpu", mode=mode, batch_size=40, chunk_size=3,
+                            forward=forward)
     # Execute
     got = utility(masks)
     expected = naive_utility(model, glob, clients, num_examples, x, y, masks, metric)
@@ -90,6 +83,22 @@ def test_lenet_matches_naive(metric: str, mode: str, stem_cache: str) -> None:
     assert got.dtype == np.float64 and got.shape == (len(masks),)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
     assert len(np.unique(expected)) > 2  # the check is not vacuous
+
+
+def test_lenet_accuracy_identical_to_naive_with_the_default_cpu_forward() -> None:
+    # Prepare: the default CPU path (rewritten pools, batch 128, chunk from memory) against
+    # the naive per-coalition reference (eager model, batch 256), 600 images
+    model, glob, clients, num_examples, x, y, rng = _setup("lenet", 8, 600, seed=4)
+    masks = _masks(8, 10, rng)
+    utility = CoalitionGame(model, glob, clients, num_examples, x, y, device="cpu")
+    # Execute
+    got = utility(masks)
+    expected = naive_utility(model, glob, clients, num_examples, x, y, masks, "accuracy")
+    # Assert: every correct/incorrect decision is the same, so the values are equal exactly
+    assert type(utility._net).__name__ == "LeNet5" and utility.batch_size == 128
+    assert isinstance(utility._net, torch.fx.GraphModule)
+    np.testing.assert_array_equal(got, expected)
+    assert len(np.unique(expected)) > 5
 
 
 @pytest.fixture(scope="module")
@@ -102,39 +111,53 @@ def resnet_case() -> tuple[Case, np.ndarray, dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize(
-    ("mode", "cap", "metric"),
+    ("mode", "chunk", "metric"),
     [
-        ("loop", 2**30, "neg-loss"),
-        ("loop", 0, "neg-loss"),
-        ("vmap", 2**30, "neg-loss"),
-        ("loop", 2**30, "accuracy"),
+        ("loop", None, "neg-loss"),
+        ("loop", 1, "neg-loss"),
+        ("vmap", None, "neg-loss"),
+        ("loop", None, "accuracy"),
+        ("vmap", 2, "accuracy"),
     ],
 )
 def test_resnet18_matches_naive_with_batchnorm(
-    resnet_case: tuple[Case, np.ndarray, dict[str, np.ndarray]], mode: str, cap: int, metric: str
+    resnet_case: tuple[Case, np.ndarray, dict[str, np.ndarray]], mode: str,
+    chunk: int | None, metric: str
 ) -> None:
-    # Prepare: cap=0 turns the stem cache off
+    # Prepare
     case, masks, expected = resnet_case
-    utility = CoalitionGame(
-        *case[:-1], metric=metric, device="cpu", mode=mode, memory_cap_bytes=cap,
-        stem_cache="on",
-    )
+    utility = CoalitionGame(*case[:-1], metric=metric, device="cpu", mode=mode,
+                            chunk_size=chunk)
     # Execute
     got = utility(masks)
     # Assert
-    assert (utility.stem_cache_bytes == 0) == (mode == "vmap" or cap == 0)
     np.testing.assert_allclose(got, expected[metric], rtol=0, atol=1e-5)
+    if metric == "accuracy":
+        np.testing.assert_array_equal(got, expected[metric])
     assert len(np.unique(expected[metric])) > 2  # the check is not vacuous
 
 
-@pytest.mark.parametrize(("n", "cached"), [(5, True), (10, False)])
-def test_auto_stem_cache_only_where_the_stem_outweighs_the_combination(n: int,
-                                                                        cached: bool) -> None:
-    # LeNet's stem does 1 x 5 x 5 = 25 MACs per output; combining n + 1 cached outputs costs
-    # n + 1 memory-bound reads: worth it only when 25 > 4 (n + 1)
-    model, glob, clients, num_examples, x, y, _ = _setup("lenet", n, 8)
-    utility = CoalitionGame(model, glob, clients, num_examples, x, y, device="cpu")
-    assert (utility.stem_cache_bytes > 0) == cached
+def test_auto_mode_rule() -> None:
+    # loop on the CPU whatever the size; on CUDA vmap only for small models (issue 13, H100)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert choose_mode("auto", cpu, 61_706) == "loop"
+    assert choose_mode("auto", cuda, 61_706) == "vmap"  # LeNet
+    assert choose_mode("auto", cuda, 11_183_562) == "loop"  # ResNet-18 with BN statistics
+    assert choose_mode("vmap", cpu, 11_183_562) == "vmap"  # an explicit mode is kept
+
+
+def test_factory_prepares_the_network_once() -> None:
+    # Prepare
+    model, glob, clients, num_examples, x, y, rng = _setup("lenet", 4, 64)
+    factory = CoalitionUtility(model, x, y, device="cpu")
+    masks = _masks(4, 5, rng)
+    # Execute
+    first, second = factory(glob, clients, num_examples), factory(clients[0], clients,
+                                                                  num_examples)
+    fresh = CoalitionGame(model, clients[0], clients, num_examples, x, y, device="cpu")
+    # Assert
+    assert first._net is second._net and first._x is second._x
+    np.testing.assert_array_equal(second(masks), fresh(masks))
 
 
 def test_empty_coalition_is_global_model_and_cache_counts_distinct() -> None:

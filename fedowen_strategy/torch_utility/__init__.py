@@ -10,6 +10,9 @@ nu(S) is the accuracy (or minus the cross-entropy, ``metric="neg-loss"``) on the
 evaluation tensors of the num-examples-weighted average of the models in S; nu(empty) is the
 current global model's. Every round the factory builds a :class:`~.batched.CoalitionGame`,
 which evaluates coalitions in batches (see :mod:`fedowen_strategy.torch_utility.batched`).
+What does not change between rounds is prepared once, on the first round: the network in
+the form its forwards run through (:func:`~.forward.prepare_net`, a ``torch.fx`` trace on the
+CPU) and the evaluation tensors on the device.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedowen_strategy.torch_utility.batched import METRICS, CoalitionGame
+from fedowen_strategy.torch_utility.batched import METRICS, CoalitionGame, resolve_device
+from fedowen_strategy.torch_utility.forward import prepare_net
 
 __all__ = ["CoalitionGame", "CoalitionUtility"]
 
@@ -42,7 +46,7 @@ class CoalitionUtility:
         ``None``: CUDA when available, else the CPU.
     **options
         Passed to :class:`CoalitionGame` (``batch_size``, ``chunk_size``, ``mode``,
-        ``memory_cap_bytes``, ``stem_cache``).
+        ``memory_cap_bytes``, ``forward``).
     """
 
     def __init__(self, model: nn.Module, x_eval: torch.Tensor, y_eval: torch.Tensor, *,
@@ -58,6 +62,17 @@ class CoalitionUtility:
                              f"and {len(y_eval)}")
         self.model, self.x_eval, self.y_eval = model, x_eval, y_eval
         self.metric, self.device, self.options = metric, device, options
+        self._prepared: tuple[torch.nn.Module, torch.Tensor, torch.Tensor] | None = None
+
+    def _prepare(self) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+        """The network and the evaluation tensors on the device, built on the first call."""
+        if self._prepared is None:
+            device = resolve_device(self.device)
+            net = prepare_net(self.model, device, self.options.get("forward", "auto"))
+            dtype = next(v for v in self.model.state_dict().values() if v.is_floating_point())
+            self._prepared = (net, self.x_eval.to(device, dtype.dtype),
+                              self.y_eval.to(device, torch.long))
+        return self._prepared
 
     def __call__(self, global_state: Mapping[str, np.ndarray],
                  client_states: Sequence[Mapping[str, np.ndarray]],
@@ -65,6 +80,7 @@ class CoalitionUtility:
                  shares: Sequence[float] | None = None) -> CoalitionGame:
         """This round's game: the utility of any coalition of ``client_states`` (``shares``:
         the delta game's weights, see :func:`fedowen_strategy.contribution.delta_shares`)."""
-        return CoalitionGame(self.model, global_state, client_states, num_examples, self.x_eval,
-                             self.y_eval, metric=self.metric, device=self.device,
-                             shares=shares, **self.options)
+        net, x_eval, y_eval = self._prepare()
+        return CoalitionGame(self.model, global_state, client_states, num_examples, x_eval,
+                             y_eval, metric=self.metric, device=self.device,
+                             shares=shares, net=net, **self.options)

@@ -83,13 +83,7 @@ class CachedGame:
         return [row.tobytes() for row in np.packbits(masks, axis=1)]
 
     def _check_masks(self, masks: BoolArray) -> BoolArray:
-        masks = np.asarray(masks)
-        if masks.ndim != 2 or masks.shape[1] != self.n_players or masks.dtype != np.bool_:
-            raise ValueError(
-                f"coalitions must be a boolean array of shape (k, {self.n_players}); "
-                f"got dtype {masks.dtype} and shape {masks.shape}"
-            )
-        return masks
+        return check_masks(masks, self.n_players)
 
     def cost(self, masks: BoolArray) -> int:
         """Number of evaluations ``self(masks)`` would charge (new distinct rows)."""
@@ -175,3 +169,14 @@ def summarise(samples: list[FloatArray], n_players: int) -> FloatArray:
     counts = np.sum(~np.isnan(stacked), axis=0)
     filled = np.where(np.isnan(stacked), 0.0, stacked)
     return filled.sum(axis=0) / np.maximum(counts, 1)
+
+
+def check_masks(masks: Any, n: int) -> BoolArray:
+    """Return ``masks`` if it is a boolean (k, n) numpy array (one row per coalition), else
+    raise ValueError saying what it got."""
+    if not isinstance(masks, np.ndarray) or masks.dtype != np.bool_:
+        got = masks.dtype if isinstance(masks, np.ndarray) else type(masks).__name__
+        raise ValueError(f"masks must be a numpy bool array, got {got}; use masks.astype(bool)")
+    if masks.ndim != 2 or masks.shape[1] != n:
+        raise ValueError(f"masks must have shape (k, {n}) for {n} clients, got {masks.shape}")
+    return masks
