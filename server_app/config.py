@@ -63,7 +63,7 @@ class RunConfig(TaskConfig):
     aggregation: str = "auto"
     budget_m: int = 4
     owen_q: int = 2
-    utility_metric: str = "accuracy"
+    utility_metric: str = "neg-loss"
     game: str = "average"
     phi_scale: str = "l1"
     temperature: float = 1.0
