@@ -64,7 +64,7 @@ class RunConfig(TaskConfig):
     budget_m: int = 4
     owen_q: int = 2
     utility_metric: str = "neg-loss"
-    game: str = "average"
+    game: str = "delta"
     phi_scale: str = "l1"
     temperature: float = 1.0
     epsilon: float = 0.1
