@@ -105,7 +105,10 @@ def duplicate_groups(states: Sequence[State], reference: State,
                      tolerance: float) -> list[list[int]]:
     """Groups (of two or more) of near-duplicate updates: ``i`` and ``j`` are near-duplicates
     when ``||d_i - d_j|| <= tolerance * max(||d_i||, ||d_j||)`` for their deltas ``d`` to
-    ``reference`` (two unchanged models are duplicates); groups are connected components."""
+    ``reference``; groups are connected components. An unchanged model (``d = 0``) is no one's
+    copy: honest clients return one when the model already fits their data exactly (measured:
+    one-class clients of a collapsed model, docs/results/duplicates/), and it is a null player
+    in the delta game anyway."""
     if tolerance <= 0 or len(states) < 2:
         return []
     keys = [k for k, v in reference.items() if np.issubdtype(v.dtype, np.floating)]
@@ -121,6 +124,8 @@ def duplicate_groups(states: Sequence[State], reference: State,
 
     for i in range(len(states)):
         for j in range(i + 1, len(states)):
+            if norms[i] == 0 or norms[j] == 0:
+                continue
             if np.linalg.norm(deltas[i] - deltas[j]) <= tolerance * max(norms[i], norms[j]):
                 parent[root(j)] = root(i)
     groups: dict[int, list[int]] = {}

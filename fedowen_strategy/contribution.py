@@ -37,7 +37,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.aggregation import AGGREGATIONS, NEEDS_PHI, mix_and_cap, round_weights
+from fedowen_strategy.aggregation import (
+    AGGREGATIONS,
+    NEEDS_PHI,
+    mix_and_cap,
+    round_weights,
+    share_duplicates,
+)
 from fedowen_strategy.selection import SELECTIONS
 from fedowen_strategy.shapfed import last_layer_key, shapfed_scores
 from fedowen_strategy.valuation import ESTIMATORS, FLAT, estimate
@@ -156,14 +162,17 @@ def _weights(settings: ValuationSettings, phi: NDArray[np.float64],
     return mix_and_cap(weights, settings.uniform_mix, settings.weight_cap)
 
 
-def delta_shares(aggregation: str, num_examples: Sequence[int]) -> NDArray[np.float64]:
+def delta_shares(aggregation: str, num_examples: Sequence[int],
+                 duplicates: Sequence[Sequence[int]] = ()) -> NDArray[np.float64]:
     """The delta game's shares p: the weights the server applies before contributions are
     known, i.e. FedAvg's ``n_i / n`` for ``examples`` and ``1 / n`` otherwise (softmax's weights
-    at T -> infinity; its applied weights depend on phi itself, so they cannot define the game).
+    at T -> infinity; its applied weights depend on phi itself, so they cannot define the game),
+    with each group of ``duplicates`` sharing one member's share as the applied weights do (a
+    copy must not count twice in the game when it counts once in the aggregate).
     """
-    if aggregation == "examples":
-        return round_weights("examples", np.zeros(len(num_examples)), num_examples)
-    return round_weights("uniform", np.zeros(len(num_examples)), num_examples)
+    how = "examples" if aggregation == "examples" else "uniform"
+    shares = round_weights(how, np.zeros(len(num_examples)), num_examples)
+    return share_duplicates(shares, duplicates) if duplicates else shares
 
 
 def scale_phi(phi_raw: NDArray[np.float64], gain: float, scale: str) -> NDArray[np.float64]:
@@ -190,6 +199,7 @@ class _Round:
     num_examples: Sequence[int]
     global_state: Mapping[str, NDArray]
     settings: ValuationSettings
+    duplicates: Sequence[Sequence[int]] = ()
 
 
 def _fedavg(r: _Round, factory: UtilityFactory | None, rng: np.random.Generator
@@ -222,7 +232,8 @@ def _game(r: _Round, factory: UtilityFactory | None, rng: np.random.Generator
         raise ValueError(f"valuation={settings.method!r} needs a utility over coalitions")
     utility = (factory(r.global_state, r.states, r.num_examples) if settings.game == "average"
                else factory(r.global_state, r.states, r.num_examples,
-                            shares=delta_shares(settings.aggregation, r.num_examples)))
+                            shares=delta_shares(settings.aggregation, r.num_examples,
+                                                r.duplicates)))
     result = estimate(settings.method, utility, n,
                       budget=round_budget(settings.method, n, settings.budget_m), seed=rng,
                       **settings.params)
@@ -264,12 +275,21 @@ def value_round(
     settings: ValuationSettings,
     utility_factory: UtilityFactory | None,
     seed: np.random.Generator,
+    duplicates: Sequence[Sequence[int]] = (),
 ) -> RoundValuation:
-    """Value the ``states`` returned this round and turn the values into weights."""
+    """Value the ``states`` returned this round and turn the values into weights.
+
+    ``duplicates``: groups of indices of near-copies
+    (:func:`fedowen_strategy.aggregation.duplicate_groups`). Each group together gets one
+    member's weight (:func:`~fedowen_strategy.aggregation.share_duplicates`), and the delta
+    game's shares are shared the same way, so the game values the aggregate that is applied.
+    """
     start = time.perf_counter()
     if not states:
         raise ValueError("value_round needs at least one returned update")
     valuer = ROUND_VALUERS[settings.method]
-    val = valuer.value(_Round(states, num_examples, global_state, settings), utility_factory,
-                       seed)
+    val = valuer.value(_Round(states, num_examples, global_state, settings, duplicates),
+                       utility_factory, seed)
+    if duplicates:
+        val = dataclasses.replace(val, weights=share_duplicates(val.weights, duplicates))
     return dataclasses.replace(val, seconds=time.perf_counter() - start)

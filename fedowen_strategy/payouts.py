@@ -1,9 +1,17 @@
 """The payout ledger: what each client earned over a run, and how sure that figure is.
 
 Per client, from the rounds in which it was valued (``phi`` recorded in ``rounds.jsonl``):
-rounds selected and valued, total and mean phi, a 95% confidence interval, rank by total
-phi (1 = highest), a share of a payout pool (the non-negative part of the total phi,
-normalised over clients) and a flag where the interval lies wholly below zero.
+rounds selected and valued, total and mean phi, a 95% confidence interval, the phi it is paid
+on, rank by that (1 = highest), a share of a payout pool (the non-negative part of the paid
+phi, normalised over clients) and a flag where the interval lies wholly below zero.
+
+Forfeit: a client id that returned a copy of another client's update in some round (the
+round's ``duplicates`` record, :class:`fedowen_strategy.strategy.FedOwen`'s
+``duplicate_tolerance``) is one actor under several identities. Within a round the game
+shares a copy's contribution with its twins, but a copy selected alone looks like an honest
+update, so over a run a Sybil identity earns like an honest client. Its gains are forfeited:
+it is paid on ``min(total phi, 0)`` (losses stand), so it ranks at or below every client
+with a positive total and takes no share of the pool.
 
 The interval is a Student-t interval of the client's *per-round* phi across the rounds it
 was valued in: ``mean +- t(0.975, m - 1) s / sqrt(m)`` for ``m`` rounds, and the same
@@ -52,9 +60,11 @@ class Payout:
     ci_low: float
     ci_high: float
     ci_from: str  # "own" spread, "pooled" spread (valued once), or "none"
+    paid_phi: float
     rank: int
     payout_share: float
     ci_below_zero: bool
+    forfeited: bool
     adversary: bool | None
 
 
@@ -87,14 +97,22 @@ def pooled_sd(values: Mapping[str, Sequence[float]]) -> tuple[float, int]:
     return (math.sqrt(ss / df), df) if df else (math.nan, 0)
 
 
+def linked_clients(rounds: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Client ids recorded in any round's ``duplicates`` groups (copies of another's update)."""
+    return {str(c) for rec in rounds for group in rec.get("duplicates") or [] for c in group}
+
+
 def payouts(values: Mapping[str, Sequence[float]], selected: Mapping[str, int] | None = None,
-            adversaries: Iterable[str] | None = None, confidence: float = CONFIDENCE
-            ) -> list[Payout]:
-    """The ledger, one :class:`Payout` per client with at least one value, by rank."""
+            adversaries: Iterable[str] | None = None, confidence: float = CONFIDENCE,
+            forfeited: Iterable[str] = ()) -> list[Payout]:
+    """The ledger, one :class:`Payout` per client with at least one value, by rank; the
+    ``forfeited`` clients are paid on ``min(total, 0)`` (see the module docstring)."""
     valued = {c: list(v) for c, v in values.items() if v}
     sd_pool, df_pool = pooled_sd(valued)
     totals = {c: float(np.sum(v)) for c, v in valued.items()}
-    pool = sum(max(t, 0.0) for t in totals.values())
+    lost = {str(c) for c in forfeited}
+    paid = {c: min(t, 0.0) if c in lost else t for c, t in totals.items()}
+    pool = sum(max(t, 0.0) for t in paid.values())
     adv = None if adversaries is None else {str(a) for a in adversaries}
     out = []
     for cid, vals in valued.items():
@@ -106,11 +124,13 @@ def payouts(values: Mapping[str, Sequence[float]], selected: Mapping[str, int] |
             half, source = _t(df_pool, confidence) * sd_pool, "pooled"
         else:
             half, source = math.nan, "none"
-        rank = 1 + sum(t > totals[cid] for t in totals.values())
+        rank = 1 + sum(t > paid[cid] for t in paid.values())
         out.append(Payout(cid, (selected or {}).get(cid, m), m, totals[cid],
                           m * (mean - half), m * (mean + half), mean, mean - half, mean + half,
-                          source, rank, max(totals[cid], 0.0) / pool if pool > 0 else 0.0,
-                          bool(mean + half < 0), None if adv is None else cid in adv))
+                          source, paid[cid], rank,
+                          max(paid[cid], 0.0) / pool if pool > 0 else 0.0,
+                          bool(mean + half < 0), cid in lost,
+                          None if adv is None else cid in adv))
     return sorted(out, key=lambda p: (p.rank, client_order(p.client_id)))
 
 
@@ -141,7 +161,7 @@ def run_payouts(run_dir: str | Path, field: str = "phi",
                          "(FedOwen with a valuation method)")
     if adversaries is None:
         adversaries = recorded_adversaries(run_dir)
-    return payouts(values, selected, adversaries)
+    return payouts(values, selected, adversaries, forfeited=linked_clients(rounds))
 
 
 def write_payouts(rows: Sequence[Payout], path: str | Path) -> Path:

@@ -18,7 +18,6 @@ keyed ``node:<id>`` (ordered last) and counts as a fresh client.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -31,7 +30,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
 
-from fedowen_strategy.aggregation import duplicate_groups, share_duplicates, weighted_average
+from fedowen_strategy.aggregation import duplicate_groups, weighted_average
 from fedowen_strategy.bounds import bound_updates
 from fedowen_strategy.contribution import (
     GAME_METHODS,
@@ -97,8 +96,13 @@ class FedOwen(FedAvg):
     query_timeout : float
         Seconds to wait for new nodes to name themselves (their client ids).
     duplicate_tolerance : float
-        Updates within this relative distance of each other (Sybil copies) share one weight
-        (:func:`fedowen_strategy.aggregation.duplicate_groups`); 0 turns it off.
+        Updates within this relative distance of each other are copies
+        (:func:`fedowen_strategy.aggregation.duplicate_groups`; 0 turns the check off): in the
+        round they are caught, a group of copies gets one member's weight (and one member's
+        share in the delta game), and its client ids are *linked*: never selected again, and
+        the payout ledger forfeits their pay (:mod:`fedowen_strategy.payouts`). Keep it at
+        copy level: under one-class non-IID data honest updates come within 5% of each other
+        (docs/results/duplicates/).
     bandit_memory, bandit_discount : str, float
         What the bandit exploits per client: its latest phi, the running mean of its phi, or
         a discounted mean (:func:`fedowen_strategy.selection.update_memory`).
@@ -167,6 +171,7 @@ class FedOwen(FedAvg):
         self.counts: dict[str, int] = {}
         self.identities = IdentityBook()
         self.refused: set[int] = set()  # nodes that claimed another connected node's id
+        self.linked: set[str] = set()  # client ids caught returning copies of another's update
         self._connected: list[int] = []
         self.round_offset = 0
         self._global: ArrayRecord | None = None
@@ -178,6 +183,7 @@ class FedOwen(FedAvg):
         """JSON-able state for a checkpoint (the global model is saved beside it)."""
         return {"phi": dict(self.phi), "counts": dict(self.counts),
                 "client_of_node": {str(k): v for k, v in self.client_of_node.items()},
+                "linked": sorted(self.linked, key=client_order),
                 "select_rng": self.select_rng.bit_generator.state,
                 "value_rng": self.value_rng.bit_generator.state}
 
@@ -190,6 +196,7 @@ class FedOwen(FedAvg):
         self.counts = {str(k): int(v) for k, v in state["counts"].items()}
         self.identities = IdentityBook({int(k): str(v)
                                         for k, v in state["client_of_node"].items()})
+        self.linked = {str(c) for c in state.get("linked", [])}  # older checkpoints: none
         self.select_rng.bit_generator.state = state["select_rng"]
         self.value_rng.bit_generator.state = state["value_rng"]
 
@@ -233,9 +240,11 @@ class FedOwen(FedAvg):
         log(INFO, "Identified %d of %d new nodes by client id", named, len(unknown))
 
     def _keys(self, nodes: list[int]) -> tuple[list[int], list[str]]:
-        """Nodes and their client ids, ordered by client id (numbers numerically)."""
+        """Selectable nodes and their client ids, ordered by client id (numbers numerically);
+        refused nodes and linked client ids are left out."""
         keyed = [(self.client_of_node.get(node, f"node:{node}"), node) for node in nodes
                  if node not in self.refused]
+        keyed = [(key, node) for key, node in keyed if key not in self.linked]
         keyed.sort(key=lambda kn: client_order(kn[0]))
         return [n for _, n in keyed], [k for k, _ in keyed]
 
@@ -304,14 +313,14 @@ class FedOwen(FedAvg):
             return None, self._report(server_round, parsed, None, [], MetricRecord())
         states = [u.state for u in parsed.updates]
         examples = [u.num_examples for u in parsed.updates]
-        val = value_round(states, examples, global_state, self.valuation, self.utility_factory,
-                          self.value_rng)
         groups = duplicate_groups(states, global_state, self.duplicate_tolerance)
         if groups:
-            val = dataclasses.replace(val, weights=share_duplicates(val.weights, groups))
             self._duplicates = [[parsed.updates[i].client_id for i in g] for g in groups]
-            log(WARNING, "round %d: near-duplicate updates share one weight: %s", server_round,
-                self._duplicates)
+            self.linked.update(c for g in self._duplicates for c in g)
+            log(WARNING, "round %d: copies share one weight and are linked (not selected "
+                "again, no payout): %s", server_round, self._duplicates)
+        val = value_round(states, examples, global_state, self.valuation, self.utility_factory,
+                          self.value_rng, groups)
         for upd, phi in zip(parsed.updates, val.phi, strict=True):
             count = self.counts.get(upd.client_id, 0) + 1
             self.counts[upd.client_id] = count

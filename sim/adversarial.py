@@ -10,7 +10,10 @@ cells' ``rounds.jsonl``: per round, ``returned`` (partition ids that trained), `
 - the share of each round's participants that are adversaries, against the base rate
   ``adversary-fraction`` (what uniform selection would give), overall and over the second half
   of the rounds (after the bandit has contribution history);
-- the share of the aggregation weight the adversaries got.
+- the share of the aggregation weight the adversaries got;
+- the payout ledger over the run (:mod:`fedowen_strategy.payouts`, with its forfeit of
+  identities caught returning copies): the adversaries' and honest clients' mean paid phi per
+  client, their mean rank percentile in the ledger, and the adversaries' share of the pool.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 
 from client_app.adversary import adversary_ids
 from fedowen_strategy.contribution import NO_PHI
+from fedowen_strategy.payouts import client_values, linked_clients, payouts
 from fedowen_task.config import TaskConfig
 from sim.grid import Preset, expand_grid
 from sim.report import markdown_table
@@ -109,6 +113,34 @@ def cell_series(result: CellResult, num_partitions: int) -> dict[str, np.ndarray
             **{k: np.array([s[k] for s in stats], dtype=float) for k in keys}}
 
 
+def ledger_stats(result: CellResult, num_partitions: int) -> dict[str, float]:
+    """The cell's payout ledger summarised for adversaries vs honest clients: mean paid phi
+    per client, mean rank percentile (0 = top of the ledger, 1 = bottom), the adversaries'
+    share of the payout pool and how many of each were forfeited (caught returning copies)."""
+    adv = cell_adversaries(result, num_partitions)
+    recs = [r for r in result.rounds if r.get("round", 0) > 0]
+    values, selected = client_values(recs)
+    rows = payouts(values, selected, adv, forfeited=linked_clients(recs))
+    if not rows:
+        return {}
+    n = len(rows)
+    pct = {r.client_id: (r.rank - 1) / (n - 1) if n > 1 else 0.5 for r in rows}
+    bad = [r for r in rows if r.client_id in adv]
+    good = [r for r in rows if r.client_id not in adv]
+
+    def mean(xs: list[float]) -> float:
+        return float(np.mean(xs)) if xs else math.nan
+
+    return {"ledger_adv_paid": mean([r.paid_phi for r in bad]),
+            "ledger_honest_paid": mean([r.paid_phi for r in good]),
+            "ledger_adv_rank": mean([pct[r.client_id] for r in bad]),
+            "ledger_honest_rank": mean([pct[r.client_id] for r in good]),
+            "ledger_adv_pool": float(sum(r.payout_share for r in bad)),
+            "ledger_adv_clients": float(len(bad)) / n,
+            "ledger_adv_forfeited": float(sum(r.forfeited for r in bad)),
+            "ledger_honest_forfeited": float(sum(r.forfeited for r in good))}
+
+
 def _nanmean(x: np.ndarray) -> float:
     return float(np.nanmean(x)) if np.isfinite(x).any() else math.nan
 
@@ -157,6 +189,15 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
           "honest mean phi | rounds |",
           "|---|" + "---|" * (len(col_keys) + 9)]
     csv_rows: list[dict[str, Any]] = []
+    ledger_md = ["", "The payout ledger over each run (`python -m sim.ledger RUN_DIR`; mean over "
+                 "seeds): mean paid phi per client (identities caught returning copies are "
+                 "paid on min(total, 0)), mean rank percentile in the ledger (0 = top, 1 = "
+                 "bottom), the adversaries' share of the payout pool (their share of the "
+                 "valued clients in brackets), and clients forfeited per run:", "",
+                 f"| {row_key} | " + " | ".join(col_keys) + " | adversary paid phi | honest "
+                 "paid phi | adversary ledger rank | honest ledger rank | adversaries' pool "
+                 "share | forfeited adversaries / honest | seeds |",
+                 "|---|" + "---|" * (len(col_keys) + 7)]
     for key, members in groups.items():
         series = [cell_series(m, preset.num_supernodes) for m in members if m.rounds]
         if not series:
@@ -177,6 +218,19 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
                   f" | {float(key[2]):.2f} | {row['share']:.3f}"
                   f" / {row['share_2nd_half']:.3f} | {row['weight_share']:.3f} | "
                   f"{ranks} | {len(cat['round'])} |")
+        if key[0] not in no_phi:
+            ledgers = [ledger_stats(m, preset.num_supernodes) for m in members if m.rounds]
+            ledgers = [led for led in ledgers if led]
+            if ledgers:
+                row.update({k: float(np.nanmean([led[k] for led in ledgers]))
+                            for k in ledgers[0]})
+                ledger_md.append(
+                    f"| {key[0]} | " + " | ".join(str(v) for v in key[1:]) +
+                    f" | {row['ledger_adv_paid']:+.3f} | {row['ledger_honest_paid']:+.3f} | "
+                    f"{row['ledger_adv_rank']:.3f} | {row['ledger_honest_rank']:.3f} | "
+                    f"{row['ledger_adv_pool']:.3f} ({row['ledger_adv_clients']:.2f}) | "
+                    f"{row['ledger_adv_forfeited']:.1f} / {row['ledger_honest_forfeited']:.1f} | "
+                    f"{len(ledgers)} |")
         st = stats[key]
         csv_rows.append({"grid": "adversarial", "metric": "final", "row_key": row_key,
                          "row": key[0],
@@ -192,6 +246,8 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
             for name, what in (("selection-share", "share"), ("weight-share", "weight_share"))]
     per_round = write_adversary_rounds(groups, preset.num_supernodes, col_keys, row_key,
                                        out / "adversary-rounds.csv")
+    if len(ledger_md) > 5:
+        md += ledger_md
     md += ["", "Phi ranks only for contribution-valuing methods (FedAvg, Multi-Krum, FLTrust and "
            "FoolsGold value nobody); the weight share is the adversaries' part of the aggregate.",
            "", *(f"![{p.stem}]({p.name})" for p in pngs), "",

@@ -36,7 +36,8 @@ def adversaries_from_config(run_dir: Path, num_partitions: int) -> list[str]:
 
 
 def plot_payouts(rows: Sequence[Payout], path: Path, title: str = "") -> Path:
-    """Total phi per client by rank with its 95% CI whiskers; adversaries in red."""
+    """Total phi per client by rank with its 95% CI whiskers; adversaries in red; what a
+    forfeited client is paid as a black cross."""
     fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(rows) + 3), 4.2))
     x = np.arange(len(rows))
     total = np.array([r.total_phi for r in rows])
@@ -49,8 +50,12 @@ def plot_payouts(rows: Sequence[Payout], path: Path, title: str = "") -> Path:
         if pick.any():
             ax.errorbar(x[pick], total[pick], yerr=err[:, pick], fmt="o", ms=3, capsize=2,
                         color=color, label=label, lw=0.8)
+    lost = np.array([r.forfeited for r in rows], dtype=bool)
+    if lost.any():  # paid on min(total, 0): caught returning copies
+        ax.scatter(x[lost], [r.paid_phi for r, f in zip(rows, lost, strict=True) if f],
+                   marker="x", color="black", s=18, lw=0.8, label="paid (forfeited: copies)")
     ax.axhline(0.0, color="black", lw=0.6)
-    ax.set(xlabel="clients, by total phi (rank)", ylabel="total phi over the run (95% CI)",
+    ax.set(xlabel="clients, by paid phi (rank)", ylabel="total phi over the run (95% CI)",
            title=title or "payout ledger")
     if len(rows) <= 40:
         ax.set_xticks(x, [r.client_id for r in rows], rotation=90, fontsize=7)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from client_app.adversary import adversary_ids
-from sim.adversarial import moving_average, rank_percentiles, round_stats
+from sim.adversarial import ledger_stats, moving_average, rank_percentiles, round_stats
 from sim.grid import PresetError, cell_id, load_preset, parse_preset
 from sim.report import write_report
 from sim.results import Stat
@@ -314,6 +314,30 @@ def test_adversarial_report(tmp_path: Path) -> None:
     assert "| owen | label-flip | 0.2 | 0.20 | 0.000 / 0.000 |" in md
     assert "| none | label-flip | 0.2 | 0.20 | 0.200 / 0.200 |" in md
     assert (tmp_path / "out" / "selection-share.png") in files
+
+
+def test_ledger_stats_by_hand_with_a_forfeited_sybil() -> None:
+    # Prepare: 10 partitions, adversaries from seed 0; two adversaries return copies in
+    # round 1 (recorded duplicates) and earn +1 a round; honest clients earn +0.5, one -0.5
+    from sim.grid import Cell
+    from sim.results import CellResult
+
+    adv = sorted(str(i) for i in adversary_ids(10, 0.2, 0))
+    honest = [str(i) for i in range(10) if str(i) not in adv]
+    phi = {**{c: 1.0 for c in adv}, **{c: 0.5 for c in honest[:3]}, honest[3]: -0.5}
+    rounds = [{"round": 0}] + [{"round": r, "selected": list(phi), "phi": phi,
+                                **({"duplicates": [adv]} if r == 1 else {})} for r in (1, 2)]
+    cell = Cell("x", "g", {"seed": 0, "adversary-fraction": 0.2}, {"seed": 0})
+    # Execute
+    stats = ledger_stats(CellResult(cell, rounds), 10)
+    # Assert: the adversaries are paid on min(2, 0) = 0: ranked below the three honest +1s,
+    # above the honest -1 (rank percentiles over 6 clients: 3/5 for the tied Sybils)
+    assert stats["ledger_adv_paid"] == 0.0
+    assert stats["ledger_honest_paid"] == pytest.approx((3 * 1.0 - 1.0) / 4)
+    assert stats["ledger_adv_rank"] == pytest.approx(3 / 5)
+    assert stats["ledger_honest_rank"] == pytest.approx((0 + 0 + 0 + 1) / 4)
+    assert stats["ledger_adv_pool"] == 0.0 and stats["ledger_adv_forfeited"] == 2.0
+    assert stats["ledger_honest_forfeited"] == 0.0
 
 
 @pytest.mark.slow

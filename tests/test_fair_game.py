@@ -66,3 +66,25 @@ def test_average_game_pays_the_free_rider(lenet_round: tuple) -> None:
     masks = np.array([[True, True, False, True, True], [True, True, True, True, True]])
     with_rider, without = util(masks[[1]])[0], util(masks[[0]])[0]
     assert with_rider != without
+
+
+def test_delta_game_values_the_applied_aggregate_when_copies_share_a_weight(
+        lenet_round: tuple) -> None:
+    # Prepare: clients 0 and 3 return the same update (a copy); the server applies equal
+    # weights with the copies sharing one member's weight
+    glob, clients, x, y, model = lenet_round
+    states = [clients[0], clients[1], clients[2], dict(clients[0]), clients[4]]
+    make = CoalitionUtility(model, x, y, metric="neg-loss", device="cpu")
+    settings = ValuationSettings(method="exact", game="delta", phi_scale="raw",
+                                 aggregation="uniform")
+    # Execute
+    val = value_round(states, [1] * 5, glob, settings, make, np.random.default_rng(0),
+                      duplicates=[[0, 3]])
+    # Assert: weights 1/8 for each copy, 1/4 for the others; the game's grand coalition is
+    # exactly the model those weights build, and the copies split their contribution evenly
+    np.testing.assert_allclose(val.weights, [0.125, 0.25, 0.25, 0.125, 0.25])
+    applied = {k: sum(w * s[k] for w, s in zip(val.weights, states, strict=True)) for k in glob}
+    alone = make(glob, [applied], [1], shares=[1.0])(np.array([[True]]))[0]
+    assert val.nu_full == pytest.approx(alone, abs=1e-5)
+    assert val.phi_raw[0] == pytest.approx(val.phi_raw[3], abs=1e-6)
+    assert val.phi_raw.sum() == pytest.approx(val.nu_full - val.nu_empty, abs=1e-6)

@@ -32,11 +32,14 @@ def test_duplicate_groups_and_shared_weight_by_hand() -> None:
     states = [{"w": np.array([1.0, 0, 0], np.float32)},
               {"w": np.array([1.0, 0.01, 0], np.float32)},   # 1% away from state 0
               {"w": np.array([0.0, 1.0, 0], np.float32)},
-              {"w": np.zeros(3, np.float32)}, {"w": np.zeros(3, np.float32)}]  # two free riders
+              {"w": np.zeros(3, np.float32)}, {"w": np.zeros(3, np.float32)}]  # two unchanged
     groups = duplicate_groups(states, ref, tolerance=0.05)
-    assert sorted(map(sorted, groups)) == [[0, 1], [3, 4]]
+    # two unchanged models are nobody's copies (null players, or honest clients with nothing
+    # left to learn); 0 and 1 are 1% apart
+    assert groups == [[0, 1]]
+    assert duplicate_groups(states, ref, tolerance=0.009) == []
     assert duplicate_groups(states, ref, tolerance=0.0) == []
-    w = share_duplicates(np.array([0.3, 0.3, 0.2, 0.1, 0.1]), groups)
+    w = share_duplicates(np.array([0.3, 0.3, 0.2, 0.1, 0.1]), [[0, 1], [3, 4]])
     # groups keep one member's weight between them: 0.15, 0.15, 0.2, 0.05, 0.05 -> / 0.6
     np.testing.assert_allclose(w, np.array([0.15, 0.15, 0.2, 0.05, 0.05]) / 0.6)
 
@@ -77,3 +80,26 @@ def test_copied_updates_share_one_weight(tmp_path: Any) -> None:
     w = record["weights"]
     assert w["c0"] == pytest.approx(w["c3"]) and w["c0"] + w["c3"] == pytest.approx(w["c1"])
     assert strategy.duplicate_tolerance == 0.05
+
+
+def test_copies_are_linked_never_selected_again_and_forfeit_their_pay(tmp_path: Any) -> None:
+    from fedowen_strategy.payouts import run_payouts
+
+    # Execute: node 3 returns node 0's update; every selectable client is selected each round
+    strategy = run_toy("owen", rounds=3, k=6, tmp_path=tmp_path, node_extra={"copy-of": 3},
+                       handler=impostor_handler, duplicate_tolerance=1e-6)
+    rounds = read_rounds(tmp_path)
+    # Assert: caught in round 1, then left out of selection (c5 is refused as an impostor)
+    assert rounds[1]["duplicates"] == [["c0", "c3"]]
+    assert strategy.linked == {"c0", "c3"}
+    assert all(sorted(r["selected"]) == ["c1", "c2", "c4"] for r in rounds[2:])
+    # the link survives a checkpoint
+    state = strategy.state_dict()
+    again = run_toy("none", rounds=0, k=6)
+    again.load_state_dict(state)
+    assert again.linked == {"c0", "c3"}
+    # the ledger keeps their phi but pays them nothing
+    ledger = {p.client_id: p for p in run_payouts(tmp_path)}
+    assert ledger["c0"].forfeited and ledger["c3"].forfeited and not ledger["c1"].forfeited
+    assert ledger["c0"].paid_phi == min(ledger["c0"].total_phi, 0.0)
+    assert ledger["c0"].payout_share == ledger["c3"].payout_share == 0.0

@@ -89,3 +89,13 @@ def test_ledger_refuses_runs_without_contributions(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="records no 'phi'"):
         run_payouts(tmp_path)
     assert ledger_main([str(tmp_path)]) == 2
+
+
+def test_forfeited_clients_keep_their_losses_not_their_gains() -> None:
+    rows = {p.client_id: p for p in payouts({"x": [1.0, 3.0], "s": [5.0], "t": [-2.0]},
+                                            forfeited=["s", "t"])}
+    x, s, t = rows["x"], rows["s"], rows["t"]
+    assert (s.total_phi, s.paid_phi, t.paid_phi) == (5.0, 0.0, -2.0)
+    assert (x.rank, s.rank, t.rank) == (1, 2, 3)
+    assert (x.payout_share, s.payout_share, t.payout_share) == (1.0, 0.0, 0.0)
+    assert s.forfeited and t.forfeited and not x.forfeited
