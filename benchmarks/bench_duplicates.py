@@ -11,6 +11,7 @@ that would be caught.
 
     PYTHONPATH=. python benchmarks/bench_duplicates.py --rounds 30 --seeds 0 1 \
         --out-json docs/results/duplicates/duplicates.json --out-md table.md
+    PYTHONPATH=. python benchmarks/bench_duplicates.py --records results/ablation-mnist
 """
 
 from __future__ import annotations
@@ -106,6 +107,41 @@ def summarise(recorded: list[dict[str, Any]], adversaries: frozenset[int]) -> di
     return out
 
 
+def recorded_groups(results_dir: Path) -> str:
+    """Markdown table: how often a finished sweep's records flagged near-duplicates, per
+    (alpha, scheme, valuation, aggregation), and for equal-weight cells how far the applied
+    weights were from equal (mean total-variation distance per round)."""
+    rows: dict[tuple[Any, ...], list[tuple[int, float, float]]] = defaultdict(list)
+    for cfg_path in sorted(results_dir.glob("*/config.json")):
+        cfg = json.loads(cfg_path.read_text())
+        if not (cfg_path.parent / "summary.json").exists():
+            continue
+        flagged, grouped, tv = 0, [], []
+        for line in (cfg_path.parent / "rounds.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            if not rec.get("weights"):
+                continue
+            groups = rec.get("duplicates") or []
+            flagged += bool(groups)
+            grouped.append(sum(len(g) for g in groups))
+            w = np.array(list(rec["weights"].values()), dtype=float)
+            tv.append(0.5 * float(np.abs(w - 1 / w.size).sum()))
+        key = (cfg["alpha"], cfg["partition_scheme"], cfg["valuation"], cfg["selection"],
+               cfg["aggregation"])
+        rows[key].append((flagged, float(np.mean(grouped)), float(np.mean(tv))))
+    headers = ["alpha", "scheme", "valuation", "selection", "aggregation", "cells",
+               "rounds with a group (mean, max)", "clients grouped per round",
+               "TV from equal weights (equal-weight cells)"]
+    table = []
+    for key, vals in sorted(rows.items(), key=str):
+        arr = np.array(vals)
+        tv = f"{arr[:, 2].mean():.3f} (max {arr[:, 2].max():.3f})" if key[4] == "uniform" \
+            and key[2] == "none" else "-"
+        table.append([*key, len(vals), f"{arr[:, 0].mean():.1f}, {arr[:, 0].max():.0f}",
+                      f"{arr[:, 1].mean():.2f}", tv])
+    return markdown_table(headers, table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
@@ -115,9 +151,15 @@ def main() -> None:
     parser.add_argument("--schemes", nargs="+", default=["per-class", "per-client"])
     parser.add_argument("--sybil-fraction", type=float, default=0.2,
                         help="one extra cell per alpha with this fraction of `sybil` clients")
+    parser.add_argument("--records", type=Path,
+                        help="instead of running: summarise the duplicates a finished sweep's "
+                        "records flagged (a results dir of cells) and exit")
     parser.add_argument("--out-json")
     parser.add_argument("--out-md")
     args = parser.parse_args()
+    if args.records:
+        write_outputs({}, recorded_groups(args.records), None, args.out_md)
+        return
 
     from client_app.adversary import adversary_ids
 

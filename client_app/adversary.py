@@ -20,7 +20,7 @@ A seeded fraction of the partitions misbehaves in one of these ways (``adversary
 - ``colluding-sybil``: as ``sybil`` (one actor's update), but every copy adds Gaussian noise
   of norm ``adversary-sybil-noise`` x the update's norm, seeded by the copy's own client id,
   so copies are not exact duplicates (0.1 puts two copies about 0.14 x the norm apart,
-  far beyond ``duplicate-tolerance``, default 1e-4);
+  far beyond ``duplicate-tolerance``, default 1e-6);
 - ``boosted``: trains honestly and scales its update by ``adversary-boost``. It is meant to
   sit just under the bound in force, but a client cannot know the others' norms: FedOwen's
   ``update-bound`` allows 3 x the round's lower-median norm *per example* x n_i, so a client

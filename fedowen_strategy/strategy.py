@@ -101,8 +101,8 @@ class FedOwen(FedAvg):
         round they are caught, a group of copies gets one member's weight (and one member's
         share in the delta game), and its client ids are *linked*: never selected again, and
         the payout ledger forfeits their pay (:mod:`fedowen_strategy.payouts`). Keep it at
-        copy level: under one-class non-IID data honest updates come within 5% of each other
-        (docs/results/duplicates/).
+        copy level: under one-class non-IID data honest updates came within 0.0007 of each
+        other (docs/results/duplicates/).
     bandit_memory, bandit_discount : str, float
         What the bandit exploits per client: its latest phi, the running mean of its phi, or
         a discounted mean (:func:`fedowen_strategy.selection.update_memory`).

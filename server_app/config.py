@@ -76,7 +76,7 @@ class RunConfig(TaskConfig):
     update_bound_multiple: float = 3.0
     round_timeout: float = 600.0
     node_wait_timeout: float = 15.0
-    duplicate_tolerance: float = 1e-4
+    duplicate_tolerance: float = 1e-6
     uniform_mix: float = 0.0
     weight_cap: float = 1.0
     bandit_memory: str = "latest"

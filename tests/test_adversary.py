@@ -137,7 +137,7 @@ def test_colluding_sybil_copies_are_near_but_not_exact_duplicates() -> None:
     assert not torch.equal(copies[0]["stem.weight"], copies[1]["stem.weight"])
     as_np = [{k: v.numpy() for k, v in c.items()} for c in copies]
     ref = {k: v.numpy() for k, v in glob.items()}
-    # about 0.14 x the norm apart: the default duplicate-tolerance (1e-4) and even 0.05 miss
+    # about 0.14 x the norm apart: the default duplicate-tolerance (1e-6) and even 0.05 miss
     # them, a tolerance of 0.2 catches them; without noise they are exact duplicates
     from server_app.config import RunConfig
 
