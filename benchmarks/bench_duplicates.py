@@ -161,7 +161,7 @@ def main() -> None:
         write_outputs({}, recorded_groups(args.records), None, args.out_md)
         return
 
-    from client_app.adversary import adversary_ids
+    from fedowen_task.partition import adversary_ids
 
     settings = [(a, s, seed, "honest") for a in args.alphas for s in args.schemes
                 for seed in args.seeds]

@@ -28,8 +28,9 @@ A seeded fraction of the partitions misbehaves in one of these ways (``adversary
   leaves room for a client 20% above the median (measured honest per-example norms spread
   2.2x, :mod:`fedowen_strategy.bounds`).
 
-Which partitions are adversarial is a pure function of (num_partitions, fraction, seed), so
-the benchmark that reads the records can name them without asking the clients.
+Which partitions are adversarial is a pure function of (num_partitions, fraction, seed)
+(:func:`fedowen_task.partition.adversary_ids`, shared with the ServerApp and the reports), so
+whoever reads the records can name them without asking the clients.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
@@ -49,15 +49,6 @@ IDLE_KINDS = ("noise", "free-rider", "replay-free-rider")
 #: Kinds whose copies share the data and seed of the group's first partition.
 SYBIL_KINDS = ("sybil", "colluding-sybil")
 State = Mapping[str, torch.Tensor]
-
-
-def adversary_ids(num_partitions: int, fraction: float, seed: int) -> frozenset[int]:
-    """Partition ids of the ``round(fraction * num_partitions)`` adversaries."""
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"adversary-fraction={fraction!r} must lie in [0, 1]")
-    count = round(fraction * num_partitions)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xAD]))
-    return frozenset(int(i) for i in rng.permutation(num_partitions)[:count])
 
 
 def sybil_master(adversaries: frozenset[int]) -> int:

@@ -27,7 +27,6 @@ from flwr.clientapp import ClientApp
 from client_app.adversary import (
     IDLE_KINDS,
     SYBIL_KINDS,
-    adversary_ids,
     flip_labels,
     misbehave,
     sybil_master,
@@ -37,7 +36,7 @@ from fedowen_strategy.shapfed import last_layer_key
 from fedowen_task.config import TaskConfig, parse_task_config
 from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
-from fedowen_task.partition import federated_split
+from fedowen_task.partition import adversary_ids, federated_split
 from fedowen_task.training import evaluate, train
 
 log = logging.getLogger(__name__)

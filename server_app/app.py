@@ -219,7 +219,7 @@ def _record_adversaries(cfg: RunConfig, num_nodes: int, recorder: RunRecorder) -
     """``adversaries.json``: who attacked, so reports need not recompute it. Simulation
     only: partitions are numbered 0..N-1 with N the nodes connected at the start
     (``num-supernodes``)."""
-    from client_app.adversary import adversary_ids  # the same pure function the clients use
+    from fedowen_task.partition import adversary_ids  # the same pure function the clients use
 
     ids = sorted(adversary_ids(num_nodes, cfg.adversary_fraction, cfg.seed))
     recorder.write_json(ADVERSARIES_FILE, {

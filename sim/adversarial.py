@@ -1,7 +1,7 @@
 """Report of ``adversarial`` grids: accuracy under attack, and how FedOwen treats adversaries.
 
 Which partitions are adversarial is a pure function of (num-supernodes, adversary-fraction,
-seed) (:func:`client_app.adversary.adversary_ids`), so everything here is computed from the
+seed) (:func:`fedowen_task.partition.adversary_ids`), so everything here is computed from the
 cells' ``rounds.jsonl``: per round, ``returned`` (partition ids that trained), ``phi`` and
 ``weights``. Per FedOwen cell we report
 
@@ -29,10 +29,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from client_app.adversary import adversary_ids
 from fedowen_strategy.contribution import NO_PHI
 from fedowen_strategy.payouts import client_values, linked_clients, payouts
 from fedowen_task.config import TaskConfig
+from fedowen_task.partition import adversary_ids
 from sim.grid import Preset, expand_grid
 from sim.report import markdown_table
 from sim.results import CellResult, Stat

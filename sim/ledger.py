@@ -21,8 +21,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from client_app.adversary import adversary_ids
 from fedowen_strategy.payouts import PAYOUTS_FILE, Payout, run_payouts, write_payouts
+from fedowen_task.partition import adversary_ids
 
 PNG_FILE = "payouts.png"
 

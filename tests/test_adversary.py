@@ -10,7 +10,6 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from client_app.adversary import (
-    adversary_ids,
     boosted_update,
     colluding_copy,
     disguised_update,
@@ -20,6 +19,7 @@ from client_app.adversary import (
 )
 from client_app.app import train_handler
 from fedowen_task.models import build_model
+from fedowen_task.partition import adversary_ids
 
 
 def test_adversary_ids_are_seeded_and_sized() -> None:
