@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -274,6 +274,14 @@ class FedOwen(FedAvg):
         self._identify(grid, found)
         self._connected = found
         nodes, keys = self._keys(found)
+        if not nodes:
+            self._selected, self._selected_nodes = [], []
+            log(ERROR, "round %d: none of the %d connected nodes may be selected (%d refused "
+                "ids, %d client ids linked as copies of each other): the round trains nobody "
+                "and keeps the global model. Clients that share data and seed return copies; "
+                "give them distinct data, or set duplicate-tolerance = 0", server_round,
+                len(found), len(self.refused), len(self.linked))
+            return []
         chosen, explored = self._choose(server_round, keys)
         self._selected = [keys[i] for i in chosen]
         self._selected_nodes = [nodes[i] for i in chosen]

@@ -103,3 +103,28 @@ def test_copies_are_linked_never_selected_again_and_forfeit_their_pay(tmp_path: 
     assert ledger["c0"].forfeited and ledger["c3"].forfeited and not ledger["c1"].forfeited
     assert ledger["c0"].paid_phi == min(ledger["c0"].total_phi, 0.0)
     assert ledger["c0"].payout_share == ledger["c3"].payout_share == 0.0
+
+
+def same_update_handler(msg: Message, ctx: Context) -> Message:
+    """Every node returns the same update (clients sharing data and seed)."""
+    name = f"c{int(ctx.node_config['partition-id'])}"
+    if msg.metadata.message_type == "query":
+        return Message(RecordDict({"client": ConfigRecord({"client-id": name})}), reply_to=msg)
+    w = record_to_state(msg.content["arrays"])["w"]
+    new = {"w": (w + 0.5 * (TARGET - w)).astype(np.float32)}
+    return Message(RecordDict({"arrays": state_to_record(new),
+                               "metrics": MetricRecord({"num-examples": 10, "train-loss": 1.0}),
+                               "client": ConfigRecord({"client-id": name})}), reply_to=msg)
+
+
+def test_a_federation_of_copies_keeps_its_model_and_says_why(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # Execute: all six clients return one update in round 1, so all are linked
+    strategy = run_toy("owen", rounds=3, k=6, tmp_path=tmp_path, handler=same_update_handler,
+                       duplicate_tolerance=1e-6)
+    # Assert: rounds 2-3 select nobody and keep round 1's model, with the reason logged
+    rounds = read_rounds(tmp_path)
+    assert len(strategy.linked) == 6
+    assert [r["selected"] for r in rounds[2:]] == [[], []]
+    assert rounds[3]["distance"] == pytest.approx(rounds[1]["distance"])
+    assert "none of the 6 connected nodes may be selected" in caplog.text
