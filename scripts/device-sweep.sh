@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Run a preset's cells on a lent accelerator machine (the `device` tool), inline backend.
+#
+# Here, once per session (fills the git-ignored .device/: flwr's wheels for Python 3.12, the
+# MNIST files, the finished cells of earlier device calls):
+#   bash scripts/device-sweep.sh prepare [CELLS_ARCHIVE]
+# There, in each call (carry [".device"]; at most 10 minutes a call, so stop a minute early):
+#   bash scripts/device-sweep.sh run conf/ablation-mnist.toml 8 --grid ablation --jobs 30
+# Back here: the call's files hold cells.tar.gz (every finished cell of this and earlier calls)
+# and sweep.log; keep the archive as .device/cells.tar.gz for the next call and report with
+#   python -m sim.experiments run PRESET --results results/PRESET-gpu --restore cells.tar.gz --limit 0
+#   python -m sim.experiments report PRESET --results results/PRESET-gpu --out docs/results/PRESET-gpu
+# Device cells differ from CPU cells in float rounding, so they are their own report, never
+# mixed into a CPU sweep's pairs. GPU-NOTES (../shared) has the measured throughput.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEV="$ROOT/.device"
+WHEELS="flwr==1.41.0 cffi==2.1.1 click==8.5.1 cryptography==50.0.2 grpcio==1.85.1
+grpcio-health-checking==1.81.1 iterators==0.0.2 protobuf==6.33.6 pycparser==3.12
+pycryptodome==3.24.1 tomli==2.5.0 tomli-w==1.2.0 typer==0.20.1"
+
+prepare() {
+    local archive="${1:-}" data py
+    py="$(bash "$ROOT/scripts/setup-venv.sh")/bin/python"
+    mkdir -p "$DEV/whl" "$DEV/data/MNIST/raw"
+    for spec in $WHEELS; do
+        "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 --platform any -d "$DEV/whl" "$spec"
+    done
+    data="$(cd "$ROOT" && "$py" -c 'from fedowen_task.data import resolve_data_dir; print(resolve_data_dir(None))')"
+    for f in "$data"/MNIST/raw/*-ubyte; do gzip -c "$f" > "$DEV/data/MNIST/raw/$(basename "$f").gz"; done
+    if [ -n "$archive" ]; then cp "$archive" "$DEV/cells.tar.gz"; fi
+    du -sh "$DEV"
+}
+
+run() {
+    local preset="$1" minutes="$2"; shift 2
+    : "${OUT:?run this on the device machine (OUT is its output folder)}"
+    if ! python3 -c 'import flwr' 2>/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site "$DEV"/whl/*.whl
+        export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    mkdir -p /tmp/data/MNIST/raw /tmp/results
+    for f in "$DEV"/data/MNIST/raw/*.gz; do gunzip -c "$f" > "/tmp/data/MNIST/raw/$(basename "$f" .gz)"; done
+    local restore=()
+    if [ -f "$DEV/cells.tar.gz" ]; then restore=(--restore "$DEV/cells.tar.gz"); fi
+    cd "$ROOT"
+    export PYTHONPATH="$ROOT:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+    # SIGTERM at the deadline: the runner stops its cells; finished ones are kept
+    timeout --signal=TERM --kill-after=30 "${minutes}m" python3 -m sim.experiments run "$preset" \
+        --backend inline --results /tmp/results --data-dir /tmp/data "${restore[@]}" "$@" \
+        > "$OUT/sweep.log" 2>&1 || echo "[device-sweep] runner ended with $?" >> "$OUT/sweep.log"
+    python3 - "$preset" <<'EOF'
+import os, sys
+from pathlib import Path
+from sim.experiments import archive_cells
+from sim.grid import load_preset
+preset = load_preset(Path(sys.argv[1]))
+path = archive_cells(preset, Path("/tmp/results"), Path(os.environ["OUT"]) / "cells.tar.gz")
+done = sum((Path("/tmp/results") / c.cell_id / "summary.json").exists() for c in preset.cells())
+print(f"[device-sweep] {done} of {len(preset.cells())} cells finished; archive {path}")
+EOF
+    tail -c 2000 "$OUT/sweep.log"
+}
+
+case "${1:-}" in
+    prepare) shift; prepare "$@" ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: $0 prepare [CELLS_ARCHIVE] | run PRESET MINUTES [sim.experiments run args]" >&2
+       exit 2 ;;
+esac
