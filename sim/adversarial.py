@@ -141,6 +141,12 @@ def ledger_stats(result: CellResult, num_partitions: int) -> dict[str, float]:
             "ledger_honest_forfeited": float(sum(r.forfeited for r in good))}
 
 
+def _head(row_key: str, col_keys: tuple[str, ...], names: tuple[str, ...]) -> list[str]:
+    """A markdown table's header and separator lines."""
+    heads = (row_key, *col_keys, *names)
+    return ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+
+
 def _nanmean(x: np.ndarray) -> float:
     return float(np.nanmean(x)) if np.isfinite(x).any() else math.nan
 
@@ -184,20 +190,20 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
           "", "How each method treats the adversaries (all recorded rounds of finished and "
           "unfinished cells; rank percentile of phi within the round: 0 = top, 1 = bottom, "
           "0.5 = no signal; share = adversaries among the round's participants):", "",
-          f"| {row_key} | " + " | ".join(col_keys) + " | base rate | selected share (all / 2nd "
-          "half) | weight share | adversary phi rank | honest phi rank | adversary mean phi | "
-          "honest mean phi | rounds |",
-          "|---|" + "---|" * (len(col_keys) + 9)]
+          *_head(row_key, col_keys, (
+              "base rate", "selected share (all / 2nd half)", "weight share",
+              "adversary phi rank", "honest phi rank", "adversary mean phi",
+              "honest mean phi", "rounds"))]
     csv_rows: list[dict[str, Any]] = []
     ledger_md = ["", "The payout ledger over each run (`python -m sim.ledger RUN_DIR`; mean over "
                  "seeds): mean paid phi per client (identities caught returning copies are "
                  "paid on min(total, 0)), mean rank percentile in the ledger (0 = top, 1 = "
                  "bottom), the adversaries' share of the payout pool (their share of the "
                  "valued clients in brackets), and clients forfeited per run:", "",
-                 f"| {row_key} | " + " | ".join(col_keys) + " | adversary paid phi | honest "
-                 "paid phi | adversary ledger rank | honest ledger rank | adversaries' pool "
-                 "share | forfeited adversaries / honest | seeds |",
-                 "|---|" + "---|" * (len(col_keys) + 7)]
+                 *_head(row_key, col_keys, (
+                     "adversary paid phi", "honest paid phi", "adversary ledger rank",
+                     "honest ledger rank", "adversaries' pool share",
+                     "forfeited adversaries / honest", "seeds"))]
     for key, members in groups.items():
         series = [cell_series(m, preset.num_supernodes) for m in members if m.rounds]
         if not series:
