@@ -12,6 +12,7 @@ that would be caught.
     PYTHONPATH=. python benchmarks/bench_duplicates.py --rounds 30 --seeds 0 1 \
         --out-json docs/results/duplicates/duplicates.json --out-md table.md
     PYTHONPATH=. python benchmarks/bench_duplicates.py --records results/ablation-mnist
+    PYTHONPATH=. python benchmarks/bench_duplicates.py --records OLD_SWEEP --against NEW_SWEEP
 """
 
 from __future__ import annotations
@@ -142,6 +143,30 @@ def recorded_groups(results_dir: Path) -> str:
     return markdown_table(headers, table)
 
 
+def final_accuracies(results_dir: Path) -> dict[tuple[Any, ...], float]:
+    """(valuation, selection, aggregation, alpha, scheme, momentum, seed) -> final accuracy (%)
+    of every finished cell of a sweep."""
+    out = {}
+    for cfg_path in sorted(results_dir.glob("*/config.json")):
+        if not (cfg_path.parent / "summary.json").exists():
+            continue
+        cfg = json.loads(cfg_path.read_text())
+        last = json.loads((cfg_path.parent / "rounds.jsonl").read_text().splitlines()[-1])
+        key = (cfg["valuation"], cfg["selection"], cfg["aggregation"], cfg["alpha"],
+               cfg["partition_scheme"], cfg["momentum"], cfg["seed"])
+        out[key] = 100.0 * last["test_accuracy"]
+    return out
+
+
+def compare_sweeps(with_rule: Path, without_rule: Path) -> str:
+    """Markdown table: the same cells (config and seed) run with and without the rule."""
+    a, b = final_accuracies(with_rule), final_accuracies(without_rule)
+    table = [[*k[:5], k[6], f"{a[k]:.1f}", f"{b[k]:.1f}", f"{b[k] - a[k]:+.1f}"]
+             for k in sorted(set(a) & set(b), key=str)]
+    return markdown_table(["valuation", "selection", "aggregation", "alpha", "scheme", "seed",
+                           "with the rule", "without", "difference"], table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
@@ -154,11 +179,16 @@ def main() -> None:
     parser.add_argument("--records", type=Path,
                         help="instead of running: summarise the duplicates a finished sweep's "
                         "records flagged (a results dir of cells) and exit")
+    parser.add_argument("--against", type=Path,
+                        help="with --records: a second sweep of the same cells run without the "
+                        "rule; prints both final accuracies per cell")
     parser.add_argument("--out-json")
     parser.add_argument("--out-md")
     args = parser.parse_args()
     if args.records:
-        write_outputs({}, recorded_groups(args.records), None, args.out_md)
+        table = (compare_sweeps(args.records, args.against) if args.against
+                 else recorded_groups(args.records))
+        write_outputs({}, table, None, args.out_md)
         return
 
     from fedowen_task.partition import adversary_ids
