@@ -4,8 +4,10 @@ Per column point (e.g. alpha x partition scheme): final accuracy and the mean of
 as mean ± 95% CI over seeds; the **paired** difference of every variant against the reference
 variant (same seeds, so same partitions and initial model) with its 95% CI; the largest
 aggregation weight per round. Plots: accuracy vs round (mean, light 95% CI band) and largest
-weight vs round, one panel per column point. ``rounds.csv`` holds every cell's per-round data so
-the plots can be redrawn without the raw results.
+weight vs round, one panel per column point. ``<grid>-rounds.csv`` holds every cell's per-round
+data so the plots can be redrawn without the raw results; ``<grid>-summary.csv`` the numbers of
+the tables (per variant, column and metric: seeds' values, mean and CI, paired difference and
+CI).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from sim.stats import Interval, mean_interval, paired_interval
 
 ROUND_FIELDS = ("variant", "column", "seed", "round", "test_accuracy", "max_weight",
                 "num_returned")
+SUMMARY_FIELDS = ("variant", "column", "metric", "n", "mean", "ci_half", "paired_n",
+                  "paired_diff", "paired_ci_half", "paired_excludes_zero", "seeds", "values")
 
 
 def max_weights(cell: CellResult) -> list[tuple[int, float]]:
@@ -173,6 +177,36 @@ def write_rounds_csv(data: AblationData, path: Path) -> Path:
     return path
 
 
+def write_summary_csv(data: AblationData, path: Path) -> Path:
+    """The tables' numbers: per variant, column and metric (``final`` or ``last``), the seeds'
+    values, their mean and 95% CI half-width, and the paired difference against the reference
+    with its half-width (empty for the reference itself)."""
+
+    def num(x: float) -> Any:
+        return "" if not np.isfinite(x) else round(x, 4)
+
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=SUMMARY_FIELDS)
+        writer.writeheader()
+        for col in data.cols:
+            for row in data.rows:
+                for metric in ("final", "last"):
+                    by_seed = data.by_seed(row, col, metric)
+                    iv = data.interval(row, col, metric)
+                    own = row == data.grid.reference
+                    pd = data.paired(row, col, metric)
+                    writer.writerow({
+                        "variant": row, "column": _label(col), "metric": metric, "n": iv.n,
+                        "mean": num(iv.mean), "ci_half": num(iv.half),
+                        "paired_n": "" if own else pd.n,
+                        "paired_diff": "" if own else num(pd.mean),
+                        "paired_ci_half": "" if own else num(pd.half),
+                        "paired_excludes_zero": "" if own else pd.excludes_zero,
+                        "seeds": " ".join(str(k) for k in sorted(by_seed)),
+                        "values": " ".join(f"{by_seed[k]:.2f}" for k in sorted(by_seed))})
+    return path
+
+
 def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
                      out: Path) -> tuple[list[str], list[Path]]:
     """Markdown lines and files (PNGs, rounds CSV) of one ablation grid."""
@@ -195,7 +229,9 @@ def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
         md += ["The paper's numbers for the same cells (100 rounds, 10 seeds):", "", *paper, ""]
     files = [plot_ablation(data, out / f"{grid.name}-accuracy.png", weights=False),
              plot_ablation(data, out / f"{grid.name}-max-weight.png", weights=True),
-             write_rounds_csv(data, out / f"{grid.name}-rounds.csv")]
+             write_rounds_csv(data, out / f"{grid.name}-rounds.csv"),
+             write_summary_csv(data, out / f"{grid.name}-summary.csv")]
     md += [f"![{f.stem}]({f.name})" for f in files[:2]]
-    md += ["", f"Per-round data: [{files[2].name}]({files[2].name}).", ""]
+    md += ["", f"Per-round data: [{files[2].name}]({files[2].name}); the tables' numbers: "
+           f"[{files[3].name}]({files[3].name}).", ""]
     return md, files

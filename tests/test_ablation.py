@@ -118,6 +118,12 @@ def test_ablation_report_pairs_seeds(tmp_path: Path) -> None:
             r["round"] == "3"]
     assert last[0]["test_accuracy"] == "64.0" and last[0]["max_weight"] == "0.7"
     assert (tmp_path / "out" / "abl-accuracy.png").stat().st_size > 10_000
+    with (tmp_path / "out" / "abl-summary.csv").open() as fh:
+        summary = {(r["variant"], r["metric"]): r for r in csv.DictReader(fh)}
+    won = summary[("fedowen", "final")]
+    assert (won["paired_n"], won["paired_diff"], won["paired_ci_half"]) == ("3", "3.0", "2.4841")
+    assert won["paired_excludes_zero"] == "True" and won["values"] == "82.00 73.00 64.00"
+    assert summary[("fedavg-equal", "final")]["paired_diff"] == ""
 
 
 def test_committed_ablation_presets_follow_the_protocol() -> None:
