@@ -121,7 +121,8 @@ def _paper_lines(data: AblationData) -> list[str]:
 
 
 def plot_ablation(data: AblationData, path: Path, weights: bool) -> Path:
-    """Accuracy (or largest weight) vs round per variant: mean and a light 95% CI band."""
+    """Accuracy (or largest weight) vs round per variant: mean and a light 95% CI band, both
+    on the quantity's own range (a t-interval over 2 seeds reaches far beyond it)."""
     ncol = min(len(data.cols), 2)
     nrow = -(-len(data.cols) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(6.5 * ncol, 4.4 * nrow), squeeze=False)
@@ -141,7 +142,10 @@ def plot_ablation(data: AblationData, path: Path, weights: bool) -> Path:
             half = np.array([mean_interval(list(ys[:, j])).half for j in range(n)])
             (line,) = ax.plot(x, mean, label=str(row),
                               lw=2.0 if row == data.grid.reference else 1.2)
-            ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.1)
+            top = 1.0 if weights else 100.0  # the band is clipped to what the quantity can be
+            ax.fill_between(x, np.clip(mean - half, 0, top), np.clip(mean + half, 0, top),
+                            color=line.get_color(), alpha=0.1)
+        ax.set_ylim(0, 1.0 if weights else 100.0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(title=_label(col), xlabel="round",
                ylabel="largest aggregation weight" if weights else "test accuracy (%)")
