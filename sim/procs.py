@@ -154,6 +154,12 @@ def tracked(process: subprocess.Popen[str], grace: float = 5.0) -> Iterator[None
             _TRACKED.discard(process)
 
 
+def stopping() -> bool:
+    """Whether :func:`stop_tracked` has been called: a runner starts and retries nothing more,
+    and a cell that ends now was stopped by us, not failed."""
+    return _STOPPING.is_set()
+
+
 def stop_tracked(grace: float = 5.0) -> None:
     """Stop every :func:`tracked` child (and any tracked later), e.g. the cells that a
     runner's worker threads are following when SIGTERM arrives."""

@@ -29,6 +29,7 @@ from typing import Any
 
 from fedowen_strategy.records import ROUNDS_FILE, read_rounds
 from sim.grid import Cell, Preset, expand_grid
+from sim.procs import stopping
 
 log = logging.getLogger(__name__)
 STATE_FILE = "cells.jsonl"
@@ -37,6 +38,7 @@ LOG_FILE = "flwr.log"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT = "checkpoint.npz"
 ATTEMPTS = 2  # the first try and one retry
+INTERRUPTED = "interrupted: the runner is stopping"
 FRESH_START_FILES = ("rounds.jsonl", "ledger.csv", "config.json")
 
 RunFn = Callable[..., Any]  # sim.launcher.flwr_run's signature
@@ -191,6 +193,8 @@ class Runner:
             except Exception as err:  # the launcher itself failed (SuperLink would not start)
                 status, ok = f"error: {type(err).__name__}: {err}", False
         seconds = time.monotonic() - started
+        if not ok and stopping():  # we stopped it (SIGTERM to the runner): not the cell's fault
+            return False, INTERRUPTED
         if ok:
             append_state(self.results, {"cell": cell.cell_id, "event": "done",
                                         "attempt": attempt, "seconds": round(seconds, 1)})
@@ -206,12 +210,18 @@ class Runner:
         return ok, status
 
     def run_cell(self, cell: Cell) -> str:
-        """Run (or resume) one cell with one retry; returns ``done`` or ``failed``."""
+        """Run (or resume) one cell with one retry; returns ``done`` or ``failed``, or
+        ``not-run`` once the runner is being stopped (a cell stopped by the signal is neither
+        retried nor marked failed: the next invocation resumes it)."""
         status = ""
         for attempt in range(1, ATTEMPTS + 1):
+            if stopping():
+                return "not-run"
             ok, status = self._attempt(cell, attempt)
             if ok:
                 return "done"
+            if status == INTERRUPTED:
+                return "not-run"
             self.progress(f"  [{cell.cell_id}] attempt {attempt} failed: {status}")
         append_state(self.results, {"cell": cell.cell_id, "event": "failed", "error": status,
                                     "log_tail": _tail(self.results / cell.cell_id / LOG_FILE)})

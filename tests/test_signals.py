@@ -137,9 +137,13 @@ def test_sigterm_to_parallel_inline_sweep_stops_its_cells_and_starts_no_more(
         tree.update(_wait_for(proc, lambda t: sum("sim.inline" in c for c in t.values()) == 2,
                               120, log))
         _terminate_and_check(proc, tree, log)
-        # Assert: no third cell was started during the cleanup
+        # Assert: no third cell was started during the cleanup, and the two stopped cells are
+        # neither retried nor marked failed (a later invocation resumes them)
         started = [d for d in (tmp_path / "res").iterdir() if (d / "inline-run-config.json")
                    .exists()]
         assert len(started) == 2, sorted(d.name for d in started)
+        events = (tmp_path / "res" / "cells.jsonl")
+        recorded = events.read_text().splitlines() if events.exists() else []
+        assert not [e for e in recorded if '"failed"' in e or '"error"' in e], recorded
     finally:
         _cleanup(proc, tree)
