@@ -10,7 +10,9 @@ the scores are shifted by their minimum, normalised to probabilities (uniform wh
 zero) and ``k`` clients are drawn without replacement with those weights.
 
 ``phi_i`` is the client's latest contribution, ``sigma_i`` how often it was selected (and
-returned an update), ``t`` the round. Everything here is a pure function of its inputs and an
+returned an update), ``t`` the round. A client never valued (``sigma_i = 0``) has no phi yet
+and is never below the floor: with a positive ``tau`` Algorithm 2 as written would cut the
+bonus of every client not yet explored (their phi starts at 0). Everything here is a pure function of its inputs and an
 explicit ``numpy.random.Generator``; the strategy keeps the state.
 
 Defaults and their scale: FedOwen feeds ``phi`` on its ``phi-scale``, by default ``l1`` (a
@@ -18,7 +20,9 @@ round's absolute values sum to 1; :mod:`fedowen_strategy.contribution` owns the 
 typical client in a round of 10 has phi ~ 0.1. ``c = 0.1`` makes the exploration bonus of a
 client seen a few times (u ~ 0.05-0.1 at t ~ 50) comparable to one typical contribution, so
 neither term drowns the other; ``tau = 0`` penalises exactly the clients whose updates
-lowered the utility.
+lowered the utility. A null player (phi exactly 0, e.g. a free rider in the delta game) sits
+on a floor of 0, not below it, and keeps its whole bonus; the paper's "small floor" (a
+positive ``tau``) takes it away.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def selection_scores(
         raise ValueError(f"phi shape {phi.shape} and counts shape {counts.shape} differ")
     if np.any(counts < 0):
         raise ValueError(f"selection counts must be >= 0, got {counts.min()}")
-    below = phi < params.tau
+    below = (phi < params.tau) & (counts > 0)
     gain = np.where(below, 0.0, phi)
     bonus = params.c * np.sqrt(np.log(t + 1.0) / (counts + 1.0))
     bonus = np.where(below, params.low_gain_scale * bonus, bonus)

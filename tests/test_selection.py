@@ -18,12 +18,12 @@ def test_scores_match_hand_computation() -> None:
     # Prepare: t = 3 -> ln 4; client 1 sits below tau, so gain 0 and bonus x 0.1
     params = SelectionParams(epsilon=0.0, c=0.5, tau=0.05)
     phi = np.array([0.3, 0.01, 0.05])
-    counts = np.array([3, 0, 1])
+    counts = np.array([3, 1, 1])
     # Execute
     s = selection_scores(phi, counts, 3, params)
     # Assert
     ln4 = np.log(4.0)
-    expected = [0.3 + 0.5 * np.sqrt(ln4 / 4), 0.1 * 0.5 * np.sqrt(ln4 / 1),
+    expected = [0.3 + 0.5 * np.sqrt(ln4 / 4), 0.1 * 0.5 * np.sqrt(ln4 / 2),
                 0.05 + 0.5 * np.sqrt(ln4 / 2)]
     np.testing.assert_allclose(s, expected, rtol=1e-12)
 
@@ -79,6 +79,18 @@ def test_tau_floor_penalises_low_contributors() -> None:
     s = selection_scores(np.array([0.1, 0.0999]), np.array([2, 2]), 4, params)
     bonus = np.sqrt(np.log(5) / 3)
     np.testing.assert_allclose(s, [0.1 + bonus, 0.1 * bonus])
+
+
+def test_a_positive_floor_spares_clients_not_yet_valued_and_catches_null_players() -> None:
+    # Prepare: client 0 never valued (phi 0, count 0), client 1 valued at exactly 0 twice
+    # (a free rider in the delta game), client 2 valued at 0.2 twice; t = 4 -> ln 5
+    params = SelectionParams(epsilon=0.0, c=1.0, tau=0.01)
+    # Execute
+    s = selection_scores(np.array([0.0, 0.0, 0.2]), np.array([0, 2, 2]), 4, params)
+    # Assert: the unexplored client keeps its whole bonus, the null player keeps a tenth
+    ln5 = np.log(5.0)
+    np.testing.assert_allclose(s, [np.sqrt(ln5 / 1), 0.1 * np.sqrt(ln5 / 3),
+                                   0.2 + np.sqrt(ln5 / 3)], rtol=1e-12)
 
 
 def test_selection_is_seeded_and_distinct() -> None:
