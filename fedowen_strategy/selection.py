@@ -19,10 +19,10 @@ Defaults and their scale: FedOwen feeds ``phi`` on its ``phi-scale``, by default
 round's absolute values sum to 1; :mod:`fedowen_strategy.contribution` owns the scale), so a
 typical client in a round of 10 has phi ~ 0.1. ``c = 0.1`` makes the exploration bonus of a
 client seen a few times (u ~ 0.05-0.1 at t ~ 50) comparable to one typical contribution, so
-neither term drowns the other; ``tau = 0`` penalises exactly the clients whose updates
-lowered the utility. A null player (phi exactly 0, e.g. a free rider in the delta game) sits
-on a floor of 0, not below it, and keeps its whole bonus; the paper's "small floor" (a
-positive ``tau``) takes it away.
+neither term drowns the other. ``tau = 0.01`` (1% of a round's total |phi|) is the paper's
+"small floor": ``tau = 0`` penalises exactly the clients whose updates lowered the utility, but
+a null player (phi exactly 0, e.g. a free rider in the delta game) then sits on the floor, not
+below it, and keeps its whole bonus.
 """
 
 from __future__ import annotations
@@ -66,14 +66,15 @@ class SelectionParams:
     c : float
         Confidence weight of the exploration bonus, >= 0.
     tau : float
-        Contribution floor: clients with phi < tau lose their gain and 90% of their bonus.
+        Contribution floor: clients with phi < tau lose their gain and 90% of their bonus
+        (paper: "a small floor"; 0.01 of a round's l1 scale here, docs/defaults.md).
     low_gain_scale : float
         Factor on the bonus of clients below the floor (paper: 0.1).
     """
 
     epsilon: float = 0.1
     c: float = 0.1
-    tau: float = 0.0
+    tau: float = 0.01
     low_gain_scale: float = 0.1
 
     def __post_init__(self) -> None:

@@ -104,8 +104,9 @@ class FedOwen(FedAvg):
         copy level: under one-class non-IID data honest updates came within 0.0007 of each
         other (docs/results/duplicates/).
     bandit_memory, bandit_discount : str, float
-        What the bandit exploits per client: its latest phi, the running mean of its phi, or
-        a discounted mean (:func:`fedowen_strategy.selection.update_memory`).
+        What the bandit exploits per client: the running mean of its phi (default), its
+        latest phi (Algorithm 2), or a discounted mean
+        (:func:`fedowen_strategy.selection.update_memory`).
     update_bound : {"none", "clip", "reject"}
         Bound every update by ``update_bound_multiple`` x the round's lower-median update
         norm per example (:mod:`fedowen_strategy.bounds`): clip it to that norm or reject it.
@@ -128,7 +129,7 @@ class FedOwen(FedAvg):
                  selection_params: SelectionParams | None = None, seed: int = 0,
                  max_norm_ratio: float = 0.0, node_wait_timeout: float = 60.0,
                  query_timeout: float = 300.0, duplicate_tolerance: float = 0.0,
-                 bandit_memory: str = "latest", bandit_discount: float = 0.3,
+                 bandit_memory: str = "mean", bandit_discount: float = 0.3,
                  update_bound: str = "none", update_bound_multiple: float = 3.0,
                  on_round: RoundHook | None = None) -> None:
         if clients_per_round is not None and clients_per_round < 1:

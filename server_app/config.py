@@ -69,7 +69,7 @@ class RunConfig(TaskConfig):
     temperature: float = 1.0
     epsilon: float = 0.1
     ucb_c: float = 0.1
-    tau: float = 0.0
+    tau: float = 0.01
     max_norm_ratio: float = 10.0
     # Robust update bounds (issue 14): see fedowen_strategy.bounds.
     update_bound: str = "none"
@@ -79,7 +79,7 @@ class RunConfig(TaskConfig):
     duplicate_tolerance: float = 1e-6
     uniform_mix: float = 0.0
     weight_cap: float = 1.0
-    bandit_memory: str = "latest"
+    bandit_memory: str = "mean"
     bandit_discount: float = 0.3
     torch_threads: int = 1
     resume_from: str = ""
