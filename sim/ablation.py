@@ -126,6 +126,12 @@ def plot_ablation(data: AblationData, path: Path, weights: bool) -> Path:
     ncol = min(len(data.cols), 2)
     nrow = -(-len(data.cols) // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(6.5 * ncol, 4.4 * nrow), squeeze=False)
+    # One colour per variant in every panel, the reference in black: matplotlib's default
+    # cycle has 10 colours and would give an 11th variant the reference's.
+    others = [r for r in data.rows if r != data.grid.reference]
+    cmap = plt.get_cmap("tab10" if len(others) <= 10 else "tab20")
+    colour = {r: cmap(i % cmap.N) for i, r in enumerate(others)}
+    colour[data.grid.reference] = "black"
     for ax, col in zip(axes.flat, data.cols, strict=False):
         for row in data.rows:
             series = [max_weights(c) if weights else list(zip(*c.curve(), strict=True))
@@ -140,7 +146,7 @@ def plot_ablation(data: AblationData, path: Path, weights: bool) -> Path:
             x = np.array([r for r, _ in next(s for s in series if len(s) == n)])
             mean = np.nanmean(ys, axis=0)
             half = np.array([mean_interval(list(ys[:, j])).half for j in range(n)])
-            (line,) = ax.plot(x, mean, label=str(row),
+            (line,) = ax.plot(x, mean, label=str(row), color=colour.get(row),
                               lw=2.0 if row == data.grid.reference else 1.2)
             top = 1.0 if weights else 100.0  # the band is clipped to what the quantity can be
             ax.fill_between(x, np.clip(mean - half, 0, top), np.clip(mean + half, 0, top),

@@ -86,8 +86,9 @@ def sweep_bias(results: Path, num_clients: int, data_dir: str | None = None) -> 
         groups[key].append((int(cfg["seed"]), ratio, corr))
     if not groups:
         return []
-    # Only the keys that differ between settings name a row.
-    keys = sorted({k for cfg in configs.values() for k in cfg if k not in _NOT_SETTING})
+    # Only the keys that differ between settings name a row (keys some runs lack, from older
+    # code, are left out of the name, not of the grouping).
+    keys = sorted(set.intersection(*(set(cfg) for cfg in configs.values())) - set(_NOT_SETTING))
     varying = [k for k in keys if len({json.dumps(c.get(k)) for c in configs.values()}) > 1]
     rows = []
     for key, vals in groups.items():
