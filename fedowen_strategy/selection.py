@@ -12,8 +12,9 @@ zero) and ``k`` clients are drawn without replacement with those weights.
 ``phi_i`` is the client's latest contribution, ``sigma_i`` how often it was selected (and
 returned an update), ``t`` the round. A client never valued (``sigma_i = 0``) has no phi yet
 and is never below the floor: with a positive ``tau`` Algorithm 2 as written would cut the
-bonus of every client not yet explored (their phi starts at 0). Everything here is a pure function of its inputs and an
-explicit ``numpy.random.Generator``; the strategy keeps the state.
+bonus of every client not yet explored (their phi starts at 0). Everything here is a pure
+function of its inputs and an explicit ``numpy.random.Generator``; the strategy keeps the
+state.
 
 Defaults and their scale: FedOwen feeds ``phi`` on its ``phi-scale``, by default ``l1`` (a
 round's absolute values sum to 1; :mod:`fedowen_strategy.contribution` owns the scale), so a

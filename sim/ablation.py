@@ -130,7 +130,7 @@ def plot_ablation(data: AblationData, path: Path, weights: bool) -> Path:
     # cycle has 10 colours and would give an 11th variant the reference's.
     others = [r for r in data.rows if r != data.grid.reference]
     cmap = plt.get_cmap("tab10" if len(others) <= 10 else "tab20")
-    colour = {r: cmap(i % cmap.N) for i, r in enumerate(others)}
+    colour: dict[Any, Any] = {r: cmap(i % cmap.N) for i, r in enumerate(others)}
     colour[data.grid.reference] = "black"
     for ax, col in zip(axes.flat, data.cols, strict=False):
         for row in data.rows:
