@@ -28,7 +28,7 @@ from sim.results import LAST_K, CellResult, grid_points, matches, paper_value
 from sim.stats import Interval, mean_interval, paired_interval
 
 ROUND_FIELDS = ("variant", "column", "seed", "round", "test_accuracy", "max_weight",
-                "num_returned")
+                "num_returned", "round_seconds", "server_seconds")
 SUMMARY_FIELDS = ("variant", "column", "metric", "n", "mean", "ci_half", "paired_n",
                   "paired_diff", "paired_ci_half", "paired_excludes_zero", "seeds", "values")
 
@@ -37,6 +37,24 @@ def max_weights(cell: CellResult) -> list[tuple[int, float]]:
     """(round, largest aggregation weight) of every aggregated round."""
     return [(int(r["round"]), max(r["weights"].values())) for r in cell.rounds
             if r.get("round", 0) > 0 and r.get("weights")]
+
+
+def server_seconds(rec: dict[str, Any]) -> float | None:
+    """The server's own work in a round: FedOwen's valuation (``valuation_seconds``; its
+    weighted average is negligible beside it), or a peer or Flower strategy's aggregation
+    (``aggregation_seconds``, FLTrust's root-set training included)."""
+    for key in ("valuation_seconds", "aggregation_seconds"):
+        if rec.get(key) is not None:
+            return float(rec[key])
+    return None
+
+
+def round_costs(cell: CellResult) -> tuple[list[float], list[float]]:
+    """(wall seconds of every training round, the server's own seconds of every round)."""
+    rounds = [r for r in cell.rounds if r.get("round", 0) > 0]
+    wall = [float(r["round_seconds"]) for r in rounds if r.get("round_seconds") is not None]
+    server = [s for s in (server_seconds(r) for r in rounds) if s is not None]
+    return wall, server
 
 
 def _label(col: dict[str, Any]) -> str:
@@ -104,6 +122,33 @@ def _weight_table(data: AblationData) -> list[str]:
         for col in data.cols:
             ws = [w for cell in data.of(row, col) for _, w in max_weights(cell)]
             cells.append("-" if not ws else f"{np.median(ws):.2f} / {np.max(ws):.2f}")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _cost_table(data: AblationData) -> list[str]:
+    """Per variant and column: mean wall seconds of a round, the server's own seconds of it,
+    and the round's wall time as a multiple of the reference's (same sweep, same machine)."""
+    head = f"| {data.grid.rows} | " + " | ".join(_label(c) for c in data.cols) + " |"
+    lines = [head, "|" + "---|" * (len(data.cols) + 1)]
+
+    def pooled(row: Any, col: dict[str, Any]) -> tuple[list[float], list[float]]:
+        costs = [round_costs(cell) for cell in data.of(row, col)]
+        return [w for c in costs for w in c[0]], [s for c in costs for s in c[1]]
+
+    for row in data.rows:
+        cells = []
+        for col in data.cols:
+            wall, server = pooled(row, col)
+            ref_wall = pooled(data.grid.reference, col)[0]
+            if not wall:
+                cells.append("-")
+                continue
+            text = f"{np.mean(wall):.2f}"
+            text += f" / {np.mean(server):.2f}" if server else " / -"
+            if ref_wall and row != data.grid.reference:
+                text += f" ({np.mean(wall) / np.mean(ref_wall):.2f}x)"
+            cells.append(text)
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return lines
 
@@ -176,6 +221,7 @@ def write_rounds_csv(data: AblationData, path: Path) -> Path:
                     weights = dict(max_weights(cell))
                     for rec in cell.rounds:
                         acc = rec.get("test_accuracy")
+                        secs, own = rec.get("round_seconds"), server_seconds(rec)
                         writer.writerow({
                             "variant": row, "column": _label(col),
                             "seed": cell.cell.run_config.get("seed", 0),
@@ -183,7 +229,10 @@ def write_rounds_csv(data: AblationData, path: Path) -> Path:
                             "test_accuracy": "" if acc is None else round(100 * acc, 2),
                             "max_weight": round(weights[rec["round"]], 4)
                             if rec["round"] in weights else "",
-                            "num_returned": len(rec.get("returned") or [])})
+                            "num_returned": len(rec.get("returned") or []),
+                            "round_seconds": "" if secs is None else round(float(secs), 3),
+                            "server_seconds": "" if own is None or not rec["round"]
+                            else round(own, 3)})
     return path
 
 
@@ -233,7 +282,13 @@ def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
           "95% CI excludes 0), final accuracy:", "", *_table(data, "final", True), "",
           f"The same, mean of the last {LAST_K} rounds:", "", *_table(data, "last", True), "",
           "Largest aggregation weight of a round (median / max over rounds and seeds):", "",
-          *_weight_table(data), ""]
+          *_weight_table(data), "",
+          "Cost per round, seconds (mean over rounds and seeds): the whole round's wall time / "
+          "the server's own work in it (FedOwen's valuation; a peer's or Flower strategy's "
+          f"aggregation, FLTrust's root-set training included); in brackets the round's wall "
+          f"time as a multiple of `{ref}`'s, measured in the same sweep on the same machine "
+          "(cells ran side by side, so absolute times carry the machine's load):", "",
+          *_cost_table(data), ""]
     paper = _paper_lines(data)
     if paper:
         md += ["The paper's numbers for the same cells (100 rounds, 10 seeds):", "", *paper, ""]

@@ -102,8 +102,11 @@ def test_ablation_report_pairs_seeds(tmp_path: Path) -> None:
         acc = finals[cell.point["variant"]][cell.run_config["seed"]]
         weights = {"a": 0.7, "b": 0.3} if cell.point["variant"] == "fedowen" else {"a": 0.5,
                                                                                    "b": 0.5}
+        # a FedOwen round: 2 s wall, 0.5 s valuation; an equal-weight one: 1 s, 0.1 s aggregating
+        cost = ({"round_seconds": 2.0} if cell.point["variant"] == "fedowen" else
+                {"round_seconds": 1.0, "valuation_seconds": None, "aggregation_seconds": 0.1})
         write_rounds(tmp_path / "res" / cell.cell_id, [0.1, 0.5, 0.6, acc],
-                     {"weights": weights, "returned": ["a", "b"]})
+                     {"weights": weights, "returned": ["a", "b"], **cost})
     # Execute
     write_report(preset, tmp_path / "res", tmp_path / "out")
     # Assert: differences 2, 3, 4: mean 3, sd 1 -> half-width 4.3027 / sqrt(3) = 2.48
@@ -111,12 +114,14 @@ def test_ablation_report_pairs_seeds(tmp_path: Path) -> None:
     assert "| fedowen | **+3.00 ± 2.48** |" in md
     assert "| fedavg-equal | 70.00 ± 24.84 |" in md
     assert "| fedowen | 0.70 / 0.70 |" in md
+    assert "| fedowen | 2.00 / 0.50 (2.00x) |" in md and "| fedavg-equal | 1.00 / 0.10 |" in md
     with (tmp_path / "out" / "abl-rounds.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 6 * 4
     last = [r for r in rows if r["variant"] == "fedowen" and r["seed"] == "2" and
             r["round"] == "3"]
     assert last[0]["test_accuracy"] == "64.0" and last[0]["max_weight"] == "0.7"
+    assert (last[0]["round_seconds"], last[0]["server_seconds"]) == ("2.0", "0.5")
     assert (tmp_path / "out" / "abl-accuracy.png").stat().st_size > 10_000
     with (tmp_path / "out" / "abl-summary.csv").open() as fh:
         summary = {(r["variant"], r["metric"]): r for r in csv.DictReader(fh)}
