@@ -24,6 +24,7 @@ from pathlib import Path
 from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
 from sim.launcher import APP_DIR
 from sim.procs import exit_on_signals
+from sim.results import drift_summary, sweep_drift
 from sim.runner import PRESET_FILE, Runner, cell_status, read_state
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             err = next((e.get("error") for e in reversed(events) if e.get("error")), "")
             print(f"{cell.cell_id} {st:8s} {cell.grid}: {cell.label()} {err}")
     print(f"{preset.name}: {sum(counts.values())} cells: {counts}")
+    drift = sweep_drift(preset, results)
+    if drift:
+        print(f"{preset.name}: {drift_summary(drift)}")
+        if args.verbose:
+            for cell_id, changes in sorted(drift.items()):
+                print(f"  {cell_id}: " + ", ".join(f"{k} {old!r} -> {new!r}"
+                                                  for k, (old, new) in changes.items()))
     return 0
 
 

@@ -24,11 +24,13 @@ from sim.results import (
     LAST_K,
     CellResult,
     Stat,
+    drift_summary,
     grid_points,
     grid_stats,
     load_results,
     matches,
     paper_value,
+    sweep_drift,
 )
 
 log = logging.getLogger(__name__)
@@ -207,7 +209,9 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
           f"- Produced by: `{run_cmd}` then `python -m sim.experiments report {source}` "
           f"(regenerated from `results/{preset.name}/*/rounds.jsonl`).",
           f"- Cells finished: {done} of {len(res)}; {preset.num_supernodes} virtual clients.",
-          f"- Reductions: {preset.reductions or 'none'}", ""]
+          f"- Reductions: {preset.reductions or 'none'}"]
+    drift = drift_summary(sweep_drift(preset, results))
+    md += [f"- Code state: {drift}", ""] if drift else [""]
     csv_rows: list[dict[str, Any]] = []
     files: list[Path] = []
     for grid in preset.grids:

@@ -8,15 +8,21 @@ curves but not for the final-accuracy tables.
 from __future__ import annotations
 
 import itertools
+import json
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedowen_strategy.records import read_rounds
-from sim.grid import Cell, Grid, Preset, expand_grid
+from server_app.config import parse_run_config
+from sim.grid import RUNNER_KEYS, Cell, Grid, Preset, expand_grid
+
+#: Recorded config keys that differ between runs of one cell by design.
+_PATH_FIELDS = ("output_dir", "data_dir", "resume_from")
 
 LAST_K = 5  # rounds averaged for the "mean of the last rounds" column
 
@@ -56,6 +62,50 @@ class CellResult:
         """Valuation wall time of every training round."""
         return [float(r["valuation_seconds"]) for r in self.rounds
                 if r.get("round", 0) > 0 and r.get("valuation_seconds") is not None]
+
+
+def config_drift(cell: Cell, recorded: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Settings a finished run recorded (its ``config.json``) that this checkout would resolve
+    differently for the same cell, as ``{field: (recorded, now)}``.
+
+    A cell id hashes only the keys its preset names, so when an app default changes, a cell
+    that relied on it keeps its id and its old results: this says so. Fields the run did not
+    record (added to the app later) are not compared."""
+    now = asdict(parse_run_config({k: v for k, v in cell.run_config.items()
+                                   if k not in RUNNER_KEYS}))
+    drift = {}
+    for key, value in now.items():
+        if key in _PATH_FIELDS or key not in recorded:
+            continue
+        value = json.loads(json.dumps(value))  # tuples as lists, as config.json holds them
+        if recorded[key] != value:
+            drift[key] = (recorded[key], value)
+    return drift
+
+
+def sweep_drift(preset: Preset, results: Path) -> dict[str, dict[str, tuple[Any, Any]]]:
+    """:func:`config_drift` of every cell that recorded a ``config.json``, by cell id (cells
+    without drift left out)."""
+    out = {}
+    for cell in preset.cells():
+        path = results / cell.cell_id / "config.json"
+        if path.exists():
+            drift = config_drift(cell, json.loads(path.read_text()))
+            if drift:
+                out[cell.cell_id] = drift
+    return out
+
+
+def drift_summary(drift: dict[str, dict[str, tuple[Any, Any]]]) -> str:
+    """One line: how many cells ran with which settings this checkout resolves otherwise."""
+    if not drift:
+        return ""
+    changes = Counter(f"{k} {json.dumps(old)} -> {json.dumps(new)}"
+                      for d in drift.values() for k, (old, new) in d.items())
+    what = "; ".join(f"{c} ({n} cells)" for c, n in sorted(changes.items()))
+    return (f"{len(drift)} cells ran with settings this checkout resolves otherwise (an app "
+            f"default changed since; their ids hash only the preset's keys): {what}. Their "
+            "results stand for the code that ran them; pin the key in the preset to rerun.")
 
 
 def load_results(preset: Preset, results: Path) -> dict[str, CellResult]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import threading
 from pathlib import Path
@@ -145,3 +146,32 @@ def test_committed_ablation_presets_follow_the_protocol() -> None:
         assert len(grid.axes["seed"]) >= 5 and grid.axes["alpha"] == [0.01, 0.1]
         assert set(grid.axes["partition-scheme"]) == {"per-class", "per-client"}
         assert preset.variants[grid.reference]["aggregation"] == "uniform"
+
+
+def test_a_changed_default_is_reported_not_hidden(tmp_path: Path) -> None:
+    # Prepare: two finished cells; one recorded a tau other than the default this checkout
+    # resolves (its preset does not name tau, so its id did not change with the default)
+    from dataclasses import asdict
+
+    from server_app.config import parse_run_config
+    from sim.results import config_drift, drift_summary, sweep_drift
+
+    preset = parse_preset(ablation_preset())
+    stale, fresh = preset.cells()[:2]
+    now = parse_run_config(stale.run_config).tau
+    for cell, tau in ((stale, now + 1.0), (fresh, now)):
+        recorded = asdict(parse_run_config(cell.run_config))
+        recorded.update(tau=tau, output_dir=str(tmp_path / cell.cell_id))
+        recorded.pop("weight_cap")  # a key added to the app after this run: not compared
+        write_rounds(tmp_path / "res" / cell.cell_id, [0.1, 0.5, 0.6, 0.7])
+        (tmp_path / "res" / cell.cell_id / "config.json").write_text(json.dumps(recorded))
+    # Execute
+    drift = sweep_drift(preset, tmp_path / "res")
+    write_report(preset, tmp_path / "res", tmp_path / "out")
+    # Assert: only tau of the stale cell, and the report says so
+    assert drift == {stale.cell_id: {"tau": (now + 1.0, now)}}
+    assert config_drift(fresh, {"tau": now, "output_dir": "elsewhere"}) == {}
+    line = drift_summary(drift)
+    assert line.startswith("1 cells ran with settings")
+    assert f"tau {json.dumps(now + 1.0)} -> {json.dumps(now)} (1 cells)" in line
+    assert line in (tmp_path / "out" / "README.md").read_text()
