@@ -34,9 +34,15 @@ SUMMARY_FIELDS = ("variant", "column", "metric", "n", "mean", "ci_half", "paired
 
 
 def max_weights(cell: CellResult) -> list[tuple[int, float]]:
-    """(round, largest aggregation weight) of every aggregated round."""
-    return [(int(r["round"]), max(r["weights"].values())) for r in cell.rounds
-            if r.get("round", 0) > 0 and r.get("weights")]
+    """(round, largest aggregation weight) of every aggregated round. A round whose weights
+    were not finite (recorded as null, e.g. FLTrust's once its server update diverged) has
+    none."""
+    out = []
+    for r in cell.rounds:
+        ws = [w for w in (r.get("weights") or {}).values() if w is not None]
+        if r.get("round", 0) > 0 and ws:
+            out.append((int(r["round"]), max(ws)))
+    return out
 
 
 def server_seconds(rec: dict[str, Any]) -> float | None:

@@ -175,3 +175,14 @@ def test_a_changed_default_is_reported_not_hidden(tmp_path: Path) -> None:
     assert line.startswith("1 cells ran with settings")
     assert f"tau {json.dumps(now + 1.0)} -> {json.dumps(now)} (1 cells)" in line
     assert line in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_rounds_with_non_finite_weights_have_no_largest_weight() -> None:
+    # FLTrust's weights are recorded as null once its server update diverged to NaN
+    from sim.ablation import max_weights
+    from sim.results import CellResult
+
+    cell = parse_preset(ablation_preset()).cells()[0]
+    rounds = [{"round": 0}, {"round": 1, "weights": {"a": 0.25, "b": 0.75}},
+              {"round": 2, "weights": {"a": None, "b": None}}, {"round": 3, "weights": {}}]
+    assert max_weights(CellResult(cell, rounds)) == [(1, 0.75)]
