@@ -142,11 +142,11 @@ def _cost_table(data: AblationData) -> list[str]:
         costs = [round_costs(cell) for cell in data.of(row, col)]
         return [w for c in costs for w in c[0]], [s for c in costs for s in c[1]]
 
+    ref_walls = [pooled(data.grid.reference, col)[0] for col in data.cols]
     for row in data.rows:
         cells = []
-        for col in data.cols:
+        for col, ref_wall in zip(data.cols, ref_walls, strict=True):
             wall, server = pooled(row, col)
-            ref_wall = pooled(data.grid.reference, col)[0]
             if not wall:
                 cells.append("-")
                 continue

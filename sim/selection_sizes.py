@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedowen_strategy.records import read_rounds
 from fedowen_task.data import load_dataset
 from fedowen_task.partition import federated_split
 
@@ -38,10 +39,9 @@ _NOT_SETTING = ("seed", "output_dir", "data_dir", "resume_from")
 def selection_counts(run_dir: Path, num_clients: int) -> np.ndarray:
     """How often each partition id was selected over the run's recorded rounds."""
     counts = np.zeros(num_clients)
-    with (run_dir / "rounds.jsonl").open() as fh:
-        for line in fh:
-            for cid in json.loads(line).get("selected", []):
-                counts[int(cid)] += 1
+    for rec in read_rounds(run_dir):
+        for cid in rec.get("selected", []):
+            counts[int(cid)] += 1
     return counts
 
 
