@@ -97,6 +97,8 @@ class UpdateWeighted(FedAvg):
         keys = float_keys(reference)
         deltas = np.stack([flat_delta(u.state, reference, keys) for u in parsed.updates])
         delta, weights, extra = self.combine(server_round, reference, ids, deltas, keys)
+        if delta is not None and not np.isfinite(delta).all():
+            delta, extra = None, {**extra, "kept_global": "the aggregate is not finite"}
         self.round_record.update(extra, weights=dict(zip(ids, weights.tolist(), strict=True)),
                                  aggregation_seconds=time.perf_counter() - started)
         metrics = MetricRecord({"num-returned": len(ids),

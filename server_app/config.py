@@ -9,6 +9,7 @@ parameters it accepts, the strategy's parameters), before any message is sent.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 from collections.abc import Mapping
@@ -87,6 +88,7 @@ class RunConfig(TaskConfig):
     # Peer defences (issue 17): see fedowen_strategy.fltrust / foolsgold.
     fltrust_root_size: int = 0
     fltrust_root_epochs: int = 1
+    fltrust_server_lr: float = 1.0
     foolsgold_kappa: float = 1.0
     device: str = "auto"
 
@@ -157,6 +159,9 @@ class RunConfig(TaskConfig):
              "evaluation set)"),
             (self.fltrust_root_epochs >= 1,
              f"fltrust-root-epochs={self.fltrust_root_epochs} must be >= 1"),
+            (math.isfinite(self.fltrust_server_lr) and self.fltrust_server_lr > 0,
+             f"fltrust-server-lr={self.fltrust_server_lr} must be a finite number > 0 "
+             "(FLTrust's global learning rate; 1 applies its aggregate as it is)"),
             (self.foolsgold_kappa > 0, f"foolsgold-kappa={self.foolsgold_kappa} must be > 0"),
         ]
         bad = super().problems() + [message for ok, message in checks if not ok]

@@ -7,7 +7,7 @@ subclasses of Flower's FedAvg built the same way; FLTrust's server update (train
 root set) comes from the ServerApp (:mod:`server_app.peers`). A Flower strategy is Flower's
 class itself, constructed from the run config (k = ``clients-per-round`` via
 ``fraction_train = k / connected nodes`` and ``min_train_nodes = k``; FedProx's
-``proximal-mu``; Krum's ``krum-malicious``; FoolsGold's ``foolsgold-kappa``; anything else
+``proximal-mu``; Krum's ``krum-malicious``; FoolsGold's ``foolsgold-kappa``; FLTrust's ``fltrust-server-lr``; anything else
 through ``strategy-params = "name=value ..."``, checked against the class's constructor),
 wrapped by :class:`Recorded` so every round lands in ``rounds.jsonl`` (selected, returned
 and failed clients, ``aggregation_seconds``; the peers add the per-client ``weights`` they
@@ -43,7 +43,7 @@ RESUMABLE = ("fedowen", "fedavg", "fedprox", "krum", "multikrum", "fedtrimmedavg
 # Keys the ServerApp sets from the run config; strategy-params may not repeat them.
 _OWNED = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes",
           "min_available_nodes", "proximal_mu", "num_malicious_nodes", "kappa",
-          "server_update")
+          "server_update", "server_lr")
 
 
 def strategy_class(name: str) -> type[Strategy]:
@@ -76,7 +76,7 @@ def strategy_kwargs(cfg: Any, cls: type[Strategy], num_nodes: int) -> dict[str, 
         "min_train_nodes": k, "min_evaluate_nodes": 0, "min_available_nodes": k,
         "proximal_mu": cfg.proximal_mu, "num_malicious_nodes": cfg.krum_malicious,
         "num_nodes_to_select": max(1, k - cfg.krum_malicious),
-        "kappa": cfg.foolsgold_kappa,
+        "kappa": cfg.foolsgold_kappa, "server_lr": cfg.fltrust_server_lr,
     }
     kwargs.update(parse_params(cfg.strategy_params, "strategy-params"))
     signature = inspect.signature(cls)

@@ -60,6 +60,7 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
     ("max-norm-ratio", -1.0, "max-norm-ratio must be >= 0"),
     ("fltrust-root-epochs", 0, "fltrust-root-epochs=0 must be >= 1"),
     ("fltrust-root-size", -1, "fltrust-root-size=-1 must be >= 0"),
+    ("fltrust-server-lr", 0.0, "fltrust-server-lr=0.0 must be a finite number > 0"),
     ("foolsgold-kappa", 0.0, "foolsgold-kappa=0.0 must be > 0"),
     ("adversary-kind", "colluding-sybl", "(did you mean 'colluding-sybil'?)"),
     ("adversary-boost", 0.0, "adversary-boost=0.0 must be > 0"),

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedowen_strategy.fltrust import fltrust_aggregate, trust_scores
+from fedowen_strategy.fltrust import FLTrust, fltrust_aggregate, trust_scores
 from fedowen_strategy.foolsgold import foolsgold_scores
 from fedowen_strategy.records import RunRecorder, read_rounds
 from fedowen_strategy.replies import record_to_state, state_to_record
@@ -150,6 +150,30 @@ def test_fltrust_strategy_keeps_the_global_model_when_nobody_is_trusted(tmp_path
     rounds = run_peer("fltrust", tmp_path, rounds=2, **{"all-bad": 1})
     assert all("every trust score is 0" in r["kept_global"] for r in rounds[1:])
     assert rounds[2]["distance"] == pytest.approx(rounds[0]["distance"])
+
+
+def test_fltrust_server_lr_scales_the_aggregate_and_a_diverged_server_update_keeps_the_model(
+        ) -> None:
+    # Prepare: the by-hand round above, through the strategy's combine
+    reference = {"w": np.zeros(2)}
+    deltas = np.array([[2.0, 0.0], [0.0, 3.0], [1.0, 1.0], [-1.0, 0.0]])
+    ids = ["a", "b", "c", "d"]
+
+    def server(value: float) -> Any:
+        return lambda state, rnd: {"w": state["w"] + np.array([1.0, value])}
+
+    full, _, _ = fltrust_aggregate(deltas, np.array([1.0, 0.0]))
+    # Execute
+    half, weights, _ = FLTrust(server(0.0), server_lr=0.5).combine(1, reference, ids, deltas,
+                                                                   ["w"])
+    kept, zero, extra = FLTrust(server(np.nan)).combine(1, reference, ids, deltas, ["w"])
+    # Assert: alpha scales the step, not the weights; a NaN server update trusts nobody
+    assert full is not None and half is not None
+    np.testing.assert_allclose(half, 0.5 * full)
+    assert weights.sum() == pytest.approx(1.0)
+    assert kept is None and zero.tolist() == [0.0] * 4 and "not finite" in extra["kept_global"]
+    with pytest.raises(ValueError, match="server_lr=0.0 must be a finite number > 0"):
+        FLTrust(server(0.0), server_lr=0.0)
 
 
 def test_foolsgold_strategy_zeroes_the_sybil_pair_over_rounds(tmp_path: Any) -> None:
