@@ -136,9 +136,17 @@ def ledger_stats(result: CellResult, num_partitions: int) -> dict[str, float]:
             "ledger_adv_rank": mean([pct[r.client_id] for r in bad]),
             "ledger_honest_rank": mean([pct[r.client_id] for r in good]),
             "ledger_adv_pool": float(sum(r.payout_share for r in bad)),
+            "ledger_payout_ratio": _ratio(mean([r.payout_share for r in bad]),
+                                          mean([r.payout_share for r in good])),
             "ledger_adv_clients": float(len(bad)) / n,
             "ledger_adv_forfeited": float(sum(r.forfeited for r in bad)),
             "ledger_honest_forfeited": float(sum(r.forfeited for r in good))}
+
+
+def _ratio(adversary: float, honest: float) -> float:
+    """An adversary's mean payout share over an honest client's (NaN when honest clients got
+    nothing: no pool to compare with)."""
+    return adversary / honest if honest > 0 else math.nan
 
 
 def _head(row_key: str, col_keys: tuple[str, ...], names: tuple[str, ...]) -> list[str]:
@@ -199,10 +207,13 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
                  "seeds): mean paid phi per client (identities caught returning copies are "
                  "paid on min(total, 0)), mean rank percentile in the ledger (0 = top, 1 = "
                  "bottom), the adversaries' share of the payout pool (their share of the "
-                 "valued clients in brackets), and clients forfeited per run:", "",
+                 "valued clients in brackets), an adversary's mean payout over an honest "
+                 "client's (at most 1: paid no more than an honest client), and clients "
+                 "forfeited per run:", "",
                  *_head(row_key, col_keys, (
                      "adversary paid phi", "honest paid phi", "adversary ledger rank",
                      "honest ledger rank", "adversaries' pool share",
+                     "payout per adversary / per honest client",
                      "forfeited adversaries / honest", "seeds"))]
     for key, members in groups.items():
         series = [cell_series(m, preset.num_supernodes) for m in members if m.rounds]
@@ -235,6 +246,7 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
                     f" | {row['ledger_adv_paid']:+.3f} | {row['ledger_honest_paid']:+.3f} | "
                     f"{row['ledger_adv_rank']:.3f} | {row['ledger_honest_rank']:.3f} | "
                     f"{row['ledger_adv_pool']:.3f} ({row['ledger_adv_clients']:.2f}) | "
+                    f"{row['ledger_payout_ratio']:.2f} | "
                     f"{row['ledger_adv_forfeited']:.1f} / {row['ledger_honest_forfeited']:.1f} | "
                     f"{len(ledgers)} |")
         st = stats[key]

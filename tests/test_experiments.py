@@ -337,6 +337,7 @@ def test_ledger_stats_by_hand_with_a_forfeited_sybil() -> None:
     assert stats["ledger_adv_rank"] == pytest.approx(3 / 5)
     assert stats["ledger_honest_rank"] == pytest.approx((0 + 0 + 0 + 1) / 4)
     assert stats["ledger_adv_pool"] == 0.0 and stats["ledger_adv_forfeited"] == 2.0
+    assert stats["ledger_payout_ratio"] == 0.0  # honest mean share: (3 x 1/3 + 0) / 4 > 0
     assert stats["ledger_honest_forfeited"] == 0.0
 
 
