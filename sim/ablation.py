@@ -27,6 +27,11 @@ from sim.grid import Grid, Preset, expand_grid
 from sim.results import LAST_K, CellResult, grid_points, matches, paper_value
 from sim.stats import Interval, mean_interval, paired_interval
 
+#: Two rows whose mean final accuracies lie this close (points) are a close call, which
+#: deserves :data:`CLOSE_SEEDS` seeds (issue 17: "5 where two defences are within 2 points").
+CLOSE_MARGIN = 2.0
+CLOSE_SEEDS = 5
+
 ROUND_FIELDS = ("variant", "column", "seed", "round", "test_accuracy", "max_weight",
                 "num_returned", "round_seconds", "server_seconds")
 SUMMARY_FIELDS = ("variant", "column", "metric", "n", "mean", "ci_half", "paired_n",
@@ -272,6 +277,36 @@ def write_summary_csv(data: AblationData, path: Path) -> Path:
     return path
 
 
+def close_calls(data: AblationData, margin: float = CLOSE_MARGIN
+                ) -> list[tuple[str, Any, Any, float, int]]:
+    """Columns whose two best rows (mean final accuracy over finished seeds) lie within
+    ``margin`` points: (column label, best row, runner-up, gap, fewest seeds of the two)."""
+    out = []
+    for col in data.cols:
+        means = []
+        for row in data.rows:
+            iv = data.interval(row, col, "final")
+            if iv.n:
+                means.append((iv.mean, row, iv.n))
+        if len(means) < 2:
+            continue
+        (m1, r1, n1), (m2, r2, n2) = sorted(means, key=lambda t: -t[0])[:2]
+        if m1 - m2 <= margin:
+            out.append((_label(col), r1, r2, m1 - m2, min(n1, n2)))
+    return out
+
+
+def _close_lines(data: AblationData) -> list[str]:
+    calls = close_calls(data)
+    if not calls:
+        return []
+    return [f"Close calls (the two best rows within {CLOSE_MARGIN:g} points of final accuracy; "
+            f"such columns deserve {CLOSE_SEEDS} seeds):", "",
+            *(f"- {label}: `{a}` vs `{b}`, {gap:.2f} points apart, {n} seeds"
+              f"{'' if n >= CLOSE_SEEDS else ' (more seeds wanted)'}"
+              for label, a, b, gap, n in calls), ""]
+
+
 def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
                      out: Path) -> tuple[list[str], list[Path]]:
     """Markdown lines and files (PNGs, rounds CSV) of one ablation grid."""
@@ -294,7 +329,7 @@ def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
           f"aggregation, FLTrust's root-set training included); in brackets the round's wall "
           f"time as a multiple of `{ref}`'s, measured in the same sweep on the same machine "
           "(cells ran side by side, so absolute times carry the machine's load):", "",
-          *_cost_table(data), ""]
+          *_cost_table(data), "", *_close_lines(data)]
     paper = _paper_lines(data)
     if paper:
         md += ["The paper's numbers for the same cells (100 rounds, 10 seeds):", "", *paper, ""]

@@ -130,6 +130,23 @@ def test_ablation_report_pairs_seeds(tmp_path: Path) -> None:
     assert (won["paired_n"], won["paired_diff"], won["paired_ci_half"]) == ("3", "3.0", "2.4841")
     assert won["paired_excludes_zero"] == "True" and won["values"] == "82.00 73.00 64.00"
     assert summary[("fedavg-equal", "final")]["paired_diff"] == ""
+    assert "Close calls" not in md  # 73.0 vs 70.0: 3 points apart
+
+
+def test_ablation_report_names_close_calls(tmp_path: Path) -> None:
+    # Prepare: fedowen's mean final accuracy 1.5 points above the reference's, 3 seeds
+    preset = parse_preset(ablation_preset())
+    finals = {"fedavg-equal": [0.80, 0.70, 0.60], "fedowen": [0.83, 0.70, 0.615]}
+    for cell in preset.cells():
+        write_rounds(tmp_path / "res" / cell.cell_id,
+                     [0.1, 0.5, 0.6, finals[cell.point["variant"]][cell.run_config["seed"]]],
+                     {"weights": {"a": 1.0}, "returned": ["a"]})
+    # Execute
+    write_report(preset, tmp_path / "res", tmp_path / "out")
+    # Assert
+    md = (tmp_path / "out" / "README.md").read_text()
+    assert ("- alpha=0.1: `fedowen` vs `fedavg-equal`, 1.50 points apart, 3 seeds (more seeds "
+            "wanted)") in md
 
 
 def test_committed_ablation_presets_follow_the_protocol() -> None:
