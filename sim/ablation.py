@@ -307,6 +307,55 @@ def _close_lines(data: AblationData) -> list[str]:
               for label, a, b, gap, n in calls), ""]
 
 
+def overview_section(preset: Preset, res: dict[str, CellResult]) -> list[str]:
+    """One table per value of the column key every ablation grid shares (e.g. ``alpha``):
+    rows the grids' rows (e.g. defences), columns every grid's other column points (e.g.
+    attacks), final accuracy with its 95% CI, the best of each column in bold; then each
+    row's round wall time as a multiple of the reference's, pooled over every column.
+    Empty unless at least two ablation grids share their rows and reference."""
+    grids = [g for g in preset.grids if g.kind == "ablation"]
+    if len(grids) < 2 or len({(g.rows, g.reference) for g in grids}) > 1:
+        return []
+    datas = [AblationData(g, preset, res) for g in grids]
+    rows = list(dict.fromkeys(r for d in datas for r in d.rows))
+    shared = [k for k in grids[0].column_keys if all(k in g.column_keys for g in grids[1:])]
+    split = shared[-1] if shared else None
+    values = list(dict.fromkeys(c.get(split) for d in datas for c in d.cols))
+    md = ["## Overview", "",
+          f"Final test accuracy (%) of every `{grids[0].rows}` under every grid's setting, "
+          "mean ± 95% CI half-width over seeds (best per column in bold; the per-grid "
+          "sections below have paired differences and last-5-round means):", ""]
+    for value in values:
+        cols = [(d, c) for d in datas for c in d.cols if c.get(split) == value]
+        heads = [f"{d.grid.name}" + "".join(f", {v}" for k, v in c.items() if k != split)
+                 for d, c in cols]
+        if split is not None:
+            md += [f"{split} = {value}:", ""]
+        md += [f"| {grids[0].rows} | " + " | ".join(heads) + " |",
+               "|" + "---|" * (len(cols) + 1)]
+        ivs = {(row, i): d.interval(row, c, "final") if row in d.rows else None
+               for row in rows for i, (d, c) in enumerate(cols)}
+        best = {i: max((iv.mean for (r, j), iv in ivs.items() if j == i and iv and iv.n),
+                       default=None) for i in range(len(cols))}
+        for row in rows:
+            texts = []
+            for i in range(len(cols)):
+                iv = ivs[(row, i)]
+                text = iv.text() if iv else "-"
+                texts.append(f"**{text}**" if iv and iv.n and iv.mean == best[i] else text)
+            md.append(f"| {row} | " + " | ".join(texts) + " |")
+        md.append("")
+    ref = grids[0].reference
+    walls = {row: [w for d in datas for c in d.cols for cell in d.of(row, c)
+                   for w in round_costs(cell)[0]] for row in rows}
+    if walls.get(ref):
+        md += [f"Round wall time as a multiple of `{ref}`'s, pooled over every cell above "
+               "(same sweep, same machine): " + ", ".join(
+                   f"{row} {np.mean(walls[row]) / np.mean(walls[ref]):.2f}x"
+                   for row in rows if row != ref and walls[row]) + ".", ""]
+    return md
+
+
 def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
                      out: Path) -> tuple[list[str], list[Path]]:
     """Markdown lines and files (PNGs, rounds CSV) of one ablation grid."""

@@ -197,7 +197,7 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
 
     ``source`` is the preset file as the commands should name it (default
     ``conf/<name>.toml``); ``command`` replaces the quoted run command."""
-    from sim.ablation import ablation_section
+    from sim.ablation import ablation_section, overview_section
     from sim.adversarial import adversarial_section
 
     out.mkdir(parents=True, exist_ok=True)
@@ -212,6 +212,7 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
           f"- Reductions: {preset.reductions or 'none'}"]
     drift = drift_summary(sweep_drift(preset, results))
     md += [f"- Code state: {drift}", ""] if drift else [""]
+    md += overview_section(preset, res)
     csv_rows: list[dict[str, Any]] = []
     files: list[Path] = []
     for grid in preset.grids:

@@ -203,3 +203,33 @@ def test_rounds_with_non_finite_weights_have_no_largest_weight() -> None:
     rounds = [{"round": 0}, {"round": 1, "weights": {"a": 0.25, "b": 0.75}},
               {"round": 2, "weights": {"a": None, "b": None}}, {"round": 3, "weights": {}}]
     assert max_weights(CellResult(cell, rounds)) == [(1, 0.75)]
+
+
+def test_overview_puts_every_grid_of_a_split_value_in_one_table(tmp_path: Path) -> None:
+    # Prepare: a clean grid and an attacked one (two kinds), both over alpha; fedowen wins
+    # only under noise, by 5 points; every round takes fedowen twice the reference's time
+    raw = ablation_preset(axes={"seed": [0, 1], "alpha": [0.1, 0.01],
+                                "variant": list(VARIANTS)})
+    raw["grid"].append({**raw["grid"][0], "name": "attacked",
+                        "set": {"adversary-fraction": 0.2},
+                        "axes": {"seed": [0, 1], "adversary-kind": ["noise", "free-rider"],
+                                 "alpha": [0.1, 0.01], "variant": list(VARIANTS)}})
+    preset = parse_preset(raw)
+    for cell in preset.cells():
+        cfg, ours = cell.run_config, cell.point["variant"] == "fedowen"
+        acc = 0.80 + (0.05 if ours and cfg.get("adversary-kind") == "noise" else
+                      -0.01 if ours else 0.0) + 0.01 * cfg["seed"]
+        write_rounds(tmp_path / "res" / cell.cell_id, [0.1, 0.5, 0.6, acc],
+                     {"weights": {"a": 1.0}, "returned": ["a"],
+                      "round_seconds": 2.0 if ours else 1.0})
+    # Execute
+    write_report(preset, tmp_path / "res", tmp_path / "out")
+    # Assert: one table per alpha, the clean grid and both attacks as columns, best in bold
+    md = (tmp_path / "out" / "README.md").read_text()
+    overview = md.split("## Overview")[1].split("## abl")[0]
+    assert overview.count("| variant | abl | attacked, noise | attacked, free-rider |") == 2
+    assert "alpha = 0.1:" in overview and "alpha = 0.01:" in overview
+    assert overview.count("| fedowen | 79.50 ± 6.35 | **85.50 ± 6.35** | 79.50 ± 6.35 |") == 2
+    assert overview.count("| fedavg-equal | **80.50 ± 6.35** | 80.50 ± 6.35 | "
+                          "**80.50 ± 6.35** |") == 2
+    assert "fedowen 2.00x" in overview
