@@ -181,7 +181,8 @@ def plot_ablation(data: AblationData, path: Path, weights: bool) -> Path:
     on the quantity's own range (a t-interval over 2 seeds reaches far beyond it)."""
     ncol = min(len(data.cols), 2)
     nrow = -(-len(data.cols) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(6.5 * ncol, 4.4 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(6.5 * ncol, 4.4 * nrow), squeeze=False,
+                             layout="constrained")  # room for the suptitle
     # One colour per variant in every panel, the reference in black: matplotlib's default
     # cycle has 10 colours and would give an 11th variant the reference's.
     others = [r for r in data.rows if r != data.grid.reference]
@@ -215,7 +216,6 @@ def plot_ablation(data: AblationData, path: Path, weights: bool) -> Path:
     axes[0][0].legend(fontsize=7, loc="best")
     what = "largest aggregation weight" if weights else "test accuracy"
     fig.suptitle(f"{data.preset.name}: {what} vs round (mean over seeds, 95% CI band)")
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -40,7 +40,8 @@ def plot_curves(grid: Grid, preset: Preset, res: dict[str, CellResult], path: Pa
     keys = grid.column_keys
     ncol = len(grid.axes[keys[-1]]) if keys else 1
     nrow = len(cols) // ncol
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5.5 * ncol, 4.2 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.5 * ncol, 4.2 * nrow), squeeze=False,
+                             layout="constrained")  # room for the suptitle
     cells = [res[c.cell_id] for c in expand_grid(preset, grid)]
     for ax, col in zip(axes.flat, cols, strict=True):
         for row in grid_points(grid, [grid.rows]):
@@ -54,7 +55,6 @@ def plot_curves(grid: Grid, preset: Preset, res: dict[str, CellResult], path: Pa
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, loc="best")
     fig.suptitle(f"{preset.name} / {grid.name}: accuracy vs round (mean over seeds, ±1 std)")
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
