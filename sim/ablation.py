@@ -319,17 +319,21 @@ def overview_section(preset: Preset, res: dict[str, CellResult]) -> list[str]:
     datas = [AblationData(g, preset, res) for g in grids]
     rows = list(dict.fromkeys(r for d in datas for r in d.rows))
     shared = [k for k in grids[0].column_keys if all(k in g.column_keys for g in grids[1:])]
-    split = shared[-1] if shared else None
-    values = list(dict.fromkeys(c.get(split) for d in datas for c in d.cols))
+    split = shared[-1] if shared else ""  # "" = no shared key: one table
+
+    def split_value(col: dict[str, Any]) -> Any:
+        return col.get(split) if split else None
+
+    values = list(dict.fromkeys(split_value(c) for d in datas for c in d.cols))
     md = ["## Overview", "",
           f"Final test accuracy (%) of every `{grids[0].rows}` under every grid's setting, "
           "mean ± 95% CI half-width over seeds (best per column in bold; the per-grid "
           "sections below have paired differences and last-5-round means):", ""]
     for value in values:
-        cols = [(d, c) for d in datas for c in d.cols if c.get(split) == value]
+        cols = [(d, c) for d in datas for c in d.cols if split_value(c) == value]
         heads = [f"{d.grid.name}" + "".join(f", {v}" for k, v in c.items() if k != split)
                  for d, c in cols]
-        if split is not None:
+        if split:
             md += [f"{split} = {value}:", ""]
         md += [f"| {grids[0].rows} | " + " | ".join(heads) + " |",
                "|" + "---|" * (len(cols) + 1)]

@@ -172,7 +172,7 @@ def test_fltrust_server_lr_scales_the_aggregate_and_a_diverged_server_update_kee
     np.testing.assert_allclose(half, 0.5 * full)
     assert weights.sum() == pytest.approx(1.0)
     assert kept is None and zero.tolist() == [0.0] * 4 and "not finite" in extra["kept_global"]
-    with pytest.raises(ValueError, match="server_lr=0.0 must be a finite number > 0"):
+    with pytest.raises(ValueError, match=r"server_lr=0\.0 must be a finite number > 0"):
         FLTrust(server(0.0), server_lr=0.0)
 
 
