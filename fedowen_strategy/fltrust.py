@@ -9,10 +9,9 @@ update's norm, and the new global model is ``W + sum_i TS_i (||g0|| / ||g_i||) g
 sum_i TS_i``, times the server learning rate ``alpha`` of the paper's Algorithm 1 (its
 ``w <- w - alpha * g``; default 1). An update pointing away from the server's (cosine <= 0)
 gets weight 0 and a boosted update can be no larger than the server's, however it was scaled.
-When every score is
-0 (or ``g0`` is 0) no client is trusted and the global model is kept; the round's record says
-so (``kept_global``). A client that returned the global model unchanged (``||g_i|| = 0``)
-has no direction and gets trust 0.
+When every score is 0 (or ``g0`` is 0) no client is trusted and the global model is kept; the
+round's record says so (``kept_global``). A client that returned the global model unchanged
+(``||g_i|| = 0``) has no direction and gets trust 0.
 
 Every update takes the server update's norm, so ``||g0||`` sets the global step size: in the
 paper server and clients run the same number of local iterations, so the two are alike; here
