@@ -337,16 +337,13 @@ def overview_section(preset: Preset, res: dict[str, CellResult]) -> list[str]:
             md += [f"{split} = {value}:", ""]
         md += [f"| {grids[0].rows} | " + " | ".join(heads) + " |",
                "|" + "---|" * (len(cols) + 1)]
-        ivs = {(row, i): d.interval(row, c, "final") if row in d.rows else None
-               for row in rows for i, (d, c) in enumerate(cols)}
-        best = {i: max((iv.mean for (r, j), iv in ivs.items() if j == i and iv and iv.n),
-                       default=None) for i in range(len(cols))}
-        for row in rows:
-            texts = []
-            for i in range(len(cols)):
-                iv = ivs[(row, i)]
-                text = iv.text() if iv else "-"
-                texts.append(f"**{text}**" if iv and iv.n and iv.mean == best[i] else text)
+        ivs = [[d.interval(row, c, "final") if row in d.rows else None for d, c in cols]
+               for row in rows]
+        best = [max((iv.mean for iv in column if iv is not None and iv.n), default=None)
+                for column in zip(*ivs, strict=True)]
+        for row, line in zip(rows, ivs, strict=True):
+            texts = [("-" if iv is None else f"**{iv.text()}**" if iv.n and iv.mean == top
+                      else iv.text()) for iv, top in zip(line, best, strict=True)]
             md.append(f"| {row} | " + " | ".join(texts) + " |")
         md.append("")
     ref = grids[0].reference
