@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from sim.grid import Grid, Preset, expand_grid
+from sim.grid import Grid, Preset, expand_grid, planned_seeds
 from sim.results import LAST_K, CellResult, grid_points, matches, paper_value
 from sim.stats import Interval, mean_interval, paired_interval
 
@@ -79,7 +79,12 @@ class AblationData:
         self.grid, self.preset = grid, preset
         self.cols = grid_points(grid, grid.column_keys)
         self.rows = [p[grid.rows] for p in grid_points(grid, [grid.rows])]
-        self.cells = [res[c.cell_id] for c in expand_grid(preset, grid)]
+        self.planned_cells = expand_grid(preset, grid)
+        self.cells = [res[c.cell_id] for c in self.planned_cells]
+
+    def planned(self, row: Any, col: dict[str, Any]) -> int:
+        """How many seeds the grid plans for ``row`` at ``col`` (``extra`` may add some)."""
+        return planned_seeds(self.planned_cells, {**col, self.grid.rows: row})
 
     def of(self, row: Any, col: dict[str, Any]) -> list[CellResult]:
         return [c for c in self.cells if matches_point(c, {**col, self.grid.rows: row})]
@@ -116,7 +121,7 @@ def _table(data: AblationData, metric: str, paired: bool) -> list[str]:
         cells = []
         for col in data.cols:
             iv = data.paired(row, col, metric) if paired else data.interval(row, col, metric)
-            expected = len(data.grid.axes.get("seed", [0]))
+            expected = data.planned(row, col)
             text = iv.text(signed=paired)
             if iv.n and iv.n < expected:  # say how many seeds, once
                 text = text.replace(" (n=1)", "") + f" (n={iv.n}/{expected})"
@@ -278,9 +283,10 @@ def write_summary_csv(data: AblationData, path: Path) -> Path:
 
 
 def close_calls(data: AblationData, margin: float = CLOSE_MARGIN
-                ) -> list[tuple[str, Any, Any, float, int]]:
-    """Columns whose two best rows (mean final accuracy over finished seeds) lie within
-    ``margin`` points: (column label, best row, runner-up, gap, fewest seeds of the two)."""
+                ) -> list[tuple[dict[str, Any], list[tuple[Any, float, int]]]]:
+    """Columns where another row's mean final accuracy (over finished seeds) lies within
+    ``margin`` points of the best's: (column, [(row, points below the best, seeds), ...]),
+    the best row first (0 points below)."""
     out = []
     for col in data.cols:
         means = []
@@ -288,11 +294,10 @@ def close_calls(data: AblationData, margin: float = CLOSE_MARGIN
             iv = data.interval(row, col, "final")
             if iv.n:
                 means.append((iv.mean, row, iv.n))
-        if len(means) < 2:
-            continue
-        (m1, r1, n1), (m2, r2, n2) = sorted(means, key=lambda t: -t[0])[:2]
-        if m1 - m2 <= margin:
-            out.append((_label(col), r1, r2, m1 - m2, min(n1, n2)))
+        means.sort(key=lambda t: -t[0])
+        near = [(row, means[0][0] - m, n) for m, row, n in means if means[0][0] - m <= margin]
+        if len(near) >= 2:
+            out.append((col, near))
     return out
 
 
@@ -300,11 +305,22 @@ def _close_lines(data: AblationData) -> list[str]:
     calls = close_calls(data)
     if not calls:
         return []
-    return [f"Close calls (the two best rows within {CLOSE_MARGIN:g} points of final accuracy; "
-            f"such columns deserve {CLOSE_SEEDS} seeds):", "",
-            *(f"- {label}: `{a}` vs `{b}`, {gap:.2f} points apart, {n} seeds"
-              f"{'' if n >= CLOSE_SEEDS else ' (more seeds wanted)'}"
-              for label, a, b, gap, n in calls), ""]
+    lines = [f"Close calls (rows within {CLOSE_MARGIN:g} points of the column's best final "
+             f"accuracy; such rows deserve {CLOSE_SEEDS} seeds):", ""]
+    for col, near in calls:
+        best, *rest = near
+        wanted = any(n < CLOSE_SEEDS for _, _, n in near)
+        lines.append(f"- {_label(col)}: `{best[0]}` ({best[2]} seeds) best; "
+                     + ", ".join(f"`{row}` {gap:.2f} points below ({n} seeds)"
+                                 for row, gap, n in rest)
+                     + (" (more seeds wanted)" if wanted else ""))
+    return [*lines, ""]
+
+
+def _seeds_text(iv: Interval, base_n: int) -> str:
+    """The interval, with its seed count where it is not the grid's usual ``base_n``."""
+    text = iv.text()
+    return text if iv.n in (0, 1, base_n) else f"{text} (n={iv.n})"
 
 
 def overview_section(preset: Preset, res: dict[str, CellResult]) -> list[str]:
@@ -341,9 +357,11 @@ def overview_section(preset: Preset, res: dict[str, CellResult]) -> list[str]:
                for row in rows]
         best = [max((iv.mean for iv in column if iv is not None and iv.n), default=None)
                 for column in zip(*ivs, strict=True)]
+        base_n = [len(d.grid.axes.get("seed", [0])) for d, _ in cols]
         for row, line in zip(rows, ivs, strict=True):
-            texts = [("-" if iv is None else f"**{iv.text()}**" if iv.n and iv.mean == top
-                      else iv.text()) for iv, top in zip(line, best, strict=True)]
+            texts = [("-" if iv is None else f"**{_seeds_text(iv, n)}**"
+                      if iv.n and iv.mean == top else _seeds_text(iv, n))
+                     for iv, top, n in zip(line, best, base_n, strict=True)]
             md.append(f"| {row} | " + " | ".join(texts) + " |")
         md.append("")
     ref = grids[0].reference

@@ -18,14 +18,18 @@ A preset file has three kinds of tables (unknown keys anywhere are an error)::
     set = { imbalance-factor = 0.01 }           # fixed overrides for this grid
     axes = { valuation = ["owen", "none"], alpha = [0.01, 0.1], seed = [0, 1, 2] }
     rows = "valuation"        # table rows; columns are the other non-seed axes
+    extra = [{ seed = [3, 4], alpha = [0.1], valuation = ["owen"] }]  # optional: more points
     [[grid.paper]]            # the paper's numbers for the same cells (optional)
     where = { dataset = "mnist", imbalance-factor = 0.01, alpha = 0.01 }
     values = { owen = 84.77, none = 77.60 }
 
 A cell is one run: ``base`` + ``set`` + one point of ``axes`` (a ``variant`` value expands to
-its run-config keys). Its id is a hash of that run config (without paths, which differ between
-machines) and the simulation settings, so the same cell has the same id in every preset, on
-every machine and under either backend.
+its run-config keys). ``extra`` adds the products of ``axes`` with some value lists replaced,
+e.g. two more seeds for the two rows of one column that lie too close to call: the tables keep
+the grid's rows and columns (an extra value other than a seed must be one of its axis's) and
+count each entry's seeds from its own cells. A cell's id is a hash of that run config (without
+paths, which differ between machines) and the simulation settings, so the same cell has the
+same id in every preset, on every machine and under either backend.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ PRESET_KEYS = {"name", "description", "num-supernodes", "cpus-per-client", "cell
                "reductions", "backend"}
 BACKENDS = ("flwr", "inline")
 VARIANT = "variant"
-GRID_KEYS = {"name", "kind", "set", "axes", "rows", "x", "paper", "description", "reference"}
+GRID_KEYS = {"name", "kind", "set", "axes", "rows", "x", "paper", "description", "reference",
+             "extra"}
 PAPER_KEYS = {"where", "values"}
 KINDS = ("table", "sweep", "adversarial", "ablation")
 # Keys the runner owns (paths are per machine; resume-from is how a cell continues).
@@ -77,6 +82,7 @@ class Grid:
     paper: tuple[PaperRef, ...] = ()
     description: str = ""
     reference: str = ""
+    extra: tuple[dict[str, list[Any]], ...] = ()
 
     @property
     def column_keys(self) -> list[str]:
@@ -133,7 +139,7 @@ class Preset:
         """The raw TOML structure again (stored beside the results for the report)."""
         grids = [{"name": g.name, "kind": g.kind, "set": g.fixed, "axes": g.axes,
                   "rows": g.rows, "x": g.x, "description": g.description,
-                  "reference": g.reference,
+                  "reference": g.reference, "extra": [dict(e) for e in g.extra],
                   "paper": [{"where": p.where, "values": p.values} for p in g.paper]}
                  for g in self.grids]
         return {"preset": {"name": self.name, "description": self.description,
@@ -163,14 +169,27 @@ def point_config(point: dict[str, Any], variants: dict[str, dict[str, Any]]) -> 
 
 
 def expand_grid(preset: Preset, grid: Grid) -> list[Cell]:
-    """The product of ``grid.axes`` over ``preset.base`` + ``grid.fixed``, in axis order."""
+    """The product of ``grid.axes`` over ``preset.base`` + ``grid.fixed``, in axis order, then
+    each ``grid.extra`` product (``axes`` with its lists replaced), each cell once."""
     keys = list(grid.axes)
-    cells = []
-    for values in itertools.product(*(grid.axes[k] for k in keys)):
-        point = dict(zip(keys, values, strict=True))
-        cfg = {**preset.base, **grid.fixed, **point_config(point, preset.variants)}
-        cells.append(Cell(cell_id(cfg, preset.num_supernodes), grid.name, cfg, point))
+    cells: list[Cell] = []
+    for i, axes in enumerate((grid.axes, *({**grid.axes, **e} for e in grid.extra))):
+        seen = {c.cell_id for c in cells}
+        for values in itertools.product(*(axes[k] for k in keys)):
+            point = dict(zip(keys, values, strict=True))
+            cfg = {**preset.base, **grid.fixed, **point_config(point, preset.variants)}
+            cid = cell_id(cfg, preset.num_supernodes)
+            if i == 0 or cid not in seen:
+                cells.append(Cell(cid, grid.name, cfg, point))
+                seen.add(cid)
     return cells
+
+
+def planned_seeds(cells: list[Cell], where: dict[str, Any]) -> int:
+    """How many seeds the grid plans at ``where`` (grid-point keys, e.g. a row and a column):
+    the distinct seeds of its cells there (1 for a grid without a seed axis)."""
+    return len({c.run_config.get("seed", 0) for c in cells
+                if all(c.point.get(k, c.run_config.get(k)) == v for k, v in where.items())}) or 1
 
 
 def _unknown(where: str, got: dict[str, Any], allowed: set[str]) -> list[str]:
@@ -220,12 +239,28 @@ def _parse_grid(raw: dict[str, Any], i: int, base: dict[str, Any],
             except ValueError as err:
                 problems.append(f"{where}: {key}={value!r}: {err}")
                 break
+    extra = raw.get("extra", [])
+    if not isinstance(extra, list) or not all(isinstance(e, dict) and e for e in extra):
+        problems.append(f"{where}: extra must be a list of tables of axis value lists, e.g. "
+                        "extra = [{ seed = [3, 4], variant = [\"fedowen\"] }]")
+        extra = []
+    for j, entry in enumerate(extra):
+        for key, values in entry.items():
+            if key not in axes:
+                problems.append(f"{where} extra #{j + 1}: {key!r} is not one of the axes "
+                                f"{list(axes)}; extra points only change axis values")
+            elif not isinstance(values, list) or not values:
+                problems.append(f"{where} extra #{j + 1}: {key} must be a non-empty list")
+            elif key != "seed" and any(v not in axes[key] for v in values):
+                problems.append(f"{where} extra #{j + 1}: {key}={values} must be among the "
+                                f"axis's values {axes[key]} (only seeds may be new)")
     fixed = dict(raw.get("set", {}))
     if rows not in axes and rows not in fixed and rows in base:
         fixed[rows] = base[rows]  # same config, but the grid now names its row value
     grid = Grid(str(raw.get("name", f"grid{i + 1}")), kind, fixed,
                 {k: list(v) for k, v in axes.items()}, rows, x, tuple(refs),
-                str(raw.get("description", "")), reference)
+                str(raw.get("description", "")), reference,
+                tuple({k: list(v) for k, v in e.items()} for e in extra))
     return grid, problems
 
 

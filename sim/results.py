@@ -19,7 +19,7 @@ import numpy as np
 
 from fedowen_strategy.records import read_rounds
 from server_app.config import parse_run_config
-from sim.grid import RUNNER_KEYS, Cell, Grid, Preset, expand_grid
+from sim.grid import RUNNER_KEYS, Cell, Grid, Preset, expand_grid, planned_seeds
 
 #: Recorded config keys that differ between runs of one cell by design.
 _PATH_FIELDS = ("output_dir", "data_dir", "resume_from")
@@ -161,8 +161,8 @@ def _same(a: Any, b: Any) -> bool:
 def grid_stats(grid: Grid, preset: Preset, res: dict[str, CellResult], row_key: str,
                col_keys: list[str], metric: str = "final") -> dict[tuple[Any, ...], Stat]:
     """``{(row value, *column values): Stat}`` over the seeds of the grid's finished cells."""
-    cells = [res[c.cell_id] for c in expand_grid(preset, grid)]
-    seeds = len(grid.axes.get("seed", [0]))
+    planned = expand_grid(preset, grid)
+    cells = [res[c.cell_id] for c in planned]
     out = {}
     for row in grid_points(grid, [row_key]):
         for col in grid_points(grid, col_keys):
@@ -170,7 +170,8 @@ def grid_stats(grid: Grid, preset: Preset, res: dict[str, CellResult], row_key: 
             vals = [r.final_accuracy() if metric == "final" else r.last_k_accuracy()
                     for r in cells if matches(r.cell, where)]
             key = (row[row_key], *col.values())
-            out[key] = Stat(tuple(v for v in vals if v is not None), seeds)
+            out[key] = Stat(tuple(v for v in vals if v is not None),
+                            planned_seeds(planned, where))
     return out
 
 

@@ -145,8 +145,8 @@ def test_ablation_report_names_close_calls(tmp_path: Path) -> None:
     write_report(preset, tmp_path / "res", tmp_path / "out")
     # Assert
     md = (tmp_path / "out" / "README.md").read_text()
-    assert ("- alpha=0.1: `fedowen` vs `fedavg-equal`, 1.50 points apart, 3 seeds (more seeds "
-            "wanted)") in md
+    assert ("- alpha=0.1: `fedowen` (3 seeds) best; `fedavg-equal` 1.50 points below (3 seeds) "
+            "(more seeds wanted)") in md
 
 
 def test_committed_ablation_presets_follow_the_protocol() -> None:
@@ -213,7 +213,10 @@ def test_overview_puts_every_grid_of_a_split_value_in_one_table(tmp_path: Path) 
     raw["grid"].append({**raw["grid"][0], "name": "attacked",
                         "set": {"adversary-fraction": 0.2},
                         "axes": {"seed": [0, 1], "adversary-kind": ["noise", "free-rider"],
-                                 "alpha": [0.1, 0.01], "variant": list(VARIANTS)}})
+                                 "alpha": [0.1, 0.01], "variant": list(VARIANTS)},
+                        # a third seed for one entry: its count is named
+                        "extra": [{"seed": [2], "adversary-kind": ["noise"], "alpha": [0.1],
+                                   "variant": ["fedowen"]}]})
     preset = parse_preset(raw)
     for cell in preset.cells():
         cfg, ours = cell.run_config, cell.point["variant"] == "fedowen"
@@ -229,7 +232,58 @@ def test_overview_puts_every_grid_of_a_split_value_in_one_table(tmp_path: Path) 
     overview = md.split("## Overview")[1].split("## abl")[0]
     assert overview.count("| variant | abl | attacked, noise | attacked, free-rider |") == 2
     assert "alpha = 0.1:" in overview and "alpha = 0.01:" in overview
-    assert overview.count("| fedowen | 79.50 ± 6.35 | **85.50 ± 6.35** | 79.50 ± 6.35 |") == 2
+    assert overview.count("| fedowen | 79.50 ± 6.35 | **85.50 ± 6.35** | 79.50 ± 6.35 |") == 1
+    assert "| fedowen | 79.50 ± 6.35 | **86.00 ± 2.48 (n=3)** | 79.50 ± 6.35 |" in overview
     assert overview.count("| fedavg-equal | **80.50 ± 6.35** | 80.50 ± 6.35 | "
                           "**80.50 ± 6.35** |") == 2
     assert "fedowen 2.00x" in overview
+
+
+def test_extra_seeds_for_a_close_call_join_the_same_table(tmp_path: Path) -> None:
+    # Prepare: a close call (1.5 points) given two more seeds for both rows, as extra points
+    raw = ablation_preset(extra=[{"seed": [3, 4]}])
+    preset = parse_preset(raw)
+    finals = {"fedavg-equal": [0.80, 0.70, 0.60, 0.70, 0.70],
+              "fedowen": [0.83, 0.70, 0.615, 0.72, 0.73]}
+    for cell in preset.cells():
+        write_rounds(tmp_path / "res" / cell.cell_id,
+                     [0.1, 0.5, 0.6, finals[cell.point["variant"]][cell.run_config["seed"]]],
+                     {"weights": {"a": 1.0}, "returned": ["a"]})
+    # Execute
+    write_report(preset, tmp_path / "res", tmp_path / "out")
+    # Assert: 10 cells, the 5-seed paired difference (mean 1.9) and no call for more seeds
+    assert len(preset.cells()) == 10
+    assert [c.run_config["seed"] for c in preset.cells()][-4:] == [3, 3, 4, 4]
+    md = (tmp_path / "out" / "README.md").read_text()
+    assert ("- alpha=0.1: `fedowen` (5 seeds) best; `fedavg-equal` 1.90 points below (5 seeds)"
+            in md) and "more seeds wanted" not in md
+    rows = list(csv.DictReader((tmp_path / "out" / "abl-summary.csv").open()))
+    owen = next(r for r in rows if r["variant"] == "fedowen" and r["metric"] == "final")
+    assert owen["n"] == "5" and owen["paired_n"] == "5"
+
+
+def test_extra_points_on_one_row_are_counted_per_row(tmp_path: Path) -> None:
+    # Prepare: only fedowen gets seeds 3 and 4, so the reference row stays at 3 of 3
+    preset = parse_preset(ablation_preset(extra=[{"seed": [3, 4], "variant": ["fedowen"]}]))
+    for cell in preset.cells():
+        write_rounds(tmp_path / "res" / cell.cell_id, [0.1, 0.5, 0.6, 0.7],
+                     {"weights": {"a": 1.0}, "returned": ["a"]})
+    (tmp_path / "res" / preset.cells()[-1].cell_id / "rounds.jsonl").unlink()
+    # Execute
+    write_report(preset, tmp_path / "res", tmp_path / "out")
+    # Assert: fedowen's entry says 4 of its 5 planned seeds; fedavg-equal's no count at all
+    md = (tmp_path / "out" / "README.md").read_text()
+    table = md[md.index("| variant |"):].splitlines()
+    assert "(n=4/5)" in next(r for r in table if r.startswith("| fedowen |"))
+    assert "(n=" not in next(r for r in table if r.startswith("| fedavg-equal |"))
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ([{"lr": [0.1]}], "not one of the axes"),
+    ([{"alpha": [0.5]}], "only seeds may be new"),
+    ([{"seed": []}], "non-empty list"),
+    ({"seed": [3]}, "list of tables"),
+])
+def test_extra_points_are_validated(extra: Any, match: str) -> None:
+    with pytest.raises(PresetError, match=match):
+        parse_preset(ablation_preset(extra=extra))
