@@ -287,3 +287,22 @@ def test_extra_points_on_one_row_are_counted_per_row(tmp_path: Path) -> None:
 def test_extra_points_are_validated(extra: Any, match: str) -> None:
     with pytest.raises(PresetError, match=match):
         parse_preset(ablation_preset(extra=extra))
+
+
+def test_committed_arena_preset_follows_the_protocol() -> None:
+    # issue 17: 7 defences x 7 attacks x both alphas, 100 rounds, >= 3 seeds per cell, paired
+    # against FLTrust; a close call's extra seeds add cells to the same grids
+    from sim.grid import load_preset
+
+    preset = load_preset(Path(__file__).resolve().parents[1] / "conf" / "arena-mnist.toml")
+    assert preset.base["num-server-rounds"] == 100
+    ablations = [g for g in preset.grids if g.kind == "ablation"]
+    assert {g.reference for g in ablations} == {"fltrust"}
+    points = {(c.point["variant"], c.run_config.get("adversary-kind", "none"),
+               c.run_config["alpha"]) for c in preset.cells()}
+    assert len(points) == 7 * 7 * 2
+    for point in points:
+        seeds = {c.run_config["seed"] for c in preset.cells()
+                 if (c.point["variant"], c.run_config.get("adversary-kind", "none"),
+                     c.run_config["alpha"]) == point}
+        assert seeds in ({0, 1, 2}, {0, 1, 2, 3, 4}), point
