@@ -23,8 +23,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from sim.grid import Grid, Preset, expand_grid, planned_seeds
-from sim.results import LAST_K, CellResult, grid_points, matches, paper_value
+from sim.grid import Grid, Preset, expand_grid
+from sim.results import LAST_K, CellResult, grid_points, matches_point, paper_value, planned_seeds
 from sim.stats import Interval, mean_interval, paired_interval
 
 #: Two rows whose mean final accuracies lie this close (points) are a close call, which
@@ -87,7 +87,7 @@ class AblationData:
         return planned_seeds(self.planned_cells, {**col, self.grid.rows: row})
 
     def of(self, row: Any, col: dict[str, Any]) -> list[CellResult]:
-        return [c for c in self.cells if matches_point(c, {**col, self.grid.rows: row})]
+        return [c for c in self.cells if matches_point(c.cell, {**col, self.grid.rows: row})]
 
     def by_seed(self, row: Any, col: dict[str, Any], metric: str) -> dict[int, float]:
         out = {}
@@ -103,13 +103,6 @@ class AblationData:
     def paired(self, row: Any, col: dict[str, Any], metric: str) -> Interval:
         return paired_interval(self.by_seed(row, col, metric),
                                self.by_seed(self.grid.reference, col, metric))
-
-
-def matches_point(cell: CellResult, point: dict[str, Any]) -> bool:
-    """Whether the cell sits at ``point`` (grid-point keys such as ``variant`` included)."""
-    keys = {k: v for k, v in point.items() if k in cell.cell.point}
-    rest = {k: v for k, v in point.items() if k not in cell.cell.point}
-    return all(cell.cell.point[k] == v for k, v in keys.items()) and matches(cell.cell, rest)
 
 
 def _table(data: AblationData, metric: str, paired: bool) -> list[str]:

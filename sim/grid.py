@@ -170,26 +170,25 @@ def point_config(point: dict[str, Any], variants: dict[str, dict[str, Any]]) -> 
 
 def expand_grid(preset: Preset, grid: Grid) -> list[Cell]:
     """The product of ``grid.axes`` over ``preset.base`` + ``grid.fixed``, in axis order, then
-    each ``grid.extra`` product (``axes`` with its lists replaced), each cell once."""
+    each ``grid.extra`` product (``axes`` with its lists replaced) less the cells already in."""
     keys = list(grid.axes)
-    cells: list[Cell] = []
-    for i, axes in enumerate((grid.axes, *({**grid.axes, **e} for e in grid.extra))):
-        seen = {c.cell_id for c in cells}
+
+    def product(axes: dict[str, list[Any]]) -> list[Cell]:
+        out = []
         for values in itertools.product(*(axes[k] for k in keys)):
             point = dict(zip(keys, values, strict=True))
             cfg = {**preset.base, **grid.fixed, **point_config(point, preset.variants)}
-            cid = cell_id(cfg, preset.num_supernodes)
-            if i == 0 or cid not in seen:
-                cells.append(Cell(cid, grid.name, cfg, point))
-                seen.add(cid)
+            out.append(Cell(cell_id(cfg, preset.num_supernodes), grid.name, cfg, point))
+        return out
+
+    cells = product(grid.axes)
+    seen = {c.cell_id for c in cells}
+    for extra in grid.extra:
+        for cell in product({**grid.axes, **extra}):
+            if cell.cell_id not in seen:
+                cells.append(cell)
+                seen.add(cell.cell_id)
     return cells
-
-
-def planned_seeds(cells: list[Cell], where: dict[str, Any]) -> int:
-    """How many seeds the grid plans at ``where`` (grid-point keys, e.g. a row and a column):
-    the distinct seeds of its cells there (1 for a grid without a seed axis)."""
-    return len({c.run_config.get("seed", 0) for c in cells
-                if all(c.point.get(k, c.run_config.get(k)) == v for k, v in where.items())}) or 1
 
 
 def _unknown(where: str, got: dict[str, Any], allowed: set[str]) -> list[str]:

@@ -19,7 +19,7 @@ import numpy as np
 
 from fedowen_strategy.records import read_rounds
 from server_app.config import parse_run_config
-from sim.grid import RUNNER_KEYS, Cell, Grid, Preset, expand_grid, planned_seeds
+from sim.grid import RUNNER_KEYS, Cell, Grid, Preset, expand_grid
 
 #: Recorded config keys that differ between runs of one cell by design.
 _PATH_FIELDS = ("output_dir", "data_dir", "resume_from")
@@ -150,6 +150,18 @@ def grid_points(grid: Grid, keys: list[str]) -> list[dict[str, Any]]:
 def matches(cell: Cell, where: dict[str, Any]) -> bool:
     """Whether the cell's run config has every ``key = value`` of ``where``."""
     return all(_same(cell.run_config.get(k), v) for k, v in where.items())
+
+
+def matches_point(cell: Cell, where: dict[str, Any]) -> bool:
+    """:func:`matches`, but a grid-point key (e.g. ``variant``) is compared with the point."""
+    return all(cell.point[k] == v if k in cell.point else _same(cell.run_config.get(k), v)
+               for k, v in where.items())
+
+
+def planned_seeds(cells: list[Cell], where: dict[str, Any]) -> int:
+    """How many seeds a grid's ``cells`` plan at ``where`` (grid-point keys, e.g. a row and a
+    column): the distinct seeds of its cells there (1 for a grid without a seed axis)."""
+    return len({c.run_config.get("seed", 0) for c in cells if matches_point(c, where)}) or 1
 
 
 def _same(a: Any, b: Any) -> bool:
