@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from fedowen_strategy.links import components, flat_deltas
+
 State = Mapping[str, NDArray]
 #: How a round's updates are weighted: softmax(phi / T), softmax over the updates with
 #: phi > 0 only (the others get 0), FedAvg's num-examples, equal.
@@ -111,38 +113,13 @@ def duplicate_groups(states: Sequence[State], reference: State,
     in the delta game anyway."""
     if tolerance <= 0 or len(states) < 2:
         return []
-    keys = [k for k, v in reference.items() if np.issubdtype(v.dtype, np.floating)]
-    deltas = np.stack([np.concatenate([(np.asarray(s[k], np.float64) - reference[k]).ravel()
-                                       for k in keys]) for s in states])
+    deltas = flat_deltas(states, reference)
     norms = np.linalg.norm(deltas, axis=1)
-    parent = list(range(len(states)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            i = parent[i]
-        return i
-
-    for i in range(len(states)):
-        for j in range(i + 1, len(states)):
-            if norms[i] == 0 or norms[j] == 0:
-                continue
-            if np.linalg.norm(deltas[i] - deltas[j]) <= tolerance * max(norms[i], norms[j]):
-                parent[root(j)] = root(i)
-    groups: dict[int, list[int]] = {}
-    for i in range(len(states)):
-        groups.setdefault(root(i), []).append(i)
-    return [g for g in groups.values() if len(g) > 1]
-
-
-def share_duplicates(weights: NDArray[np.float64],
-                     groups: Sequence[Sequence[int]]) -> NDArray[np.float64]:
-    """Each group of near-duplicates together gets the weight of one member (the group's mean
-    weight), split equally; all weights renormalised to sum 1. Copies gain nothing."""
-    out = np.asarray(weights, dtype=np.float64).copy()
-    for group in groups:
-        idx = list(group)
-        out[idx] = out[idx].mean() / len(idx)
-    return out / out.sum()
+    n = len(states)
+    return components(n, [(i, j) for i in range(n) for j in range(i + 1, n)
+                          if norms[i] > 0 and norms[j] > 0
+                          and np.linalg.norm(deltas[i] - deltas[j])
+                          <= tolerance * max(norms[i], norms[j])])
 
 
 def weighted_average(states: Sequence[State], weights: NDArray[np.float64]) -> dict[str, NDArray]:

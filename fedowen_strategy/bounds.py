@@ -47,6 +47,18 @@ log = logging.getLogger(__name__)
 
 #: ``update-bound`` values: off, clip to the bound, reject beyond it.
 UPDATE_BOUNDS = ("none", "clip", "reject")
+#: ``norm-cap`` values: the reference norm every update is rescaled to at most (``auto``:
+#: ``median`` for methods that compute contributions, ``none`` for the FedAvg baselines).
+NORM_CAPS = ("auto", "none", "median", "server")
+
+
+def resolve_norm_cap(mode: str, no_phi: bool) -> str:
+    """``norm-cap`` with ``auto`` resolved (``none`` when the method computes no phi)."""
+    if mode not in NORM_CAPS:
+        raise ValueError(f"norm-cap={mode!r} is not one of {', '.join(NORM_CAPS)}")
+    if mode == "auto":
+        return "none" if no_phi else "median"
+    return mode
 
 
 @dataclass
@@ -72,10 +84,8 @@ def update_norm(state: Mapping[str, NDArray], reference: Mapping[str, NDArray]) 
 def round_bound(ratios: Sequence[float], multiple: float) -> float | None:
     """``multiple`` x the lower median of the positive per-example norms; None when all are
     zero (nothing moved: nothing to bound)."""
-    positive = np.sort([r for r in ratios if r > 0.0])
-    if positive.size == 0:
-        return None
-    return float(multiple * positive[(positive.size - 1) // 2])
+    median = lower_median(ratios)
+    return None if median is None else float(multiple * median)
 
 
 def clip_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
@@ -127,4 +137,33 @@ def bound_updates(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArr
             out.updates.append(replace(upd, state=clip_state(upd.state, reference, factor)))
             log.info("clipped the update of client %s from norm %.3g to %.3g", upd.client_id,
                      norm, bound)
+    return out
+
+
+def lower_median(values: Sequence[float]) -> float | None:
+    """The lower median (the ceil(n/2)-th smallest) of the positive values; None if none."""
+    positive = np.sort([v for v in values if v > 0.0])
+    return None if positive.size == 0 else float(positive[(positive.size - 1) // 2])
+
+
+def cap_norms(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArray],
+              cap: float | None) -> BoundedRound:
+    """Norm normalisation: rescale every update whose norm exceeds ``cap`` to exactly ``cap``
+    (its direction kept), before valuation and aggregation; smaller updates are untouched.
+
+    With ``cap`` the round's lower-median update norm (``norm-cap = "median"``), no attacker
+    short of half the round's non-zero updates can move it: a boosted update (any factor)
+    weighs what a median honest one does, and an adaptive one gains nothing by sitting under
+    it. ``None`` (nothing moved, or no reference): updates unchanged. ``clipped`` holds the
+    factor applied per client, ``bound`` the cap.
+    """
+    out = BoundedRound([], bound=cap)
+    for upd in updates:
+        norm = update_norm(upd.state, reference)
+        if cap is None or norm <= cap:
+            out.updates.append(upd)
+            continue
+        factor = cap / norm
+        out.clipped[upd.client_id] = factor
+        out.updates.append(replace(upd, state=clip_state(upd.state, reference, factor)))
     return out

@@ -42,7 +42,6 @@ from fedowen_strategy.aggregation import (
     NEEDS_PHI,
     mix_and_cap,
     round_weights,
-    share_duplicates,
 )
 from fedowen_strategy.selection import SELECTIONS
 from fedowen_strategy.shapfed import last_layer_key, shapfed_scores
@@ -162,17 +161,14 @@ def _weights(settings: ValuationSettings, phi: NDArray[np.float64],
     return mix_and_cap(weights, settings.uniform_mix, settings.weight_cap)
 
 
-def delta_shares(aggregation: str, num_examples: Sequence[int],
-                 duplicates: Sequence[Sequence[int]] = ()) -> NDArray[np.float64]:
+def delta_shares(aggregation: str, num_examples: Sequence[int]) -> NDArray[np.float64]:
     """The delta game's shares p: the weights the server applies before contributions are
     known, i.e. FedAvg's ``n_i / n`` for ``examples`` and ``1 / n`` otherwise (softmax's weights
-    at T -> infinity; its applied weights depend on phi itself, so they cannot define the game),
-    with each group of ``duplicates`` sharing one member's share as the applied weights do (a
-    copy must not count twice in the game when it counts once in the aggregate).
+    at T -> infinity; its applied weights depend on phi itself, so they cannot define the game).
+    Linked updates are one player already (:func:`value_round`), so a copy never counts twice.
     """
     how = "examples" if aggregation == "examples" else "uniform"
-    shares = round_weights(how, np.zeros(len(num_examples)), num_examples)
-    return share_duplicates(shares, duplicates) if duplicates else shares
+    return round_weights(how, np.zeros(len(num_examples)), num_examples)
 
 
 def scale_phi(phi_raw: NDArray[np.float64], gain: float, scale: str) -> NDArray[np.float64]:
@@ -199,7 +195,6 @@ class _Round:
     num_examples: Sequence[int]
     global_state: Mapping[str, NDArray]
     settings: ValuationSettings
-    duplicates: Sequence[Sequence[int]] = ()
 
 
 def _fedavg(r: _Round, factory: UtilityFactory | None, rng: np.random.Generator
@@ -232,8 +227,7 @@ def _game(r: _Round, factory: UtilityFactory | None, rng: np.random.Generator
         raise ValueError(f"valuation={settings.method!r} needs a utility over coalitions")
     utility = (factory(r.global_state, r.states, r.num_examples) if settings.game == "average"
                else factory(r.global_state, r.states, r.num_examples,
-                            shares=delta_shares(settings.aggregation, r.num_examples,
-                                                r.duplicates)))
+                            shares=delta_shares(settings.aggregation, r.num_examples)))
     result = estimate(settings.method, utility, n,
                       budget=round_budget(settings.method, n, settings.budget_m), seed=rng,
                       **settings.params)
@@ -268,6 +262,33 @@ NO_PHI: tuple[str, ...] = tuple(m for m, v in ROUND_VALUERS.items() if not v.com
 GAME_METHODS: tuple[str, ...] = tuple(m for m, v in ROUND_VALUERS.items() if v.uses_game)
 
 
+def quotient(states: Sequence[Mapping[str, NDArray]], num_examples: Sequence[int],
+             groups: Sequence[Sequence[int]]
+             ) -> tuple[list[list[int]], list[dict[str, NDArray]], list[int]]:
+    """The quotient game's players: each group of linked updates becomes one player whose
+    state is its members' mean and whose example count is their mean (k copies count as one);
+    the others stay as they are. Players are ordered by their first member."""
+    grouped = {i for g in groups for i in g}
+    players = sorted([sorted(g) for g in groups] + [[i] for i in range(len(states))
+                                                    if i not in grouped])
+    merged = [dict(states[p[0]]) if len(p) == 1 else
+              {key: np.mean([np.asarray(states[i][key], np.float64) for i in p], axis=0)
+               .astype(np.asarray(states[p[0]][key]).dtype) for key in states[p[0]]}
+              for p in players]
+    examples = [round(float(np.mean([num_examples[i] for i in p]))) for p in players]
+    return players, merged, examples
+
+
+def _expand(val: RoundValuation, players: Sequence[Sequence[int]], n: int) -> RoundValuation:
+    """Split each player's phi and weight equally among its members."""
+    phi, phi_raw, weights = np.zeros(n), np.zeros(n), np.zeros(n)
+    for q, members in enumerate(players):
+        idx, k = list(members), len(members)
+        phi[idx], phi_raw[idx], weights[idx] = (val.phi[q] / k, val.phi_raw[q] / k,
+                                                val.weights[q] / k)
+    return dataclasses.replace(val, phi=phi, phi_raw=phi_raw, weights=weights)
+
+
 def value_round(
     states: Sequence[Mapping[str, NDArray]],
     num_examples: Sequence[int],
@@ -275,21 +296,25 @@ def value_round(
     settings: ValuationSettings,
     utility_factory: UtilityFactory | None,
     seed: np.random.Generator,
-    duplicates: Sequence[Sequence[int]] = (),
+    groups: Sequence[Sequence[int]] = (),
 ) -> RoundValuation:
     """Value the ``states`` returned this round and turn the values into weights.
 
-    ``duplicates``: groups of indices of near-copies
-    (:func:`fedowen_strategy.aggregation.duplicate_groups`). Each group together gets one
-    member's weight (:func:`~fedowen_strategy.aggregation.share_duplicates`), and the delta
-    game's shares are shared the same way, so the game values the aggregate that is applied.
+    ``groups``: disjoint groups of indices of linked updates (copies,
+    :func:`fedowen_strategy.aggregation.duplicate_groups`, or near-parallel updates,
+    :func:`fedowen_strategy.links.link_groups`). Each group plays the game as one player
+    (:func:`quotient`: its members' mean update), and that player's phi and weight are split
+    equally among the members, so k copies together earn, and weigh, what one would. Without
+    groups every update is its own player.
     """
     start = time.perf_counter()
     if not states:
         raise ValueError("value_round needs at least one returned update")
     valuer = ROUND_VALUERS[settings.method]
-    val = valuer.value(_Round(states, num_examples, global_state, settings, duplicates),
+    if groups:
+        players, states, num_examples = quotient(states, num_examples, groups)
+    val = valuer.value(_Round(states, num_examples, global_state, settings),
                        utility_factory, seed)
-    if duplicates:
-        val = dataclasses.replace(val, weights=share_duplicates(val.weights, duplicates))
+    if groups:
+        val = _expand(val, players, sum(len(p) for p in players))
     return dataclasses.replace(val, seconds=time.perf_counter() - start)

@@ -31,9 +31,17 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
 
 from fedowen_strategy.aggregation import duplicate_groups, weighted_average
-from fedowen_strategy.bounds import bound_updates
+from fedowen_strategy.bounds import (
+    NORM_CAPS,
+    BoundedRound,
+    bound_updates,
+    cap_norms,
+    lower_median,
+    update_norm,
+)
 from fedowen_strategy.contribution import (
     GAME_METHODS,
+    NO_PHI,
     RoundValuation,
     UtilityFactory,
     ValuationSettings,
@@ -41,6 +49,7 @@ from fedowen_strategy.contribution import (
     value_round,
 )
 from fedowen_strategy.identity import IdentityBook
+from fedowen_strategy.links import cosine_matrix, link_groups, merge_groups, upper_triangle
 from fedowen_strategy.nodes import client_order, wait_for_nodes
 from fedowen_strategy.replies import (
     ParsedReplies,
@@ -57,6 +66,10 @@ from fedowen_strategy.selection import (
 )
 
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
+#: ``(global_state, server_round) -> state``: one server training step (``norm-cap = server``).
+ServerStep = Callable[[dict[str, Any], int], dict[str, Any]]
+#: Rounds of at most this many updates record their pairwise cosines.
+RECORD_COSINES_UP_TO = 32
 MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
 
 
@@ -112,6 +125,18 @@ class FedOwen(FedAvg):
         norm per example (:mod:`fedowen_strategy.bounds`): clip it to that norm or reject it.
     update_bound_multiple : float
         The multiple of that median the bound allows (> 1).
+    norm_cap : {"none", "median", "server"}
+        Norm normalisation, before valuation and aggregation: every update is rescaled to at
+        most ``norm_cap_multiple`` x a reference norm, the round's lower-median update norm
+        (``median``) or the norm of ``server_step``'s update (``server``)
+        (:func:`fedowen_strategy.bounds.cap_norms`).
+    server_step : callable, optional
+        ``(global_state, round) -> state``, e.g. one epoch on the evaluation set; needed by
+        ``norm_cap = "server"``.
+    link_cosine : float
+        Updates with pairwise cosine above it are linked into one player of the game, their
+        phi and weight split among them (:mod:`fedowen_strategy.links`; 0: off). Applies to
+        methods that compute contributions.
     on_round : callable, optional
         ``(round, record, ledger_rows)`` called after every aggregation (the ServerApp writes
         the records with it).
@@ -131,6 +156,8 @@ class FedOwen(FedAvg):
                  query_timeout: float = 300.0, duplicate_tolerance: float = 0.0,
                  bandit_memory: str = "mean", bandit_discount: float = 0.3,
                  update_bound: str = "none", update_bound_multiple: float = 3.0,
+                 norm_cap: str = "none", norm_cap_multiple: float = 1.0,
+                 server_step: ServerStep | None = None, link_cosine: float = 0.0,
                  on_round: RoundHook | None = None) -> None:
         if clients_per_round is not None and clients_per_round < 1:
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1 (or None "
@@ -164,6 +191,16 @@ class FedOwen(FedAvg):
         self.bandit_memory, self.bandit_discount = bandit_memory, bandit_discount
         bound_updates([], {}, update_bound, update_bound_multiple)  # validates both
         self.update_bound, self.update_bound_multiple = update_bound, update_bound_multiple
+        if norm_cap not in NORM_CAPS[1:] or not norm_cap_multiple > 0:
+            raise ValueError(f"norm_cap={norm_cap!r} must be one of {NORM_CAPS[1:]} and "
+                             f"norm_cap_multiple={norm_cap_multiple!r} > 0")
+        if norm_cap == "server" and server_step is None:
+            raise ValueError("norm_cap='server' needs server_step (one server training step on "
+                             "the evaluation set); or use norm_cap='median'")
+        self.norm_cap, self.norm_cap_multiple = norm_cap, norm_cap_multiple
+        self.server_step = server_step
+        link_groups(np.zeros((0, 0)), link_cosine)  # validates it
+        self.link_cosine = link_cosine
         self.on_round = on_round
         sel_seq, val_seq = np.random.SeedSequence(seed).spawn(2)
         self.select_rng = np.random.default_rng(sel_seq)
@@ -178,6 +215,7 @@ class FedOwen(FedAvg):
         self._global: ArrayRecord | None = None
         self._selected: list[str] = []
         self._duplicates: list[list[str]] = []
+        self._round_extra: dict[str, Any] = {}
         self._selected_nodes: list[int] = []
 
     def state_dict(self) -> dict[str, Any]:
@@ -217,6 +255,8 @@ class FedOwen(FedAvg):
             "fraction_evaluate=%g, update-bound=%s (%g x the round's median norm per example)",
             self.selection, p.epsilon, p.c, p.tau, self.max_norm_ratio, self.fraction_evaluate,
             self.update_bound, self.update_bound_multiple)
+        log(INFO, "FedOwen: norm-cap=%s (x%g), link-cosine=%g", self.norm_cap,
+            self.norm_cap_multiple, self.link_cosine)
 
     def _identify(self, grid: Grid, nodes: list[int]) -> None:
         """Ask nodes not heard from yet for their client ids (one ``query`` message each)."""
@@ -313,6 +353,8 @@ class FedOwen(FedAvg):
                                 self.update_bound_multiple)
         parsed.updates, parsed.clipped = bounded.updates, bounded.clipped
         parsed.rejected.update(bounded.rejected)
+        capped = self._cap(parsed.updates, global_state, server_round)
+        parsed.updates = capped.updates
         # Replies arrive in any order; value and average them in client-id order, so the
         # estimator's sampled orders (and float sums) do not depend on arrival times.
         parsed.updates.sort(key=lambda upd: client_order(upd.client_id))
@@ -322,12 +364,7 @@ class FedOwen(FedAvg):
             return None, self._report(server_round, parsed, None, [], MetricRecord())
         states = [u.state for u in parsed.updates]
         examples = [u.num_examples for u in parsed.updates]
-        groups = duplicate_groups(states, global_state, self.duplicate_tolerance)
-        if groups:
-            self._duplicates = [[parsed.updates[i].client_id for i in g] for g in groups]
-            self.linked.update(c for g in self._duplicates for c in g)
-            log(WARNING, "round %d: copies share one weight and are linked (not selected "
-                "again, no payout): %s", server_round, self._duplicates)
+        groups = self._groups(parsed, global_state, server_round)
         val = value_round(states, examples, global_state, self.valuation, self.utility_factory,
                           self.value_rng, groups)
         for upd, phi in zip(parsed.updates, val.phi, strict=True):
@@ -340,6 +377,45 @@ class FedOwen(FedAvg):
         client_metrics = self._client_metrics([contents[u.node_id] for u in parsed.updates])
         metrics = self._report(server_round, parsed, val, examples, client_metrics)
         return state_to_record(new_state), metrics
+
+    def _cap(self, updates: list[Any], global_state: dict[str, Any], server_round: int
+             ) -> BoundedRound:
+        """Norm normalisation (``norm_cap``); the cap and the factors go to the round record."""
+        if self.norm_cap == "none" or not updates:
+            return BoundedRound(list(updates))
+        if self.norm_cap == "server" and self.server_step is not None:
+            reference: float | None = update_norm(self.server_step(global_state, server_round),
+                                                  global_state)
+        else:
+            reference = lower_median([update_norm(u.state, global_state) for u in updates])
+        cap = None if not reference else self.norm_cap_multiple * reference
+        capped = cap_norms(updates, global_state, cap)
+        self._round_extra.update(norm_cap=cap, capped=capped.clipped)
+        return capped
+
+    def _groups(self, parsed: ParsedReplies, global_state: dict[str, Any],
+                server_round: int) -> list[list[int]]:
+        """Copies (banned: linked for good) merged with near-parallel updates (one player
+        of the game); the round record gets both, and the pairwise cosines."""
+        states = [u.state for u in parsed.updates]
+        ids = [u.client_id for u in parsed.updates]
+        copies = duplicate_groups(states, global_state, self.duplicate_tolerance)
+        if copies:
+            self._duplicates = [[ids[i] for i in g] for g in copies]
+            self.linked.update(c for g in self._duplicates for c in g)
+            log(WARNING, "round %d: copies share one weight and are linked (not selected "
+                "again, no payout): %s", server_round, self._duplicates)
+        if self.valuation.method in NO_PHI or len(states) < 2:
+            return copies
+        cosines = cosine_matrix(states, global_state)
+        if len(states) <= RECORD_COSINES_UP_TO:  # the honest pairs' distribution (links)
+            self._round_extra["cosines"] = upper_triangle(cosines)
+        near = link_groups(cosines, self.link_cosine)
+        if near:
+            self._round_extra["links"] = [[ids[i] for i in g] for g in near]
+            log(INFO, "round %d: near-parallel updates play as one (cosine > %g): %s",
+                server_round, self.link_cosine, self._round_extra["links"])
+        return merge_groups(len(states), copies, near)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
@@ -399,6 +475,8 @@ class FedOwen(FedAvg):
         }
         if self._duplicates:
             record["duplicates"], self._duplicates = self._duplicates, []
+        record.update(self._round_extra)
+        self._round_extra = {}
         rows: list[dict[str, Any]] = []
         metrics = MetricRecord({k: v for k, v in client_metrics.items()
                                 if not isinstance(v, float) or math.isfinite(v)})

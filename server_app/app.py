@@ -38,7 +38,7 @@ from fedowen_strategy.nodes import wait_for_nodes
 from fedowen_strategy.payouts import ADVERSARIES_FILE, PAYOUTS_FILE, run_payouts, write_payouts
 from fedowen_strategy.records import RunRecorder, read_rounds
 from fedowen_strategy.replies import record_to_state
-from fedowen_strategy.strategy import FedOwen
+from fedowen_strategy.strategy import FedOwen, ServerStep
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_strategy.torch_utility.batched import resolve_device
 from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
@@ -46,7 +46,7 @@ from fedowen_task.models import build_model
 from fedowen_task.partition import server_eval_split
 from fedowen_task.training import evaluate
 from server_app.config import RunConfig, parse_run_config
-from server_app.peers import peer_arguments
+from server_app.peers import peer_arguments, root_trainer
 from server_app.strategies import build_flower_strategy
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,10 @@ def server_sets(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
 
 
 def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
-                   recorder: RunRecorder | None) -> FedOwen:
+                   recorder: RunRecorder | None, server_step: ServerStep | None = None
+                   ) -> FedOwen:
     """The FedOwen strategy the run config describes (federated evaluation off: the
-    ServerApp evaluates centrally)."""
+    ServerApp evaluates centrally); ``server_step`` serves ``norm-cap = "server"``."""
     selection, aggregation = cfg.axes()
     valuation = ValuationSettings(method=cfg.valuation, budget_m=cfg.budget_m,
                                   params=cfg.estimator_params(), phi_scale=cfg.phi_scale,
@@ -97,6 +98,8 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    bandit_memory=cfg.bandit_memory, bandit_discount=cfg.bandit_discount,
                    update_bound=cfg.update_bound,
                    update_bound_multiple=cfg.update_bound_multiple,
+                   norm_cap=cfg.norm_cap_mode(), norm_cap_multiple=cfg.norm_cap_multiple,
+                   server_step=server_step, link_cosine=cfg.link_cosine,
                    on_round=recorder.log_train if recorder else None)
 
 
@@ -133,7 +136,10 @@ def make_strategy(cfg: RunConfig, num_nodes: int, model: torch.nn.Module,
                                      **peer_arguments(cfg, model, sets, device))
     factory = CoalitionUtility(model, sets[0], sets[1], metric=cfg.utility_metric,
                                device=device)
-    return build_strategy(cfg, factory, recorder)
+    # norm-cap = "server": the reference norm is one epoch on the evaluation set, as FLTrust's
+    step = (root_trainer(cfg, model, sets, device, 0, 1) if cfg.norm_cap_mode() == "server"
+            else None)
+    return build_strategy(cfg, factory, recorder, step)
 
 
 def _summary(cfg: RunConfig, out_dir: Path, done: int, seconds: float) -> dict[str, Any]:

@@ -17,11 +17,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedowen_strategy.bounds import UPDATE_BOUNDS
+from fedowen_strategy.bounds import NORM_CAPS, UPDATE_BOUNDS, resolve_norm_cap
 from fedowen_strategy.contribution import (
     GAME_METHODS,
     GAMES,
     METHODS,
+    NO_PHI,
     PHI_SCALES,
     UTILITY_METRICS,
     resolve_axes,
@@ -75,6 +76,10 @@ class RunConfig(TaskConfig):
     # Robust update bounds (issue 14): see fedowen_strategy.bounds.
     update_bound: str = "none"
     update_bound_multiple: float = 3.0
+    # Norm normalisation and Sybil links (issue 26): see fedowen_strategy.bounds / links.
+    norm_cap: str = "auto"
+    norm_cap_multiple: float = 1.0
+    link_cosine: float = 0.0
     round_timeout: float = 600.0
     node_wait_timeout: float = 15.0
     duplicate_tolerance: float = 1e-6
@@ -95,6 +100,12 @@ class RunConfig(TaskConfig):
     def axes(self) -> tuple[str, str]:
         """(selection, aggregation) with ``auto`` resolved for this valuation."""
         return resolve_axes(self.valuation, self.selection, self.aggregation)
+
+    def norm_cap_mode(self) -> str:
+        """``norm-cap`` with ``auto`` resolved: ``median`` for a valuation method that computes
+        contributions (FedOwen's defence), ``none`` for ``none`` and ``multikrum`` (plain
+        FedAvg and Multi-Krum stay the baselines they are named after)."""
+        return resolve_norm_cap(self.norm_cap, self.valuation in NO_PHI)
 
     def torch_device(self) -> str | None:
         """``device`` for torch's resolver: None for ``auto`` (the GPU when there is one)."""
@@ -152,6 +163,10 @@ class RunConfig(TaskConfig):
             (self.proximal_mu >= 0, f"proximal-mu={self.proximal_mu} must be >= 0"),
             # Robust update bounds (issue 14)
             (self.max_norm_ratio >= 0, "max-norm-ratio must be >= 0 (0 = off)"),
+            (self.norm_cap_multiple > 0,
+             f"norm-cap-multiple={self.norm_cap_multiple} must be > 0 (1: the reference norm)"),
+            (0 <= self.link_cosine < 1,
+             f"link-cosine={self.link_cosine} must lie in [0, 1) (0 = off)"),
             (self.update_bound_multiple > 1,
              f"update-bound-multiple={self.update_bound_multiple} must be > 1 (e.g. 3)"),
             (self.fltrust_root_size >= 0,
@@ -171,6 +186,7 @@ class RunConfig(TaskConfig):
         bad += one_of("game", self.game, GAMES)
         bad += one_of("bandit-memory", self.bandit_memory, MEMORIES)
         bad += one_of("update-bound", self.update_bound, UPDATE_BOUNDS)
+        bad += one_of("norm-cap", self.norm_cap, NORM_CAPS)
         for check in (self.selection_params, self.axes):
             try:
                 check()

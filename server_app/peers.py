@@ -59,12 +59,20 @@ class RootTrainer:
         return {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
 
 
+def root_trainer(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tensor, ...],
+                 device: torch.device, size: int, epochs: int) -> RootTrainer:
+    """The global model trained for ``epochs`` on ``size`` examples of the evaluation set
+    (0: all of it) with the clients' optimiser settings."""
+    x, y = root_set(sets[0], sets[1], size, cfg.seed)
+    settings = TrainConfig(lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
+                           local_epochs=epochs, weight_decay=cfg.weight_decay)
+    return RootTrainer(model, x, y, settings, cfg.seed, device)
+
+
 def peer_arguments(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tensor, ...],
                    device: torch.device) -> dict[str, Any]:
     """Constructor arguments of ``cfg.strategy`` that the run config cannot hold."""
     if cfg.strategy != "fltrust":
         return {}
-    x, y = root_set(sets[0], sets[1], cfg.fltrust_root_size, cfg.seed)
-    settings = TrainConfig(lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
-                           local_epochs=cfg.fltrust_root_epochs, weight_decay=cfg.weight_decay)
-    return {"server_update": RootTrainer(model, x, y, settings, cfg.seed, device)}
+    return {"server_update": root_trainer(cfg, model, sets, device, cfg.fltrust_root_size,
+                                          cfg.fltrust_root_epochs)}

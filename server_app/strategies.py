@@ -1,10 +1,10 @@
 """Strategy swap by config: FedOwen or Flower's own strategies, with the same records.
 
 ``strategy = fedowen | fedavg | fedprox | krum | multikrum | fedadam | fedyogi |
-fedtrimmedavg | fltrust | foolsgold | module:Class``. ``fltrust`` and ``foolsgold`` are this
-project's peers (:mod:`fedowen_strategy.fltrust`, :mod:`fedowen_strategy.foolsgold`), thin
-subclasses of Flower's FedAvg built the same way; FLTrust's server update (training on the
-root set) comes from the ServerApp (:mod:`server_app.peers`). A Flower strategy is Flower's
+fedtrimmedavg | fedmedian | fltrust | foolsgold | module:Class``. ``fltrust`` and
+``foolsgold`` are this project's peers (:mod:`fedowen_strategy.fltrust`,
+:mod:`fedowen_strategy.foolsgold`), thin subclasses of Flower's FedAvg built the same way;
+FLTrust's server update (training on the root set) comes from the ServerApp (:mod:`server_app.peers`). A Flower strategy is Flower's
 class itself, constructed from the run config (k = ``clients-per-round`` via
 ``fraction_train = k / connected nodes`` and ``min_train_nodes = k``; FedProx's
 ``proximal-mu``; Krum's ``krum-malicious``; FoolsGold's ``foolsgold-kappa``; FLTrust's
@@ -34,13 +34,15 @@ from fedowen_strategy.strategy import RoundHook
 from fedowen_task.config import did_you_mean
 
 FLOWER = {"fedavg": "FedAvg", "fedprox": "FedProx", "krum": "Krum", "multikrum": "MultiKrum",
-          "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedtrimmedavg": "FedTrimmedAvg"}
+          "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedtrimmedavg": "FedTrimmedAvg",
+          "fedmedian": "FedMedian"}
 #: This project's peer defences: name -> (module, class).
 PEERS = {"fltrust": ("fedowen_strategy.fltrust", "FLTrust"),
          "foolsgold": ("fedowen_strategy.foolsgold", "FoolsGold")}
 NAMES = ("fedowen", *FLOWER, *PEERS)
 #: Strategies whose only state between rounds is the global model (resume-from works).
-RESUMABLE = ("fedowen", "fedavg", "fedprox", "krum", "multikrum", "fedtrimmedavg", "fltrust")
+RESUMABLE = ("fedowen", "fedavg", "fedprox", "krum", "multikrum", "fedtrimmedavg", "fedmedian",
+             "fltrust")
 # Keys the ServerApp sets from the run config; strategy-params may not repeat them.
 _OWNED = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes",
           "min_available_nodes", "proximal_mu", "num_malicious_nodes", "kappa",

@@ -79,7 +79,7 @@ def test_delta_game_values_the_applied_aggregate_when_copies_share_a_weight(
                                  aggregation="uniform")
     # Execute
     val = value_round(states, [1] * 5, glob, settings, make, np.random.default_rng(0),
-                      duplicates=[[0, 3]])
+                      groups=[[0, 3]])
     # Assert: weights 1/8 for each copy, 1/4 for the others; the game's grand coalition is
     # exactly the model those weights build, and the copies split their contribution evenly
     np.testing.assert_allclose(val.weights, [0.125, 0.25, 0.25, 0.125, 0.25])

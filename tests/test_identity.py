@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedowen_strategy.aggregation import duplicate_groups, share_duplicates
+from fedowen_strategy.aggregation import duplicate_groups
+from fedowen_strategy.contribution import ValuationSettings, value_round
 from fedowen_strategy.identity import IdentityBook
 from fedowen_strategy.records import read_rounds
 from fedowen_strategy.replies import record_to_state, state_to_record
@@ -39,9 +40,11 @@ def test_duplicate_groups_and_shared_weight_by_hand() -> None:
     assert groups == [[0, 1]]
     assert duplicate_groups(states, ref, tolerance=0.009) == []
     assert duplicate_groups(states, ref, tolerance=0.0) == []
-    w = share_duplicates(np.array([0.3, 0.3, 0.2, 0.1, 0.1]), [[0, 1], [3, 4]])
-    # groups keep one member's weight between them: 0.15, 0.15, 0.2, 0.05, 0.05 -> / 0.6
-    np.testing.assert_allclose(w, np.array([0.15, 0.15, 0.2, 0.05, 0.05]) / 0.6)
+    # each group plays as one player of three, its equal weight 1/3 split among its members
+    settings = ValuationSettings(method="none", aggregation="uniform")
+    val = value_round(states, [1] * 5, ref, settings, None, np.random.default_rng(0),
+                      groups=[[0, 1], [3, 4]])
+    np.testing.assert_allclose(val.weights, [1 / 6, 1 / 6, 1 / 3, 1 / 6, 1 / 6])
 
 
 def impostor_handler(msg: Message, ctx: Context) -> Message:

@@ -1,0 +1,104 @@
+"""Linking near-parallel updates into one player: replication robustness for the game.
+
+Plain Shapley values are not replication-robust: an actor that sends k noisy copies of one
+useful update under k identities is paid about k times what it would earn alone (the arena:
+20 copies with 10% noise took 31% of a payout pool). Here replies whose updates
+``d_i = W_i - W`` are nearly parallel, ``cos(d_i, d_j) > threshold``, are linked, and the
+linked groups (connected components) become single players of a *quotient game*: the
+group's members' updates are averaged into one update that plays once, and its value, its
+aggregation weight and so its payout are split equally among the members
+(:func:`fedowen_strategy.contribution.value_round`). k copies then earn what one would.
+Exact copies (``duplicate-tolerance``) are the special case ``cos = 1``; those are also
+*banned* (never selected again, pay forfeited), which near-parallel honest updates are not.
+
+The threshold (``link-cosine``) is taken from the distribution of honest pairs measured on
+clean runs (docs/arena.md, "Sybil links"), not chosen by hand. An unchanged model (``d = 0``)
+has no direction and is never linked: free riders are null players in the delta game already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+State = Mapping[str, NDArray]
+
+
+def flat_deltas(states: Sequence[State], reference: State) -> NDArray[np.float64]:
+    """``(n, d)``: each state's floating arrays minus the reference's, as one vector."""
+    keys = [k for k, v in reference.items() if np.issubdtype(v.dtype, np.floating)]
+    if not states:
+        return np.zeros((0, 0))
+    return np.stack([np.concatenate([(np.asarray(s[k], np.float64) - reference[k]).ravel()
+                                     for k in keys]) for s in states])
+
+
+def cosine_matrix(states: Sequence[State], reference: State) -> NDArray[np.float64]:
+    """Pairwise cosine similarities of the updates ``states[i] - reference`` (floating arrays),
+    accumulated array by array so no flat copy of all updates is held; a zero update has
+    cosine 0 with everyone."""
+    n = len(states)
+    gram = np.zeros((n, n))
+    for key, ref in reference.items():
+        if not np.issubdtype(ref.dtype, np.floating) or n == 0:
+            continue
+        block = np.stack([(np.asarray(s[key], np.float64) - ref).ravel() for s in states])
+        gram += block @ block.T
+    norms = np.sqrt(np.clip(np.diag(gram), 0.0, None))
+    scale = np.where(norms > 0, norms, 1.0)
+    cos = gram / scale[:, None] / scale[None, :]
+    cos[norms == 0, :] = 0.0
+    cos[:, norms == 0] = 0.0
+    return np.clip(cos, -1.0, 1.0)
+
+
+def components(n: int, edges: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """Connected components of two or more of the graph on ``0..n-1``, each sorted, ordered
+    by their first member."""
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, j in edges:
+        ri, rj = root(i), root(j)
+        if ri != rj:
+            parent[max(ri, rj)] = min(ri, rj)
+    groups: dict[int, list[int]] = {}
+    for i in range(n):
+        groups.setdefault(root(i), []).append(i)
+    return sorted((g for g in groups.values() if len(g) > 1), key=lambda g: g[0])
+
+
+def link_groups(cosines: NDArray[np.float64], threshold: float) -> list[list[int]]:
+    """Groups of updates linked by ``cos > threshold`` (0 turns linking off).
+
+    Raises
+    ------
+    ValueError
+        If ``threshold`` is outside ``[0, 1)``.
+    """
+    if not 0.0 <= threshold < 1.0:
+        raise ValueError(f"link-cosine={threshold!r} must lie in [0, 1) (0 = off)")
+    if threshold == 0.0:
+        return []
+    n = len(cosines)
+    return components(n, [(i, j) for i in range(n) for j in range(i + 1, n)
+                          if cosines[i, j] > threshold])
+
+
+def merge_groups(n: int, *partitions: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The finest groups that contain every given group (their union as a graph)."""
+    edges = [(g[0], m) for groups in partitions for g in groups for m in g[1:]]
+    return components(n, edges)
+
+
+def upper_triangle(cosines: NDArray[np.float64], digits: int = 4) -> list[float]:
+    """The pairs ``i < j`` of a cosine matrix, row by row, rounded (for the round record)."""
+    n = len(cosines)
+    return [round(float(cosines[i, j]), digits) for i in range(n) for j in range(i + 1, n)]
