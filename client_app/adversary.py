@@ -26,7 +26,16 @@ A seeded fraction of the partitions misbehaves in one of these ways (``adversary
   ``update-bound`` allows 3 x the round's lower-median norm *per example* x n_i, so a client
   whose own norm per example is typical passes with any factor below 3. The default 2.5
   leaves room for a client 20% above the median (measured honest per-example norms spread
-  2.2x, :mod:`fedowen_strategy.bounds`).
+  2.2x, :mod:`fedowen_strategy.bounds`);
+- ``sign-flip``: trains honestly and returns ``global - (trained - global)``: the honest
+  update reversed (the sign-flipping attack of Byzantine-robustness benchmarks such as
+  Blades and ByzFL);
+- ``alie``, ``ipm``, ``adaptive`` (:data:`SERVER_SIDE_KINDS`): omniscient attacks that need the
+  round's honest updates ("a little is enough", Baruch et al., NeurIPS 2019; inner-product
+  manipulation, Xie et al., UAI 2020; an adaptive booster that sits just under the defence's
+  bound). Their clients train and reply as honest ones; the ServerApp replaces their replies
+  at the message boundary (:mod:`server_app.byzantine`), so the attacks act the same under
+  every strategy and backend.
 
 Which partitions are adversarial is a pure function of (num_partitions, fraction, seed)
 (:func:`fedowen_task.partition.adversary_ids`, shared with the ServerApp and the reports), so
@@ -41,7 +50,7 @@ from collections.abc import Mapping
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedowen_task.config import ADVERSARY_KINDS, TaskConfig
+from fedowen_task.config import ADVERSARY_KINDS, SERVER_SIDE_KINDS, TaskConfig
 
 KINDS = ADVERSARY_KINDS
 #: Kinds that return without training (nothing to measure or to send).
@@ -116,6 +125,12 @@ def boosted_update(global_state: State, trained: State, factor: float
     return _plus(global_state, delta, trained)
 
 
+def sign_flipped_update(global_state: State, trained: State) -> dict[str, torch.Tensor]:
+    """``global - (trained - global)``: the honest update reversed (integer buffers as
+    trained)."""
+    return boosted_update(global_state, trained, -1.0)
+
+
 def colluding_copy(global_state: State, trained: State, relative_noise: float, seed: int
                    ) -> dict[str, torch.Tensor]:
     """``trained`` plus Gaussian noise of norm ``relative_noise * ||trained - global||``."""
@@ -150,8 +165,8 @@ def misbehave(kind: str, global_state: State, trained: State, cfg: TaskConfig, *
     """What a client of ``kind`` returns, given the global model and its honestly trained
     model (the global model for :data:`IDLE_KINDS`). ``seed`` is the training seed (shared by
     Sybil copies), ``attack_seed`` the client's own; ``memory`` its context state."""
-    if kind in ("honest", "label-flip", "sybil"):
-        return dict(trained)
+    if kind in ("honest", "label-flip", "sybil", *SERVER_SIDE_KINDS):
+        return dict(trained)  # server-side kinds are replaced in the ServerApp
     if kind == "free-rider":
         return {k: v.clone() for k, v in global_state.items()}
     if kind == "noise":
@@ -164,4 +179,6 @@ def misbehave(kind: str, global_state: State, trained: State, cfg: TaskConfig, *
         return colluding_copy(global_state, trained, cfg.adversary_sybil_noise, attack_seed)
     if kind == "boosted":
         return boosted_update(global_state, trained, cfg.adversary_boost)
+    if kind == "sign-flip":
+        return sign_flipped_update(global_state, trained)
     raise ValueError(f"adversary-kind={kind!r} is not one of {', '.join(KINDS)}")

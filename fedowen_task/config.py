@@ -14,13 +14,18 @@ so a server-side key (or a user's own key) never breaks a client.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 ADVERSARY_KINDS = ("label-flip", "noise", "free-rider", "sybil", "disguised-free-rider",
-                   "replay-free-rider", "colluding-sybil", "boosted")
+                   "replay-free-rider", "colluding-sybil", "boosted", "sign-flip", "alie", "ipm",
+                   "adaptive")
+#: Kinds whose clients train and reply honestly: the ServerApp replaces their replies with the
+#: attack at the message boundary, from the round's honest updates (server_app.byzantine).
+SERVER_SIDE_KINDS = ("alie", "ipm", "adaptive")
 _TYPES = {"int": int, "float": float, "str": str}
 
 
@@ -71,6 +76,8 @@ class TaskConfig:
     adversary_noise_std: float = 0.05
     adversary_sybil_noise: float = 0.1
     adversary_boost: float = 2.5
+    adversary_alie_z: float = 0.0
+    adversary_ipm_epsilon: float = 0.5
 
     def model_name(self) -> str:
         """``model = "auto"``: ResNet-18 for CIFAR-10, LeNet otherwise (as in the paper)."""
@@ -104,6 +111,11 @@ class TaskConfig:
             (self.adversary_sybil_noise >= 0,
              f"adversary-sybil-noise={self.adversary_sybil_noise} must be >= 0"),
             (self.adversary_boost > 0, f"adversary-boost={self.adversary_boost} must be > 0"),
+            (math.isfinite(self.adversary_alie_z) and self.adversary_alie_z >= 0,
+             f"adversary-alie-z={self.adversary_alie_z} must be a finite number >= 0 (0 = "
+             "Baruch et al.'s z_max from the round's replies and attackers)"),
+            (math.isfinite(self.adversary_ipm_epsilon) and self.adversary_ipm_epsilon > 0,
+             f"adversary-ipm-epsilon={self.adversary_ipm_epsilon} must be a finite number > 0"),
         ]
         bad = [message for ok, message in checks if not ok]
         bad += one_of("dataset", self.dataset.split(":", 1)[0], DATASETS)

@@ -41,10 +41,12 @@ from fedowen_strategy.replies import record_to_state
 from fedowen_strategy.strategy import FedOwen, ServerStep
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_strategy.torch_utility.batched import resolve_device
+from fedowen_task.config import SERVER_SIDE_KINDS
 from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
 from fedowen_task.partition import server_eval_split
 from fedowen_task.training import evaluate
+from server_app.byzantine import ByzantineGrid
 from server_app.config import RunConfig, parse_run_config
 from server_app.peers import peer_arguments, root_trainer
 from server_app.strategies import build_flower_strategy
@@ -209,6 +211,10 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     latest = {"arrays": ArrayRecord(model.state_dict())}  # the global model after each round
     evaluate_fn = central_evaluation(cfg, ds, sets[2:], recorder, strategy, done, out_dir,
                                      latest)
+    if cfg.adversary_fraction > 0 and cfg.adversary_kind in SERVER_SIDE_KINDS:
+        # omniscient attacks: the attackers' replies are replaced here (server_app.byzantine)
+        grid = ByzantineGrid(grid, cfg, len(nodes), on_round=lambda server_round, entry:
+                             recorder.log_train(server_round, {"attack": entry}, []))
     started = time.perf_counter()
     strategy.start(grid=grid, initial_arrays=latest["arrays"],
                    num_rounds=cfg.num_server_rounds - done, timeout=cfg.round_timeout,
@@ -232,7 +238,9 @@ def _record_adversaries(cfg: RunConfig, num_nodes: int, recorder: RunRecorder) -
         "kind": cfg.adversary_kind, "fraction": cfg.adversary_fraction, "seed": cfg.seed,
         "num_partitions": num_nodes, "ids": [str(i) for i in ids],
         "noise_std": cfg.adversary_noise_std, "sybil_noise": cfg.adversary_sybil_noise,
-        "boost": cfg.adversary_boost})
+        "boost": cfg.adversary_boost, "alie_z": cfg.adversary_alie_z,
+        "ipm_epsilon": cfg.adversary_ipm_epsilon,
+        "server_side": cfg.adversary_kind in SERVER_SIDE_KINDS})
 
 
 def _write_payouts(out_dir: Path) -> None:

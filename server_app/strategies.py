@@ -4,15 +4,15 @@
 fedtrimmedavg | fedmedian | fltrust | foolsgold | module:Class``. ``fltrust`` and
 ``foolsgold`` are this project's peers (:mod:`fedowen_strategy.fltrust`,
 :mod:`fedowen_strategy.foolsgold`), thin subclasses of Flower's FedAvg built the same way;
-FLTrust's server update (training on the root set) comes from the ServerApp (:mod:`server_app.peers`). A Flower strategy is Flower's
-class itself, constructed from the run config (k = ``clients-per-round`` via
-``fraction_train = k / connected nodes`` and ``min_train_nodes = k``; FedProx's
-``proximal-mu``; Krum's ``krum-malicious``; FoolsGold's ``foolsgold-kappa``; FLTrust's
-``fltrust-server-lr``; anything else through ``strategy-params = "name=value ..."``, checked
-against the class's constructor),
-wrapped by :class:`Recorded` so every round lands in ``rounds.jsonl`` (selected, returned
-and failed clients, ``aggregation_seconds``; the peers add the per-client ``weights`` they
-applied) like FedOwen's. Federated evaluation is off for every strategy: the
+FLTrust's server update (training on the root set) comes from the ServerApp
+(:mod:`server_app.peers`). A Flower strategy is Flower's class itself, constructed from the
+run config (k = ``clients-per-round`` via ``fraction_train = k / connected nodes`` and
+``min_train_nodes = k``; FedProx's ``proximal-mu``; Krum's ``krum-malicious``; FoolsGold's
+``foolsgold-kappa``; FLTrust's ``fltrust-server-lr``; anything else through
+``strategy-params = "name=value ..."``, checked against the class's constructor), wrapped
+by :class:`Recorded` so every round lands in ``rounds.jsonl`` (selected, returned and failed
+clients, ``aggregation_seconds``; the peers add the per-client ``weights`` they applied) like
+FedOwen's. Federated evaluation is off for every strategy: the
 ServerApp evaluates the global model centrally after each round.
 """
 

@@ -14,10 +14,13 @@ from client_app.adversary import (
     colluding_copy,
     disguised_update,
     flip_labels,
+    misbehave,
     noise_update,
     replay_update,
+    sign_flipped_update,
 )
 from client_app.app import train_handler
+from fedowen_task.config import SERVER_SIDE_KINDS, TaskConfig
 from fedowen_task.models import build_model
 from fedowen_task.partition import adversary_ids
 
@@ -185,3 +188,48 @@ def test_client_app_replay_free_rider_remembers_the_global_model(shared_data_dir
     # Assert: round 2 returns g; round 4 returns (g + 0.02) + 0.02 / 2
     torch.testing.assert_close(outs[0]["fc1.weight"], g["fc1.weight"])
     torch.testing.assert_close(outs[1]["fc1.weight"], g["fc1.weight"] + 0.03)
+
+
+# Sign flip and the server-side kinds (issue 26)
+
+def test_sign_flipped_update_reverses_the_honest_one() -> None:
+    # Prepare: an 'honest' model 0.01 x N(0, 1) away, and an integer buffer it counted up
+    floats, trained_floats = _lenet_pair()
+    glob = {**floats, "count": torch.tensor(3)}
+    trained = {**trained_floats, "count": torch.tensor(5)}
+    # Execute
+    out = sign_flipped_update(glob, trained)
+    # Assert: delta = -honest delta on every floating tensor; the counter as trained
+    for k in glob:
+        if k == "count":
+            assert out[k].item() == 5
+        else:
+            torch.testing.assert_close(out[k] - glob[k], -(trained[k] - glob[k]))
+    out_floats = {k: out[k] for k in floats}
+    assert _norm(out_floats, trained_floats) == pytest.approx(
+        2 * _norm(trained_floats, floats), rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sign-flip", *SERVER_SIDE_KINDS])
+def test_misbehave_dispatches_the_new_kinds(kind: str) -> None:
+    glob, trained = _lenet_pair()
+    out = misbehave(kind, glob, trained, TaskConfig(), server_round=1, seed=0, attack_seed=1,
+                    memory=RecordDict())
+    sign = -1.0 if kind == "sign-flip" else 1.0  # server-side kinds reply as honest ones
+    for k in glob:
+        torch.testing.assert_close(out[k] - glob[k], sign * (trained[k] - glob[k]))
+
+
+@pytest.mark.parametrize("kind", ["sign-flip", "alie"])
+def test_client_app_sign_flip_and_server_side_kinds(kind: str, shared_data_dir: Path) -> None:
+    # Execute: the adversary's reply and the same partition's honest one (same training seed)
+    glob, out, loss = _reply(kind, shared_data_dir)
+    _, honest, honest_loss = _reply(kind, shared_data_dir, fraction=0.0)
+    # Assert: sign flip sends exactly the reversed update; ALIE's client replies as an honest
+    # one, bit for bit (the ServerApp replaces it)
+    assert loss == honest_loss
+    for k in glob:
+        if kind == "alie" or not glob[k].is_floating_point():
+            assert torch.equal(out[k], honest[k])
+        else:
+            torch.testing.assert_close(out[k] - glob[k], -(honest[k] - glob[k]))

@@ -1,0 +1,349 @@
+"""Omniscient Byzantine attacks, applied at the ServerApp's message boundary (simulation only).
+
+``adversary-kind = "alie" | "ipm" | "adaptive"`` need the honest clients' updates of the round:
+the standard omniscient threat model of Byzantine-robustness benchmarks (Blades, ByzFL), in
+which an attack is a function of the honest vectors. A client cannot see them, so the clients
+of these kinds train and reply as honest ones (:data:`fedowen_task.config.SERVER_SIDE_KINDS`)
+and :class:`ByzantineGrid`, wrapped around the ServerApp's grid, replaces their replies before
+any strategy sees them: the attacks act the same under every strategy (FedOwen's and
+Flower's) and both backends (``flwr run``'s Ray simulation, the inline grid).
+
+Over the flat float64 updates ``d_i = trained_i - global`` (floating arrays only):
+
+- ``alie`` ("A little is enough", Baruch et al., NeurIPS 2019): every attacker sends
+  ``mean - z * std`` (coordinate-wise, population std) of the honest updates, with
+  ``adversary-alie-z`` or, when it is 0, the paper's ``z_max`` for the round's ``n`` replies
+  and ``m`` attackers (:func:`baruch_z`);
+- ``ipm`` (inner-product manipulation, Xie et al., UAI 2020): every attacker sends
+  ``-epsilon * mean`` (``adversary-ipm-epsilon``), whose inner product with the honest mean
+  is negative;
+- ``adaptive``: each attacker keeps its own honest update (its direction scores like an
+  honest one on the server's signal) and scales it to sit just under the tightest norm the
+  run config's defences let through unchanged (:func:`bound_in_force`: ``max-norm-ratio``,
+  ``update-bound``, ``norm-cap``); where none is in force it scales by ``adversary-boost``.
+
+Honest statistics come from the round's replies of non-adversarial clients that carry no
+error; with fewer than 2 of them the attackers use their own honest updates instead
+(Baruch et al.'s non-omniscient variant). ALIE and IPM attackers of one round send the same
+vector, as in the papers. The attacks are deterministic given the replies (no randomness).
+Integer arrays (counters) come from the attacker's own reply. Only ``train`` messages are
+touched; queries and evaluations pass through, as do bare ``push_messages`` /
+``pull_messages`` (every strategy's ``start`` uses ``send_and_receive``). Each attacked round
+is logged (one INFO line), kept in :attr:`ByzantineGrid.log` and handed to ``on_round``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+from flwr.app import Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+from numpy.typing import NDArray
+
+from fedowen_strategy.bounds import lower_median, round_bound
+from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
+from fedowen_task.config import SERVER_SIDE_KINDS
+from fedowen_task.partition import adversary_ids
+from server_app.config import RunConfig
+
+log = logging.getLogger(__name__)
+#: The adaptive attacker's margin under the bound (floating-point slack in the server's check).
+MARGIN = 0.99
+State = Mapping[str, NDArray]
+AttackHook = Callable[[int, dict[str, Any]], None]
+
+
+def alie_vector(honest: NDArray, z: float) -> NDArray:
+    """``mean - z * std`` of the rows of ``honest`` (coordinate-wise, population std)."""
+    rows = _rows(honest)
+    return rows.mean(axis=0) - z * rows.std(axis=0)
+
+
+def ipm_vector(honest: NDArray, epsilon: float) -> NDArray:
+    """``-epsilon * mean`` of the rows of ``honest``."""
+    return -epsilon * _rows(honest).mean(axis=0)
+
+
+def baruch_z(n: int, m: int) -> float:
+    """Baruch et al.'s ``z_max``: ``s = floor(n/2 + 1) - m`` honest supporters needed,
+    ``z = Phi^{-1}((n - s) / n)``. ``s`` is kept in ``[1, n - 1]`` (attackers at least half of
+    the round would need none; a probability of 0 or 1 has no quantile); 0 for ``n < 2``."""
+    if n < 1 or not 0 <= m <= n:
+        raise ValueError(f"baruch_z needs n >= 1 replies and 0 <= m <= n attackers, got "
+                         f"n={n}, m={m}")
+    if n < 2:
+        return 0.0
+    s = min(max(math.floor(n / 2 + 1) - m, 1), n - 1)
+    return NormalDist().inv_cdf((n - s) / n)
+
+
+def adaptive_scale(own_norm: float, bound: float | None, boost: float) -> float:
+    """The factor that puts an update of norm ``own_norm`` at ``0.99 x bound``; ``boost``
+    when no bound is in force; 1 for a zero update (nothing to scale)."""
+    if bound is None:
+        return boost
+    if own_norm <= 0.0:
+        return 1.0
+    return MARGIN * bound / own_norm
+
+
+def bound_in_force(cfg: RunConfig, norms: Sequence[float], examples: Sequence[int],
+                   own_examples: int, global_norm: float) -> float | None:
+    """The largest norm an update of ``own_examples`` examples may have and still pass the
+    run config's defences unchanged, estimated from the round's honest update ``norms`` and
+    ``examples`` (the attackers' honest ones included); None when no bound is in force.
+
+    The tightest of: ``max-norm-ratio`` x ``global_norm`` (0 = off); ``update-bound`` (clip or
+    reject): ``update-bound-multiple`` x the lower median of the positive norms per example
+    x ``own_examples`` (:func:`fedowen_strategy.bounds.round_bound`); ``norm-cap``:
+    ``norm-cap-multiple`` x the lower median of the positive norms (for ``server`` the
+    attacker cannot see the server's step and takes the same median as its estimate). These
+    are FedOwen's defences: under any other strategy none is in force (FLTrust rescales every
+    update to the server's norm whatever was sent).
+    """
+    if cfg.strategy != "fedowen":
+        return None
+    bounds = []
+    if cfg.max_norm_ratio > 0:
+        bounds.append(cfg.max_norm_ratio * max(global_norm, 1e-12))
+    if cfg.update_bound != "none" and own_examples > 0:
+        per_example = round_bound([nm / ex for nm, ex in zip(norms, examples, strict=True)
+                                   if ex > 0], cfg.update_bound_multiple)
+        if per_example is not None:
+            bounds.append(per_example * own_examples)
+    if cfg.norm_cap_mode() != "none":
+        median = lower_median(norms)
+        if median is not None:
+            bounds.append(cfg.norm_cap_multiple * median)
+    return min(bounds) if bounds else None
+
+
+def attack_deltas(cfg: RunConfig, honest: NDArray, own: NDArray, *, n: int,
+                  norms: Sequence[float], examples: Sequence[int],
+                  own_examples: Sequence[int], global_norm: float
+                  ) -> tuple[NDArray, dict[str, Any]]:
+    """The ``(m, d)`` updates the ``m`` attackers send (rows of ``own``: their honest updates)
+    and the attack's parameters, for ``cfg.adversary_kind``; ``honest`` is ``(h, d)``."""
+    kind, m = cfg.adversary_kind, own.shape[0]
+    reference = honest if honest.shape[0] >= 2 else own
+    source = {"statistics_from": "honest" if reference is honest else "attackers"}
+    if kind == "alie":
+        z = cfg.adversary_alie_z or baruch_z(n, m)
+        return np.tile(alie_vector(reference, z), (m, 1)), {"z": z, **source}
+    if kind == "ipm":
+        eps = cfg.adversary_ipm_epsilon
+        return np.tile(ipm_vector(reference, eps), (m, 1)), {"epsilon": eps, **source}
+    if kind == "adaptive":
+        bounds = [bound_in_force(cfg, norms, examples, ex, global_norm) for ex in own_examples]
+        factors = [adaptive_scale(float(np.linalg.norm(row)), b, cfg.adversary_boost)
+                   for row, b in zip(own, bounds, strict=True)]
+        return own * np.asarray(factors)[:, None], {"bounds": bounds, "factors": factors}
+    raise ValueError(f"adversary-kind={kind!r} is not a server-side kind "
+                     f"({', '.join(SERVER_SIDE_KINDS)})")
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """One usable train reply: its message, sender, round and update."""
+
+    message: Message
+    client_id: str
+    server_round: int
+    global_state: dict[str, NDArray]
+    state: dict[str, NDArray]
+    delta: NDArray
+    examples: int
+
+
+class ByzantineGrid(Grid):
+    """A grid that forwards everything to ``inner`` and, in :meth:`send_and_receive`, replaces
+    the train replies of the run's adversaries with the ``cfg.adversary_kind`` attack.
+
+    Parameters
+    ----------
+    inner : Grid
+        The grid the ServerApp was given.
+    cfg : RunConfig
+        The run config (attack kind and parameters, the defences an adaptive attacker reads).
+    num_partitions : int
+        Partitions of the simulation; adversaries are
+        ``adversary_ids(num_partitions, adversary-fraction, seed)``, named by client id.
+    on_round : callable, optional
+        Called with ``(server_round, entry)`` for every attacked round (the run's records).
+    """
+
+    def __init__(self, inner: Grid, cfg: RunConfig, num_partitions: int,
+                 on_round: AttackHook | None = None) -> None:
+        if cfg.adversary_kind not in SERVER_SIDE_KINDS:
+            raise ValueError(f"adversary-kind={cfg.adversary_kind!r} is not one of "
+                             f"{', '.join(SERVER_SIDE_KINDS)}")
+        self.inner, self.cfg, self.on_round = inner, cfg, on_round
+        self.adversaries = frozenset(str(i) for i in adversary_ids(
+            num_partitions, cfg.adversary_fraction, cfg.seed))
+        self.log: list[dict[str, Any]] = []
+        self._train_calls = 0
+
+    # Everything but send_and_receive is the inner grid's.
+    def set_run(self, run: Any) -> None:
+        self.inner.set_run(run)
+
+    @property
+    def run(self) -> Any:
+        return self.inner.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        return self.inner.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.inner.get_node_ids()
+
+    def get_nodes(self) -> Iterable[Any]:
+        return self.inner.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.inner.pull_messages(message_ids)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        """The inner grid's replies, those of adversaries to train messages attacked."""
+        messages = list(messages)
+        sent = _train_globals(messages)  # read before sending: a transport may consume them
+        replies = list(self.inner.send_and_receive(messages, timeout=timeout))
+        if sent:
+            self._train_calls += 1
+            self._attack(replies, sent)
+        return replies
+
+    def _attack(self, replies: list[Message], sent: dict[int, tuple[int, State]]) -> None:
+        rows = [r for r in (_usable(reply, sent) for reply in replies) if r is not None]
+        bad = [r for r in rows if r.client_id in self.adversaries]
+        if not bad:
+            return
+        honest = [r for r in rows if r.client_id not in self.adversaries]
+        width = bad[0].delta.size
+        honest_deltas = _stack([r.delta for r in honest], width)
+        own_deltas = _stack([r.delta for r in bad], width)
+        global_norm = float(np.linalg.norm(_flat(bad[0].global_state, bad[0].global_state)))
+        deltas, params = attack_deltas(
+            self.cfg, honest_deltas, own_deltas, n=len(rows),
+            norms=[float(np.linalg.norm(r.delta)) for r in rows],
+            examples=[r.examples for r in rows], own_examples=[r.examples for r in bad],
+            global_norm=global_norm)
+        for row, delta in zip(bad, deltas, strict=True):
+            row.message.content["arrays"] = state_to_record(_unflat(row.global_state, delta,
+                                                                    row.state))
+        server_round = bad[0].server_round or self._train_calls
+        entry = {"round": server_round, "kind": self.cfg.adversary_kind,
+                 "clients": [r.client_id for r in bad], "replies": len(rows),
+                 "honest": len(honest), **params,
+                 "norms": [float(np.linalg.norm(d)) for d in deltas]}
+        self.log.append(entry)
+        log.info("round %d: %s attack by clients %s (%d of %d replies; %s): sent update "
+                 "norm(s) %s", server_round, entry["kind"], ", ".join(entry["clients"]),
+                 len(bad), len(rows), _describe(params),
+                 ", ".join(f"{v:.4g}" for v in entry["norms"]))
+        if self.on_round is not None:
+            self.on_round(server_round, entry)
+
+
+def _describe(params: Mapping[str, Any]) -> str:
+    parts = []
+    for key, value in params.items():
+        if isinstance(value, float):
+            parts.append(f"{key}={value:.4g}")
+        elif isinstance(value, list):
+            parts.append(f"{key}=[{', '.join('-' if v is None else f'{v:.4g}' for v in value)}]")
+        else:
+            parts.append(f"{key}={value}")
+    return ", ".join(parts)
+
+
+def _rows(matrix: NDArray) -> NDArray:
+    rows = np.asarray(matrix, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[0] < 1:
+        raise ValueError(f"expected an (h, d) array of h >= 1 updates, got shape {rows.shape}")
+    return rows
+
+
+def _stack(vectors: list[NDArray], width: int) -> NDArray:
+    return np.stack(vectors) if vectors else np.empty((0, width))
+
+
+def _floating(state: State) -> list[str]:
+    return [k for k, v in state.items() if np.issubdtype(v.dtype, np.floating)]
+
+
+def _flat(state: State, reference: State) -> NDArray:
+    """The floating arrays of ``state`` (those that are floating in ``reference``), float64."""
+    keys = _floating(reference)
+    if not keys:
+        return np.zeros(0)
+    return np.concatenate([np.asarray(state[k], dtype=np.float64).ravel() for k in keys])
+
+
+def _unflat(global_state: State, delta: NDArray, own: State) -> dict[str, NDArray]:
+    """``global + delta`` on the floating arrays (their dtype kept), the others from ``own``."""
+    out, start = {}, 0
+    for key, ref in global_state.items():
+        if np.issubdtype(ref.dtype, np.floating):
+            part = delta[start:start + ref.size].reshape(ref.shape)
+            out[key] = (ref.astype(np.float64) + part).astype(ref.dtype)
+            start += ref.size
+        else:
+            out[key] = own[key]
+    return out
+
+
+def _train_globals(messages: list[Message]) -> dict[int, tuple[int, State]]:
+    """Destination node -> (server round, global model) of every train message."""
+    out: dict[int, tuple[int, State]] = {}
+    decoded: dict[int, State] = {}  # one decoding per ArrayRecord (shared by a round's messages)
+    for msg in messages:
+        if (msg.metadata.message_type.split(".")[0] != MessageType.TRAIN
+                or not msg.has_content() or "arrays" not in msg.content.array_records):
+            continue
+        record = msg.content.array_records["arrays"]
+        if id(record) not in decoded:
+            decoded[id(record)] = record_to_state(record)
+        config = msg.content.config_records.get("config")
+        server_round = config.get("server-round", 0) if config is not None else 0
+        out[msg.metadata.dst_node_id] = (server_round if isinstance(server_round, int) else 0,
+                                         decoded[id(record)])
+    return out
+
+
+def _usable(reply: Message, sent: Mapping[int, tuple[int, State]]) -> _Reply | None:
+    """The reply's update, or None when it is an error, answers no train message or does not
+    match its global model (the strategy then judges it as it is)."""
+    node = reply.metadata.src_node_id
+    if reply.has_error() or not reply.has_content() or node not in sent:
+        return None
+    if "arrays" not in reply.content.array_records:
+        return None
+    server_round, global_state = sent[node]
+    state = record_to_state(reply.content.array_records["arrays"])
+    if list(state) != list(global_state) or any(
+            state[k].shape != v.shape or state[k].dtype != v.dtype
+            for k, v in global_state.items()):
+        return None
+    metrics = next(iter(reply.content.metric_records.values()), None)
+    count = metrics.get("num-examples", 0) if metrics is not None else 0
+    examples = (int(count) if isinstance(count, int | float) and math.isfinite(count)
+                and count > 0 else 0)
+    return _Reply(reply, client_id_of(reply), server_round, dict(global_state), state,
+                  _flat(state, global_state) - _flat(global_state, global_state), examples)

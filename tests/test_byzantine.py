@@ -1,0 +1,242 @@
+"""Omniscient attacks at the ServerApp's message boundary (server_app.byzantine)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import (
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+
+from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, state_to_record
+from fedowen_task.config import ADVERSARY_KINDS, SERVER_SIDE_KINDS, ConfigError
+from fedowen_task.partition import adversary_ids
+from server_app.byzantine import (
+    ByzantineGrid,
+    adaptive_scale,
+    alie_vector,
+    baruch_z,
+    bound_in_force,
+    ipm_vector,
+)
+from server_app.config import RunConfig, parse_run_config
+from sim.inline_grid import InProcessGrid
+
+HONEST = np.array([[1.0, 2.0], [3.0, 6.0], [5.0, 4.0]])  # mean (3, 4), population std sqrt(8/3)
+
+
+# Pure functions
+
+def test_alie_vector_is_mean_minus_z_std() -> None:
+    # Execute
+    out = alie_vector(HONEST, 1.5)
+    # Assert: (3, 4) - 1.5 * sqrt(8/3) in each coordinate, within z std of the mean
+    std = np.sqrt(8 / 3)
+    np.testing.assert_allclose(out, [3 - 1.5 * std, 4 - 1.5 * std])
+    assert np.all(np.abs(out - HONEST.mean(axis=0)) <= 1.5 * HONEST.std(axis=0) + 1e-12)
+    np.testing.assert_array_equal(alie_vector(HONEST, 0.0), [3.0, 4.0])
+
+
+def test_ipm_vector_opposes_the_honest_mean() -> None:
+    out = ipm_vector(HONEST, 0.5)
+    np.testing.assert_allclose(out, [-1.5, -2.0])
+    # inner product with the mean (3, 4): -0.5 * ||(3, 4)||^2 = -12.5
+    assert float(out @ HONEST.mean(axis=0)) == pytest.approx(-12.5)
+
+
+@pytest.mark.parametrize(("n", "m", "z"), [
+    (10, 2, 0.253347),   # s = 6 - 2 = 4: Phi^-1(0.6)
+    (50, 12, 0.582842),  # s = 26 - 12 = 14: Phi^-1(0.72)
+    (50, 24, 1.750686),  # s = 2: Phi^-1(0.96)
+    (10, 1, 0.0),        # s = 5: Phi^-1(0.5)
+    (4, 3, 0.674490),    # s = 3 - 3 = 0, kept at 1: Phi^-1(0.75)
+    (1, 1, 0.0),         # a lone reply: nothing to hide among
+])
+def test_baruch_z_matches_the_paper(n: int, m: int, z: float) -> None:
+    assert baruch_z(n, m) == pytest.approx(z, abs=1e-6)
+
+
+def test_baruch_z_refuses_impossible_counts() -> None:
+    with pytest.raises(ValueError, match=r"n=3, m=4"):
+        baruch_z(3, 4)
+
+
+def test_adaptive_scale_sits_just_under_the_bound() -> None:
+    assert adaptive_scale(2.0, 10.0, boost=2.5) == pytest.approx(4.95)  # norm 9.9 = 0.99 x 10
+    assert adaptive_scale(20.0, 10.0, boost=2.5) == pytest.approx(0.495)  # scaled down too
+    assert adaptive_scale(2.0, None, boost=2.5) == 2.5
+    assert adaptive_scale(0.0, 10.0, boost=2.5) == 1.0
+
+
+# norms (1, 2, 4, 0) of 10, 10, 20, 5 examples: per example (0.1, 0.2, 0.2, 0)
+NORMS, EXAMPLES = [1.0, 2.0, 4.0, 0.0], [10, 10, 20, 5]
+OFF = {"max_norm_ratio": 0.0, "update_bound": "none", "norm_cap": "none"}
+
+
+@pytest.mark.parametrize(("settings", "bound"), [
+    ({**OFF, "max_norm_ratio": 10.0}, 30.0),                  # 10 x ||global|| = 3
+    ({**OFF, "update_bound": "clip"}, 30.0),                  # 3 x 0.2 x 50 examples
+    ({**OFF, "update_bound": "reject", "update_bound_multiple": 2.0}, 20.0),
+    ({**OFF, "norm_cap": "median", "norm_cap_multiple": 1.5}, 3.0),  # 1.5 x median(1, 2, 4)
+    ({**OFF, "norm_cap": "server"}, 2.0),                     # the median as the estimate
+    ({"max_norm_ratio": 0.5, "update_bound": "clip", "norm_cap": "median"}, 1.5),  # tightest
+    ({"norm_cap": "auto"}, 2.0),                              # owen: auto = median; 10 x 3
+    ({"norm_cap": "auto", "valuation": "none", "max_norm_ratio": 0.0}, None),
+    (OFF, None),
+    ({"strategy": "fltrust"}, None),                          # rescaled to the server's norm
+    ({"strategy": "fedavg"}, None),                           # FedOwen's bounds do not apply
+])
+def test_bound_in_force(settings: dict[str, Any], bound: float | None) -> None:
+    cfg = RunConfig(**settings)
+    out = bound_in_force(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0)
+    assert out == (None if bound is None else pytest.approx(bound))
+
+
+def test_new_kinds_and_keys_are_validated() -> None:
+    assert {"sign-flip", *SERVER_SIDE_KINDS} <= set(ADVERSARY_KINDS)
+    cfg = parse_run_config({"adversary-kind": "alie", "adversary-alie-z": 1,
+                            "adversary-ipm-epsilon": 0.1})
+    assert cfg.adversary_alie_z == 1.0 and cfg.adversary_ipm_epsilon == 0.1
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({"adversary-kind": "ipn", "adversary-alie-z": -1.0,
+                          "adversary-ipm-epsilon": 0.0})
+    text = str(err.value)
+    assert "adversary-alie-z=-1.0 must be" in text and "(did you mean 'ipm'?)" in text
+    assert "adversary-ipm-epsilon=0.0 must be a finite number > 0" in text
+
+
+# The grid wrapper
+
+N = 5  # partitions; node 1000 + i serves partition i
+GLOBAL: dict[str, np.ndarray] = {"w": np.array([1.0, -2.0, 0.5], dtype=np.float32),
+                                 "n": np.array([7], dtype=np.int64)}
+
+
+def _delta(pid: int) -> np.ndarray:
+    """Partition ``pid``'s honest update: distinct per client, exact in float32."""
+    return np.array([pid + 1, -(pid % 3), 0.25 * pid], dtype=np.float32)
+
+
+def _handler(msg: Message, context: Context) -> Message:
+    """A ClientApp in miniature: names itself; 'trains' by adding its fixed update."""
+    pid = int(context.node_config["partition-id"])
+    content = RecordDict({CLIENT_RECORD_KEY: ConfigRecord({CLIENT_ID_FIELD: str(pid)})})
+    if msg.metadata.message_type == MessageType.TRAIN:
+        glob = {k: a.numpy() for k, a in msg.content.array_records["arrays"].items()}
+        content["arrays"] = state_to_record({"w": glob["w"] + _delta(pid), "n": glob["n"] + pid})
+        content["metrics"] = MetricRecord({"num-examples": 10 * (pid + 1), "train-loss": 0.1})
+    return Message(content=content, reply_to=msg)
+
+
+def _grid(kind: str, fraction: float = 0.4, **settings: Any
+          ) -> tuple[ByzantineGrid, list[dict[str, Any]]]:
+    inner = InProcessGrid(_handler, [{"partition-id": i} for i in range(N)])
+    cfg = RunConfig(adversary_kind=kind, adversary_fraction=fraction, seed=0, **settings)
+    seen: list[dict[str, Any]] = []
+    grid = ByzantineGrid(inner, cfg, N, on_round=lambda r, entry: seen.append(entry))
+    return grid, seen
+
+
+def _send(grid: ByzantineGrid, message_type: str = MessageType.TRAIN,
+          nodes: Sequence[int] = range(N)) -> dict[str, Message]:
+    record = state_to_record({k: v.copy() for k, v in GLOBAL.items()})
+    messages = [grid.create_message(RecordDict({"arrays": record, "config": ConfigRecord(
+        {"server-round": 3})}), message_type, 1000 + i, "3") for i in nodes]
+    return {r.content.config_records[CLIENT_RECORD_KEY][CLIENT_ID_FIELD]: r  # type: ignore[misc]
+            for r in grid.send_and_receive(messages)}
+
+
+def _arrays(reply: Message) -> dict[str, np.ndarray]:
+    return {k: a.numpy() for k, a in reply.content.array_records["arrays"].items()}
+
+
+BAD = sorted(adversary_ids(N, 0.4, 0))
+GOOD = sorted(set(range(N)) - set(BAD))
+
+
+def test_grid_replaces_only_the_adversaries_train_replies() -> None:
+    # Prepare: 2 of 5 adversaries (IPM, epsilon 0.5)
+    grid, seen = _grid("ipm")
+    assert len(BAD) == 2
+    # Execute
+    replies = _send(grid)
+    # Assert: honest replies bit-identical to what the clients sent
+    for pid in GOOD:
+        out = _arrays(replies[str(pid)])
+        assert out["w"].tobytes() == (GLOBAL["w"] + _delta(pid)).tobytes()
+        assert out["n"].tolist() == [7 + pid]
+    # every attacker sends global - 0.5 x the honest mean update; its own counter
+    mean = np.mean([_delta(p) for p in GOOD], axis=0, dtype=np.float64)
+    for pid in BAD:
+        out = _arrays(replies[str(pid)])
+        np.testing.assert_allclose(out["w"], GLOBAL["w"] - 0.5 * mean, rtol=1e-6)
+        assert out["w"].dtype == np.float32 and out["n"].tolist() == [7 + pid]
+    # recorded: one entry for round 3, the attackers, epsilon and the norm sent
+    assert seen == grid.log and len(seen) == 1
+    entry = seen[0]
+    assert entry["round"] == 3 and entry["clients"] == [str(p) for p in BAD]
+    assert entry["epsilon"] == 0.5 and entry["statistics_from"] == "honest"
+    assert entry["norms"] == pytest.approx([0.5 * np.linalg.norm(mean)] * 2)
+
+
+def test_grid_alie_with_z_max_of_the_round() -> None:
+    grid, seen = _grid("alie")
+    replies = _send(grid)
+    honest = np.array([_delta(p) for p in GOOD], dtype=np.float64)
+    z = baruch_z(5, 2)  # s = 1, Phi^-1(0.8) = 0.8416
+    assert seen[0]["z"] == pytest.approx(0.841621, abs=1e-6)
+    for pid in BAD:
+        np.testing.assert_allclose(_arrays(replies[str(pid)])["w"],
+                                   GLOBAL["w"] + honest.mean(0) - z * honest.std(0), rtol=1e-6)
+
+
+def test_grid_adaptive_sits_under_the_norm_cap() -> None:
+    # Prepare: FedOwen with norm-cap median only (x1): the bound is the lower median of the
+    # five honest norms
+    grid, seen = _grid("adaptive", max_norm_ratio=0.0, norm_cap="median")
+    norms = sorted(float(np.linalg.norm(_delta(p))) for p in range(N))
+    # Execute
+    replies = _send(grid)
+    # Assert: every attacker's update has norm 0.99 x median, in its own honest direction
+    for pid in BAD:
+        delta = _arrays(replies[str(pid)])["w"].astype(np.float64) - GLOBAL["w"]
+        assert np.linalg.norm(delta) == pytest.approx(0.99 * norms[2], rel=1e-6)
+        cosine = delta @ _delta(pid) / (np.linalg.norm(delta) * np.linalg.norm(_delta(pid)))
+        assert cosine == pytest.approx(1.0)
+    assert seen[0]["bounds"] == pytest.approx([norms[2]] * 2)
+
+
+def test_grid_falls_back_to_the_attackers_own_updates() -> None:
+    # Prepare: a round of the two attackers and one honest client
+    grid, seen = _grid("ipm")
+    # Execute
+    replies = _send(grid, nodes=[*BAD, GOOD[0]])
+    # Assert: with one honest reply the statistics are the attackers' own updates
+    mean = np.mean([_delta(p) for p in BAD], axis=0, dtype=np.float64)
+    assert seen[0]["statistics_from"] == "attackers"
+    np.testing.assert_allclose(_arrays(replies[str(BAD[0])])["w"], GLOBAL["w"] - 0.5 * mean,
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("message_type", [MessageType.QUERY, MessageType.EVALUATE])
+def test_grid_passes_other_messages_through(message_type: str) -> None:
+    grid, seen = _grid("ipm")
+    replies = _send(grid, message_type)
+    assert sorted(replies) == [str(p) for p in range(N)] and seen == []
+    assert all("arrays" not in r.content.array_records for r in replies.values())
+
+
+def test_grid_delegates_to_the_inner_grid() -> None:
+    grid, _ = _grid("alie")
+    assert list(grid.get_node_ids()) == [1000 + i for i in range(N)]
+    assert grid.run is None and grid.sent == []  # an attribute only the inner grid has
+    with pytest.raises(ValueError, match="adversary-kind='noise'"):
+        ByzantineGrid(grid.inner, RunConfig(adversary_kind="noise"), N)
