@@ -7,6 +7,7 @@ hang. :func:`wait_for_nodes` gives up after ``timeout`` seconds and names the fi
 
 from __future__ import annotations
 
+import math
 import time
 from logging import INFO, WARNING
 
@@ -14,10 +15,16 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 
-def wait_for_nodes(grid: Grid, need: int, timeout: float, *, what: str = "",
-                   accept: int | None = None) -> list[int]:
+def enough_nodes(need: int) -> int:
+    """The one node-wait rule: a round asks for ``need`` nodes; after the timeout it goes on
+    with at least half of them (``k`` is then capped to the nodes there are), and fails with
+    fewer (Flower's default simulation has 2 nodes: a forgotten federation config)."""
+    return max(1, math.ceil(need / 2))
+
+
+def wait_for_nodes(grid: Grid, need: int, timeout: float, *, what: str = "") -> list[int]:
     """The connected node ids, sorted, once at least ``need`` are connected, or after
-    ``timeout`` seconds when at least ``accept`` are (with a warning).
+    ``timeout`` seconds when at least :func:`enough_nodes` are (with a warning).
 
     Raises
     ------
@@ -26,11 +33,12 @@ def wait_for_nodes(grid: Grid, need: int, timeout: float, *, what: str = "",
         "num-supernodes=..."`` (simulation), more SuperNodes (deployment) and ``what`` (the
         setting that asked for ``need`` nodes, e.g. ``clients-per-round=10``).
     """
+    accept = enough_nodes(need)
     started = time.monotonic()
     next_log = started
     while len(nodes := sorted(grid.get_node_ids())) < need:
         waited = time.monotonic() - started
-        if waited >= timeout and accept is not None and len(nodes) >= accept:
+        if waited >= timeout and len(nodes) >= accept:
             log(WARNING, "only %d node(s) connected after %.0fs, %d asked for%s: going on "
                 "with %d", len(nodes), waited, need, f" ({what})" if what else "", len(nodes))
             return nodes

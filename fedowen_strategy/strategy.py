@@ -68,6 +68,8 @@ from fedowen_strategy.selection import (
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
 #: ``(global_state, server_round) -> state``: one server training step (``norm-cap = server``).
 ServerStep = Callable[[dict[str, Any], int], dict[str, Any]]
+#: What a Flower ClientApp answers to a message type it registered no function for.
+NO_QUERY_HANDLER = "No query function registered"
 #: Rounds of at most this many updates record their pairwise cosines.
 RECORD_COSINES_UP_TO = 32
 MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
@@ -104,8 +106,9 @@ class FedOwen(FedAvg):
     max_norm_ratio : float
         Reject updates farther from the global model than this multiple of its norm (0: off).
     node_wait_timeout : float
-        Seconds to wait for ``min_available_nodes`` before failing with a message that says
-        how many are connected and how to add nodes.
+        Seconds to wait for k nodes (``clients_per_round``, else ``min_available_nodes``);
+        then a round goes on with at least half of them and fails with fewer, saying how many
+        are connected and how to add nodes (:func:`fedowen_strategy.nodes.enough_nodes`).
     query_timeout : float
         Seconds to wait for new nodes to name themselves (their client ids).
     duplicate_tolerance : float
@@ -172,7 +175,7 @@ class FedOwen(FedAvg):
         selection, _ = resolve_axes(valuation.method, selection, valuation.aggregation)
         super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
                          min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=max(min_available_nodes, clients_per_round or 0),
+                         min_available_nodes=clients_per_round or min_available_nodes,
                          weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
                          configrecord_key=configrecord_key,
                          train_metrics_aggr_fn=train_metrics_aggr_fn,
@@ -209,6 +212,8 @@ class FedOwen(FedAvg):
         self.counts: dict[str, int] = {}
         self.identities = IdentityBook()
         self.refused: set[int] = set()  # nodes that claimed another connected node's id
+        # ClientApps without a query handler (Flower's quickstart): asked once, then never
+        self.queries_unanswered = False
         self.linked: set[str] = set()  # client ids caught returning copies of another's update
         self._connected: list[int] = []
         self.round_offset = 0
@@ -259,17 +264,43 @@ class FedOwen(FedAvg):
             self.norm_cap_multiple, self.link_cosine)
 
     def _identify(self, grid: Grid, nodes: list[int]) -> None:
-        """Ask nodes not heard from yet for their client ids (one ``query`` message each)."""
+        """Ask nodes not heard from yet for their client ids (one ``query`` message each).
+
+        While nobody has been named, one node is asked first: a ClientApp without a query
+        handler (Flower's quickstart registers only train and evaluate) answers with an error,
+        which is logged once, and no node is asked again. Client ids then come from the train
+        replies where a ClientApp sends one, else nodes are labelled by node id.
+        """
         unknown = [node for node in nodes if node not in self.client_of_node]
-        if not unknown:
+        if not unknown or self.queries_unanswered:
             return
         record = RecordDict({self.configrecord_key: ConfigRecord({"identify": 1})})
+        if not self.client_of_node:  # probe one node before asking everyone
+            first = self._query(grid, record, unknown[:1], nodes)
+            if self.queries_unanswered:
+                return
+            named = first + self._query(grid, record, unknown[1:], nodes)
+        else:
+            named = self._query(grid, record, unknown, nodes)
+        log(INFO, "Identified %d of %d new nodes by client id", named, len(unknown))
+
+    def _query(self, grid: Grid, record: RecordDict, targets: list[int],
+               nodes: list[int]) -> int:
+        """Send the identity query to ``targets``; how many named themselves."""
+        if not targets:
+            return 0
         replies = grid.send_and_receive(
-            self._construct_messages(record, unknown, MessageType.QUERY),
+            self._construct_messages(record, targets, MessageType.QUERY),
             timeout=self.query_timeout)
         named = 0
         for reply in replies:
             if reply.has_error():
+                reason = (reply.error.reason or "").strip()
+                if NO_QUERY_HANDLER in reason and not self.queries_unanswered:
+                    self.queries_unanswered = True
+                    log(INFO, "The ClientApp answers no query (%s): clients are labelled by "
+                        "the client id their train replies carry, else by node id; no node is "
+                        "asked again", reason.splitlines()[-1][:120])
                 continue
             node = reply.metadata.src_node_id
             refused = self.identities.claim(node, client_id_of(reply), nodes)
@@ -278,7 +309,7 @@ class FedOwen(FedAvg):
                 self.refused.add(node)
             else:
                 named += 1
-        log(INFO, "Identified %d of %d new nodes by client id", named, len(unknown))
+        return named
 
     def _keys(self, nodes: list[int]) -> tuple[list[int], list[str]]:
         """Selectable nodes and their client ids, ordered by client id (numbers numerically);

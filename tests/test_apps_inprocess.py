@@ -143,3 +143,14 @@ def test_federated_evaluation_reaches_the_clientapp(shared_data_dir: Path,
     assert sorted(grid.sent[-1]) == [1000, 1001, 1002, 1003]
     metrics = result.evaluate_metrics_clientapp[1]
     assert 0.0 <= metrics["eval-accuracy"] <= 1.0 and metrics["eval-loss"] > 0.0
+
+
+def test_one_client_per_round_runs_on_one_node(shared_data_dir: Path, tmp_path: Path) -> None:
+    # A one-device federation: k = 1 and one node (the node-wait rule once, in
+    # fedowen_strategy.nodes: k nodes, or half of them after the timeout)
+    run_config = small_run_config(shared_data_dir, tmp_path, **{
+        "clients-per-round": 1, "num-server-rounds": 2, "node-wait-timeout": 1.0})
+    grid = InProcessGrid(client_app, [{"partition-id": 0, "num-partitions": 1}], run_config)
+    run(grid, parse_run_config(run_config), tmp_path)
+    rounds = read_rounds(tmp_path)
+    assert [r["returned"] for r in rounds[1:]] == [["0"], ["0"]]

@@ -24,7 +24,6 @@ from fedowen_strategy.strategy import FedOwen
 from fedowen_task.data import load_dataset, to_tensor
 from fedowen_task.models import build_model, state_to_numpy
 from fedowen_task.training import train
-from server_app.config import RunConfig
 from sim.inline_grid import InProcessGrid
 
 TARGET = np.array([1.0, -2.0, 0.5, 3.0])

@@ -131,3 +131,33 @@ def test_a_federation_of_copies_keeps_its_model_and_says_why(
     assert [r["selected"] for r in rounds[2:]] == [[], []]
     assert rounds[3]["distance"] == pytest.approx(rounds[1]["distance"])
     assert "none of the 6 connected nodes may be selected" in caplog.text
+
+
+def test_a_clientapp_without_a_query_handler_is_asked_once() -> None:
+    # Prepare: Flower's quickstart ClientApp registers train and evaluate only; its
+    # runtime answers a query with "No query function registered"
+    from fedowen_strategy.strategy import FedOwen
+    from sim.inline_grid import InProcessGrid
+
+    queries: list[int] = []
+
+    def quickstart(msg: Message, ctx: Context) -> Message:
+        if msg.metadata.message_type == "query":
+            queries.append(int(ctx.node_config["partition-id"]))
+            raise ValueError("No query function registered with name 'default'")
+        w = record_to_state(msg.content["arrays"])["w"]
+        new = {"w": (w + 0.5 * (TARGET - w)).astype(np.float32)}
+        return Message(RecordDict({"arrays": state_to_record(new), "metrics": MetricRecord(
+            {"num-examples": 10, "train-loss": 1.0})}), reply_to=msg)
+
+    rounds: list[dict[str, Any]] = []
+    strategy = FedOwen(clients_per_round=4, valuation=ValuationSettings(method="none"),
+                       seed=0, on_round=lambda r, rec, rows: rounds.append(rec))
+    # Execute: 8 nodes, 5 rounds
+    strategy.start(grid=InProcessGrid(quickstart, [{"partition-id": i} for i in range(8)]),
+                   initial_arrays=state_to_record({"w": np.zeros(4, np.float32)}),
+                   num_rounds=5)
+    # Assert: one query in the whole run, every round trained 4 nodes labelled by node id
+    assert len(queries) == 1 and strategy.queries_unanswered
+    assert [len(r["returned"]) for r in rounds] == [4] * 5
+    assert all(c.startswith("node:") for r in rounds for c in r["returned"])
