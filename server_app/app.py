@@ -283,8 +283,11 @@ def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tens
         log.info("round %d/%d: test accuracy %.4f, loss %.4f (%s)", server_round,
                  cfg.num_server_rounds, acc, loss, out_dir)
         last_end[0] = time.perf_counter()
-        return MetricRecord({"test-accuracy": acc, "test-loss": loss,
-                             "valuation-seconds": float(line.get("valuation_seconds") or 0.0)})
+        metrics: dict[str, int | float | list[int] | list[float]] = {"test-accuracy": acc,
+                                                                   "test-loss": loss}
+        if line.get("valuation_seconds") is not None:  # only strategies that value clients
+            metrics["valuation-seconds"] = float(line["valuation_seconds"])
+        return MetricRecord(metrics)
 
     return evaluate_fn
 
@@ -299,8 +302,15 @@ def main(grid: Grid, context: Context) -> None:
         log.error("%s", err)
         raise
     out_dir = cfg.resolved_output_dir(context.run_id)
-    log.info("FedOwen run %s (strategy %s): results go to %s", context.run_id, cfg.strategy,
-             out_dir)
+    name = strategy_label(cfg)
+    log.info("%s run %s: results go to %s", name, context.run_id, out_dir)
     summary = run(grid, cfg, out_dir)
-    log.info("FedOwen run finished: final test accuracy %s; results in %s",
+    log.info("%s run finished: final test accuracy %s; results in %s", name,
              summary["final_test_accuracy"], out_dir)
+
+
+def strategy_label(cfg: RunConfig) -> str:
+    """What a run is called in its log: ``FedOwen (valuation=owen)`` or the strategy's name."""
+    if cfg.strategy == "fedowen":
+        return f"FedOwen (valuation={cfg.valuation})"
+    return f"strategy={cfg.strategy}"

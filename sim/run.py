@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedowen_strategy.contribution import METHODS
 from fedowen_task.config import parse_scalar
 from server_app.config import parse_run_config
+from server_app.strategies import NAMES as STRATEGY_NAMES
 from sim.launcher import APP_DIR, LocalSuperLink, flwr_run
 from sim.procs import exit_on_signals
 
@@ -28,15 +30,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--supernodes", type=int, default=100, help="virtual clients (paper: 100)")
     p.add_argument("--clients-per-round", type=int, default=10, help="k (paper: 10)")
     p.add_argument("--dataset", default="mnist")
-    p.add_argument("--valuation", default="owen", help="owen, owen-paper, mc-shapley, "
-                   "gtg-shapley, banzhaf, weighted-shap, shapfed-wa, exact, loo or none")
+    p.add_argument("--valuation", default="owen", metavar="METHOD",
+                   help=f"FedOwen's valuation method: {', '.join(METHODS)}")
+    p.add_argument("--strategy", default="fedowen", metavar="NAME",
+                   help=f"{', '.join(STRATEGY_NAMES)} or module:Class (a Flower strategy)")
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--output-dir", type=Path, default=None,
                    help="default: outputs/<time>-<dataset>-<valuation> in the repo")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other run-config key of pyproject.toml, repeatable")
     p.add_argument("--cpus-per-client", type=float, default=1.0)
-    p.add_argument("--flwr-home", type=Path, default=APP_DIR / ".flwr-home")
+    # not the README's FLWR_HOME (.flwr-home): the launcher writes its own SuperLink into its
+    # home's config.toml, which would point a later `flwr run .` at a SuperLink that is gone
+    p.add_argument("--flwr-home", type=Path, default=APP_DIR / ".flwr-launcher",
+                   help="FLWR_HOME of this script's own SuperLink (default .flwr-launcher; "
+                        "the README's `flwr run` uses .flwr-home)")
     return p.parse_args(argv)
 
 
@@ -45,10 +53,11 @@ def build_run_config(args: argparse.Namespace) -> dict[str, Any]:
     from fedowen_task.data import resolve_data_dir  # imports torch: only when a run starts
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = args.output_dir or APP_DIR / "outputs" / f"{stamp}-{args.dataset}-{args.valuation}"
+    method = args.valuation if args.strategy == "fedowen" else args.strategy.replace(":", "-")
+    out = args.output_dir or APP_DIR / "outputs" / f"{stamp}-{args.dataset}-{method}"
     cfg: dict[str, Any] = {
         "num-server-rounds": args.rounds, "clients-per-round": args.clients_per_round,
-        "dataset": args.dataset, "valuation": args.valuation,
+        "dataset": args.dataset, "valuation": args.valuation, "strategy": args.strategy,
         "data-dir": str(resolve_data_dir(args.data_dir)),
         "output-dir": str(Path(out).resolve()),
     }
@@ -78,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = results_dir(cfg)
     print(f"[fedowen] {args.supernodes} virtual clients, {cfg['clients-per-round']} per round, "
-          f"{cfg['num-server-rounds']} rounds, valuation={cfg['valuation']}; "
+          f"{cfg['num-server-rounds']} rounds, "
+          f"{'valuation=' + cfg['valuation'] if args.strategy == 'fedowen' else cfg['strategy']}; "
           f"data {cfg['data-dir']}; results in {out}", flush=True)
     # SIGTERM/SIGINT end the run through the `with`: SuperLink, SuperExec, flwr-simulation and
     # Ray are stopped (sim.procs), not left running.
