@@ -222,6 +222,7 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     summary = _summary(cfg, out_dir, done, time.perf_counter() - started)
     recorder.write_json("summary.json", summary)
     _write_payouts(out_dir)
+    _draw(out_dir)
     return summary
 
 
@@ -248,8 +249,21 @@ def _write_payouts(out_dir: Path) -> None:
     except ValueError:
         return
     write_payouts(rows, out_dir / PAYOUTS_FILE)
-    log.info("payout ledger of %d clients in %s (plot: python -m sim.ledger %s)", len(rows),
-             out_dir / PAYOUTS_FILE, out_dir)
+    log.info("payout ledger of %d clients in %s", len(rows), out_dir / PAYOUTS_FILE)
+
+
+def _draw(out_dir: Path) -> None:
+    """``plots/`` of the run (server_app.run_plots); a failure to draw costs nothing else."""
+    from server_app.run_plots import draw_run  # matplotlib only once the rounds are done
+
+    try:
+        files = draw_run(out_dir)
+    except Exception as err:  # a plot must never fail a finished run
+        log.warning("plots not drawn (%s: %s); redraw with python -m server_app.run_plots %s",
+                    type(err).__name__, err, out_dir)
+        return
+    log.info("plots: %s (redraw: python -m server_app.run_plots %s)",
+             ", ".join(str(f) for f in files), out_dir)
 
 
 def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tensor, ...],

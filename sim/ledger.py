@@ -15,14 +15,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import numpy as np
-
-from fedowen_strategy.payouts import PAYOUTS_FILE, Payout, run_payouts, write_payouts
+from fedowen_strategy.payouts import PAYOUTS_FILE, run_payouts, write_payouts
 from fedowen_task.partition import adversary_ids
+from server_app.run_plots import plot_payouts
 
 PNG_FILE = "payouts.png"
 
@@ -33,38 +28,6 @@ def adversaries_from_config(run_dir: Path, num_partitions: int) -> list[str]:
     fraction = float(cfg.get("adversary_fraction", 0.0))
     return [str(i) for i in sorted(adversary_ids(num_partitions, fraction,
                                                  int(cfg.get("seed", 0))))]
-
-
-def plot_payouts(rows: Sequence[Payout], path: Path, title: str = "") -> Path:
-    """Total phi per client by rank with its 95% CI whiskers; adversaries in red; what a
-    forfeited client is paid as a black cross."""
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(rows) + 3), 4.2))
-    x = np.arange(len(rows))
-    total = np.array([r.total_phi for r in rows])
-    lo = np.array([r.total_ci_low for r in rows])
-    hi = np.array([r.total_ci_high for r in rows])
-    err = np.nan_to_num(np.vstack([total - lo, hi - total]), nan=0.0)
-    for flag, color, label in ((False, "tab:blue", "honest"), (True, "tab:red", "adversary"),
-                               (None, "tab:gray", "client")):
-        pick = np.array([r.adversary is flag for r in rows], dtype=bool)
-        if pick.any():
-            ax.errorbar(x[pick], total[pick], yerr=err[:, pick], fmt="o", ms=3, capsize=2,
-                        color=color, label=label, lw=0.8)
-    lost = np.array([r.forfeited for r in rows], dtype=bool)
-    if lost.any():  # paid on min(total, 0): caught returning copies
-        ax.scatter(x[lost], [r.paid_phi for r, f in zip(rows, lost, strict=True) if f],
-                   marker="x", color="black", s=18, lw=0.8, label="paid (forfeited: copies)")
-    ax.axhline(0.0, color="black", lw=0.6)
-    ax.set(xlabel="clients, by paid phi (rank)", ylabel="total phi over the run (95% CI)",
-           title=title or "payout ledger")
-    if len(rows) <= 40:
-        ax.set_xticks(x, [r.client_id for r in rows], rotation=90, fontsize=7)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -54,6 +54,9 @@ def test_server_and_clients_in_process(valuation: str, shared_data_dir: Path,
     assert all(r["round_seconds"] > 0 for r in rounds[1:])
     # the payout ledger is written for runs that value clients (valuation none values nobody)
     assert (tmp_path / "payouts.csv").is_file() == (valuation != "none")
+    # and the run's plots: accuracy and loss always, the ledger where there is one
+    assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "payouts.png").is_file() == (valuation != "none")
     if valuation != "none":
         assert all(0 < r["n_evals"] <= 4 * 4 for r in rounds[1:])
         assert all(r["nu_full"] is not None for r in rounds[1:])
@@ -154,3 +157,18 @@ def test_one_client_per_round_runs_on_one_node(shared_data_dir: Path, tmp_path: 
     run(grid, parse_run_config(run_config), tmp_path)
     rounds = read_rounds(tmp_path)
     assert [r["returned"] for r in rounds[1:]] == [["0"], ["0"]]
+
+
+def test_run_plots_redraws_a_run_and_refuses_an_empty_dir(shared_data_dir: Path,
+                                                          tmp_path: Path) -> None:
+    from server_app.run_plots import main as plots_main
+
+    out = tmp_path / "run"
+    run_config = small_run_config(shared_data_dir, out, **{"num-server-rounds": 1})
+    grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": 6}
+                                      for i in range(6)], run_config)
+    run(grid, parse_run_config(run_config), out)
+    (out / "plots" / "payouts.png").unlink()
+    assert plots_main([str(out)]) == 0 and (out / "plots" / "payouts.png").is_file()
+    (tmp_path / "empty").mkdir()
+    assert plots_main([str(tmp_path / "empty")]) == 2
