@@ -66,6 +66,21 @@ def route_library_logs() -> None:
         lib.propagate = False
 
 
+class RoundBanner(logging.Filter):
+    """Numbers Flower's ``[ROUND r/R]`` banner globally after a resume: ``strategy.start``
+    counts the rounds of this invocation only (round 35 of 100 after 34 read ``1/66``)."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__()
+        self.offset = offset
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.offset and record.msg == "[ROUND %s/%s]" and isinstance(record.args, tuple):
+            record.args = tuple(a + self.offset if isinstance(a, int) else a
+                                for a in record.args)
+        return True
+
+
 def server_sets(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
     """(x_eval, y_eval, x_test, y_test): the valuation set and the reported-accuracy set."""
     eval_idx, _ = server_eval_split(ds.y_train, cfg.eval_fraction, cfg.seed)
@@ -214,9 +229,14 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
         grid = ByzantineGrid(grid, cfg, len(nodes), on_round=lambda server_round, entry:
                              recorder.log_train(server_round, {"attack": entry}, []))
     started = time.perf_counter()
-    strategy.start(grid=grid, initial_arrays=latest["arrays"],
-                   num_rounds=cfg.num_server_rounds - done, timeout=cfg.round_timeout,
-                   train_config=ConfigRecord(), evaluate_fn=evaluate_fn)
+    banner = RoundBanner(done)  # after a resume Flower would print "[ROUND 1/66]" for round 35
+    FLOWER_LOGGER.addFilter(banner)
+    try:
+        strategy.start(grid=grid, initial_arrays=latest["arrays"],
+                       num_rounds=cfg.num_server_rounds - done, timeout=cfg.round_timeout,
+                       train_config=ConfigRecord(), evaluate_fn=evaluate_fn)
+    finally:
+        FLOWER_LOGGER.removeFilter(banner)
     # Flower's Result.arrays stays empty when no round aggregated: save what was evaluated.
     torch.save(latest["arrays"].to_torch_state_dict(), out_dir / FINAL_MODEL)
     summary = _summary(cfg, out_dir, done, time.perf_counter() - started)

@@ -11,17 +11,19 @@ downloads only where a machine is online and the files are absent).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from fedowen_strategy.checkpoint import CHECKPOINT_FILE
 from fedowen_strategy.contribution import METHODS
 from fedowen_task.config import parse_scalar
 from server_app.config import parse_run_config
 from server_app.strategies import NAMES as STRATEGY_NAMES
 from sim.launcher import APP_DIR, LocalSuperLink, flwr_run
-from sim.procs import exit_on_signals
+from sim.procs import Terminated, exit_on_signals
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,6 +79,27 @@ def results_dir(cfg: dict[str, Any]) -> str:
     return str(cfg.get("resume-from") or cfg["output-dir"])
 
 
+def resume_hint(argv: list[str], out: str) -> str:
+    """What to say after an interrupt: the exact command that continues the run from its
+    checkpoint (the same arguments, ``resume-from`` = the run's dir), or that no round
+    completed."""
+    if not (Path(out) / CHECKPOINT_FILE).is_file():
+        return f"interrupted before any round completed: nothing to resume in {out}"
+    kept: list[str] = []
+    i = 0
+    while i < len(argv):  # the output dir is where resume-from points: drop both
+        arg = argv[i]
+        if arg == "--output-dir" or (arg == "--set" and i + 1 < len(argv)
+                                     and argv[i + 1].startswith("resume-from=")):
+            i += 2
+            continue
+        if not arg.startswith("--output-dir="):
+            kept.append(arg)
+        i += 1
+    command = ["bash", "scripts/run.sh", *kept, "--set", f"resume-from={out}"]
+    return "interrupted; resume with: " + " ".join(shlex.quote(a) for a in command)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = build_run_config(args)
@@ -91,10 +114,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{'valuation=' + cfg['valuation'] if args.strategy == 'fedowen' else cfg['strategy']}; "
           f"data {cfg['data-dir']}; results in {out}", flush=True)
     # SIGTERM/SIGINT end the run through the `with`: SuperLink, SuperExec, flwr-simulation and
-    # Ray are stopped (sim.procs), not left running.
-    with exit_on_signals(), LocalSuperLink(args.flwr_home.resolve()) as link:
-        outcome = flwr_run(link, cfg, num_supernodes=args.supernodes,
-                           cpus_per_client=args.cpus_per_client, stream_to=sys.stdout)
+    # Ray are stopped (sim.procs), not left running; the last line says how to go on.
+    try:
+        with exit_on_signals(), LocalSuperLink(args.flwr_home.resolve()) as link:
+            outcome = flwr_run(link, cfg, num_supernodes=args.supernodes,
+                               cpus_per_client=args.cpus_per_client, stream_to=sys.stdout)
+    except Terminated:
+        print(f"[fedowen] {resume_hint(argv if argv is not None else sys.argv[1:], out)}",
+              file=sys.stderr, flush=True)
+        raise
     if not outcome.ok:
         partial = f"; partial results in {out}" if Path(out).is_dir() else ""
         print(f"[fedowen] run {outcome.run_id} did not complete: status {outcome.status}. "

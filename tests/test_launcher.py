@@ -85,3 +85,17 @@ def test_a_completed_run_is_ok_and_an_unsubmitted_one_is_not(
     assert unsubmitted.status == "not-submitted" and unsubmitted.run_id is None
     assert not unsubmitted.ok and "Invalid run configuration" in unsubmitted.output
     assert not (refused / "list-calls").exists()  # no run id: flwr list is never asked
+
+
+def test_resume_hint_repeats_the_arguments_with_resume_from(tmp_path: Path) -> None:
+    from sim.run import resume_hint
+
+    out = tmp_path / "run dir"
+    argv = ["--rounds", "100", "--output-dir", str(out), "--set", "alpha=0.01",
+            "--set", "resume-from=/old"]
+    assert "nothing to resume" in resume_hint(argv, str(out))  # no round completed yet
+    out.mkdir()
+    (out / "checkpoint.npz").write_bytes(b"")
+    hint = resume_hint(argv, str(out))
+    assert hint == ("interrupted; resume with: bash scripts/run.sh --rounds 100 --set "
+                    f"alpha=0.01 --set 'resume-from={out}'")

@@ -67,9 +67,10 @@ def _server(config: dict[str, Any], tmp_path: Path, name: str) -> subprocess.Pop
                             stderr=subprocess.PIPE, start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen[bytes]) -> None:
+def _finish(proc: subprocess.Popen[bytes]) -> str:
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err.decode()[-3000:]
+    return err.decode()
 
 
 @pytest.mark.e2e
@@ -94,8 +95,11 @@ def test_killed_server_resumes_to_the_same_rounds(shared_data_dir: Path, tmp_pat
     killed_after = load_checkpoint(crash_out).server_round
     assert killed_after < 5 and not (crash_out / "summary.json").exists(), "killed too late"
     resume = _config(shared_data_dir, tmp_path / "unused") | {"resume-from": str(crash_out)}
-    _finish(_server(resume, tmp_path, "resume"))
-    # Assert: the resumed run's rounds equal the reference's, record for record
+    log = _finish(_server(resume, tmp_path, "resume"))
+    # Assert: the banner numbers rounds as the run does ("ROUND 3/5", not "ROUND 1/3")
+    assert f"[ROUND {killed_after + 1}/5]" in log and "[ROUND 5/5]" in log, log[-3000:]
+    assert "[ROUND 1/" not in log
+    # the resumed run's rounds equal the reference's, record for record
     ref, resumed = read_rounds(ref_out), read_rounds(crash_out)
     assert [r["round"] for r in resumed] == [0, 1, 2, 3, 4, 5]
     for a, b in zip(ref[1:], resumed[1:], strict=True):

@@ -86,12 +86,17 @@ def test_sigterm_to_run_sh_stops_superlink_superexec_simulation_and_ray(
                    "--set", "test-max-samples=100"], log)
     tree: dict[int, str] = {}
     try:
-        # Execute: once Ray's actors exist, SIGTERM the command
-        tree.update(_wait_for(proc, lambda t: any("ray::" in c for c in t.values()), 180, log))
+        # Execute: once Ray's actors exist and a round is checkpointed, SIGTERM the command
+        out = tmp_path / "out"
+        tree.update(_wait_for(proc, lambda t: any("ray::" in c for c in t.values()) and (
+            out / "checkpoint.npz").is_file(), 180, log))
         assert any("flwr-simulation" in c for c in tree.values())
         assert any("flower-superlink" in c for c in tree.values())
-        # Assert
+        # Assert: everything stopped, and the last line is the command that resumes
         _terminate_and_check(proc, tree, log)
+        last = log.read_text().strip().splitlines()[-1]
+        assert "resume with: bash scripts/run.sh --rounds 50" in last, last
+        assert last.endswith(f"--set resume-from={out}") and "--output-dir" not in last
     finally:
         _cleanup(proc, tree)
 
