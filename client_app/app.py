@@ -78,7 +78,7 @@ def _partition(cfg: TaskConfig, context: Context
                          "--node-config 'partition-id=0 num-partitions=N'") from err
     if not 0 <= pid < num:
         raise ValueError(f"partition-id={pid} must lie in [0, num-partitions={num})")
-    ds = load_dataset(cfg.dataset, _data_dir(cfg, context))
+    ds = load_dataset(cfg.dataset, _data_dir(cfg, context), download=cfg.download)
     split = federated_split(ds, num_clients=num, alpha=cfg.alpha,
                             imbalance_factor=cfg.imbalance_factor, seed=cfg.seed,
                             scheme=cfg.partition_scheme, min_size=cfg.min_partition_size,
@@ -98,7 +98,7 @@ def _partition(cfg: TaskConfig, context: Context
 
 
 def _model(cfg: TaskConfig, msg: Message, context: Context) -> torch.nn.Module:
-    ds = load_dataset(cfg.dataset, _data_dir(cfg, context))
+    ds = load_dataset(cfg.dataset, _data_dir(cfg, context), download=cfg.download)
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     return model

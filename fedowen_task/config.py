@@ -26,7 +26,7 @@ ADVERSARY_KINDS = ("label-flip", "noise", "free-rider", "sybil", "disguised-free
 #: Kinds whose clients train and reply honestly: the ServerApp replaces their replies with the
 #: attack at the message boundary, from the round's honest updates (server_app.byzantine).
 SERVER_SIDE_KINDS = ("alie", "ipm", "adaptive")
-_TYPES = {"int": int, "float": float, "str": str}
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 class ConfigError(ValueError):
@@ -59,6 +59,7 @@ class TaskConfig:
     dataset: str = "mnist"
     model: str = "auto"
     data_dir: str = ""
+    download: bool = False
     alpha: float = 0.1
     imbalance_factor: float = 0.01
     partition_scheme: str = "per-class"
@@ -133,6 +134,9 @@ def _typed(key: str, value: Any, type_name: str) -> tuple[Any, str | None]:
     expected = _TYPES[type_name]
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if expected is bool:
+        return (value, None) if isinstance(value, bool) else (
+            None, f"{key}={value!r} should be true or false")
     if isinstance(value, bool) or not isinstance(value, expected):
         return None, f"{key}={value!r} should be {expected.__name__}"
     return value, None

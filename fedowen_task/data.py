@@ -164,11 +164,7 @@ def _load_cached(name: str, data_dir: str, download: bool) -> DatasetArrays:
         cached = _read_cache(target, fingerprint)
         if cached is not None:
             return _to_arrays(name, cached)
-    elif not download:
-        cached = _read_cache(target, None)
-        if cached is not None:
-            log.info("%s: source files not in %s, using the cache %s", name, root, target)
-            return _to_arrays(name, cached)
+    elif not download:  # never a silent fallback to an older decoded copy elsewhere
         raise DatasetNotFoundError(
             f"Dataset {name!r} not found: searched {root} for {reader.expected(name)}. "
             f"{HOW_TO_GET}"

@@ -21,9 +21,10 @@ CIFAR10_CLASSES = (
 )  # fmt: skip
 
 HOW_TO_GET = (
-    "Point the environment variable FEDOWEN_DATA (or the run-config key data-dir) at a folder "
-    "holding a copy of the data (offline copies live in <project>/../shared/data), or pass "
-    "download=True on a machine with internet access."
+    "Set the run-config key data-dir (or the environment variable FEDOWEN_DATA) to a folder "
+    "holding a copy of the data (offline copies live in <project>/../shared/data), or set "
+    "download = true (scripts/run.sh --set download=true; flwr run --run-config "
+    "\"download=true\") on a machine with internet access."
 )
 
 

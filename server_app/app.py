@@ -210,7 +210,7 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     log.info("torch threads in the ServerApp: %d (run config torch-threads=%d; 0 = torch's "
              "default)", torch.get_num_threads(), cfg.torch_threads)
     recorder = RunRecorder(out_dir)
-    ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None))
+    ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None), download=cfg.download)
     sets = server_sets(cfg, ds)
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes, seed=cfg.seed)
     strategy = make_strategy(cfg, len(nodes), model, sets, recorder)

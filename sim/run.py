@@ -4,8 +4,9 @@
 
 Defaults are the paper's: MNIST, 100 virtual clients, 10 per round, 100 rounds. The data dir
 is ``--data-dir``, else ``$FEDOWEN_DATA``, else ``../shared/data`` beside the repo when it
-exists, else ``~/.cache/fedowen/data`` (pass ``--set download=...`` is not needed: torchvision
-downloads only where a machine is online and the files are absent).
+exists, else ``~/.cache/fedowen/data``; the run config and the data are checked before any
+SuperLink starts (a missing dataset fails in seconds naming the path it searched;
+``--set download=true`` fetches it on a machine with internet access).
 """
 
 from __future__ import annotations
@@ -101,12 +102,18 @@ def resume_hint(argv: list[str], out: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fedowen_task.data import DatasetNotFoundError, load_dataset  # torch: only to run
+
     args = parse_args(argv)
     cfg = build_run_config(args)
-    try:  # before any SuperLink starts: every problem at once
-        parse_run_config(cfg)
+    try:  # before any SuperLink starts: every problem at once, then the data
+        run_config = parse_run_config(cfg)
+        load_dataset(run_config.dataset, run_config.data_dir, download=run_config.download)
     except ValueError as err:
         print(f"[fedowen] {err}", file=sys.stderr)
+        return 2
+    except DatasetNotFoundError as err:
+        print(f"[fedowen] data-dir={run_config.data_dir}: {err}", file=sys.stderr)
         return 2
     out = results_dir(cfg)
     print(f"[fedowen] {args.supernodes} virtual clients, {cfg['clients-per-round']} per round, "

@@ -108,10 +108,24 @@ def test_missing_data_gives_one_clear_error(
             load_dataset(name, empty)
         message = str(info.value)
         assert name in message and str(empty) in message
-        assert "FEDOWEN_DATA" in message and "download=True" in message
+        assert "FEDOWEN_DATA" in message and "download = true" in message
         assert isinstance(info.value, FileNotFoundError)
     with pytest.raises(DatasetNotFoundError, match="LEAF"):
         load_dataset("femnist", empty, download=True)  # nothing to download from
+
+
+def test_a_decoded_copy_in_the_cache_never_stands_in_for_a_missing_data_dir(
+    shared_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: MNIST decoded once into the cache from the real data dir
+    monkeypatch.setenv("FEDOWEN_CACHE", str(tmp_path / "cache"))
+    data._load_cached.cache_clear()
+    load_dataset("mnist", shared_data_dir)
+    # Execute / Assert: another (empty) data dir is an error naming it, not the cached copy
+    data._load_cached.cache_clear()
+    with pytest.raises(DatasetNotFoundError, match=str(tmp_path / "nowhere")):
+        load_dataset("mnist", tmp_path / "nowhere")
+    data._load_cached.cache_clear()
 
 
 def test_unknown_names_list_the_valid_ones() -> None:

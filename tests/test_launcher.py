@@ -99,3 +99,25 @@ def test_resume_hint_repeats_the_arguments_with_resume_from(tmp_path: Path) -> N
     hint = resume_hint(argv, str(out))
     assert hint == ("interrupted; resume with: bash scripts/run.sh --rounds 100 --set "
                     f"alpha=0.01 --set 'resume-from={out}'")
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--data-dir", "/nonexistent/data"],
+     "data-dir=/nonexistent/data: Dataset 'mnist' not found: searched /nonexistent/data"),
+    (["--set", "alpah=0.5"], "unknown key 'alpah' (did you mean 'alpha'?)"),
+])
+def test_run_sh_fails_before_any_superlink_naming_the_problem(
+        args: list[str], said: str, shared_data_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.run import main
+
+    argv = ["--rounds", "1", "--output-dir", str(tmp_path / "out"),
+            "--flwr-home", str(tmp_path / "home"), *args]
+    if "--data-dir" not in args:
+        argv += ["--data-dir", str(shared_data_dir)]
+    # Execute
+    code = main(argv)
+    # Assert: exit 2, the reason in the last line, and no SuperLink ever started
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and said in last, last
+    assert not (tmp_path / "home").exists()
