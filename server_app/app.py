@@ -34,7 +34,13 @@ from fedowen_strategy.checkpoint import (
 )
 from fedowen_strategy.contribution import UtilityFactory, ValuationSettings
 from fedowen_strategy.nodes import wait_for_nodes
-from fedowen_strategy.payouts import ADVERSARIES_FILE, PAYOUTS_FILE, run_payouts, write_payouts
+from fedowen_strategy.payouts import (
+    ADVERSARIES_FILE,
+    PAYOUTS_FILE,
+    Payout,
+    run_payouts,
+    write_payouts,
+)
 from fedowen_strategy.records import RunRecorder, read_rounds
 from fedowen_strategy.replies import record_to_state
 from fedowen_strategy.strategy import FedOwen, ServerStep
@@ -48,6 +54,7 @@ from fedowen_task.training import evaluate
 from server_app.byzantine import ByzantineGrid
 from server_app.config import RunConfig, parse_run_config
 from server_app.peers import peer_arguments, root_trainer
+from server_app.progress import PROGRESS, Progress, Unactionable, quiet, summary_lines
 from server_app.strategies import build_flower_strategy
 
 log = logging.getLogger(__name__)
@@ -56,7 +63,10 @@ FINAL_MODEL = "final_model.pt"
 
 
 def route_library_logs() -> None:
-    """Send the library's INFO logs through Flower's handlers (shown by ``--stream``)."""
+    """Send the library's INFO logs through Flower's handlers (shown by ``--stream``); drop
+    Flower's warnings about what the app sets on purpose (:class:`Unactionable`)."""
+    if not any(isinstance(f, Unactionable) for f in FLOWER_LOGGER.filters):
+        FLOWER_LOGGER.addFilter(Unactionable())
     for name in ("fedowen_strategy", "fedowen_task", "server_app"):
         lib = logging.getLogger(name)
         lib.setLevel(logging.INFO)
@@ -207,8 +217,8 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     cfg = replace(cfg, clients_per_round=min(cfg.clients_per_round, len(nodes)))
     if cfg.torch_threads:  # torch's default (all cores) was 4-6x slower on a shared 2-core box
         torch.set_num_threads(cfg.torch_threads)
-    log.info("torch threads in the ServerApp: %d (run config torch-threads=%d; 0 = torch's "
-             "default)", torch.get_num_threads(), cfg.torch_threads)
+    log.debug("torch threads in the ServerApp: %d (run config torch-threads=%d; 0 = torch's "
+              "default)", torch.get_num_threads(), cfg.torch_threads)
     recorder = RunRecorder(out_dir)
     ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None), download=cfg.download)
     sets = server_sets(cfg, ds)
@@ -232,17 +242,21 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     banner = RoundBanner(done)  # after a resume Flower would print "[ROUND 1/66]" for round 35
     FLOWER_LOGGER.addFilter(banner)
     try:
-        strategy.start(grid=grid, initial_arrays=latest["arrays"],
-                       num_rounds=cfg.num_server_rounds - done, timeout=cfg.round_timeout,
-                       train_config=ConfigRecord(), evaluate_fn=evaluate_fn)
+        with quiet(cfg.verbose):  # one line per round (server_app.progress); verbose: all
+            strategy.start(grid=grid, initial_arrays=latest["arrays"],
+                           num_rounds=cfg.num_server_rounds - done, timeout=cfg.round_timeout,
+                           train_config=ConfigRecord(), evaluate_fn=evaluate_fn)
     finally:
         FLOWER_LOGGER.removeFilter(banner)
     # Flower's Result.arrays stays empty when no round aggregated: save what was evaluated.
     torch.save(latest["arrays"].to_torch_state_dict(), out_dir / FINAL_MODEL)
     summary = _summary(cfg, out_dir, done, time.perf_counter() - started)
     recorder.write_json("summary.json", summary)
-    _write_payouts(out_dir)
+    payouts = _write_payouts(out_dir)
     _draw(out_dir)
+    for line in summary_lines(strategy_label(cfg), summary, read_rounds(out_dir), out_dir,
+                              payouts):
+        log.info("%s", line)
     return summary
 
 
@@ -262,14 +276,14 @@ def _record_adversaries(cfg: RunConfig, num_nodes: int, recorder: RunRecorder) -
         "server_side": cfg.adversary_kind in SERVER_SIDE_KINDS})
 
 
-def _write_payouts(out_dir: Path) -> None:
+def _write_payouts(out_dir: Path) -> list[Payout]:
     """The payout ledger (``payouts.csv``) of a run that valued clients; others have none."""
     try:
         rows = run_payouts(out_dir)
     except ValueError:
-        return
+        return []
     write_payouts(rows, out_dir / PAYOUTS_FILE)
-    log.info("payout ledger of %d clients in %s", len(rows), out_dir / PAYOUTS_FILE)
+    return rows
 
 
 def _draw(out_dir: Path) -> None:
@@ -295,6 +309,7 @@ def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tens
     aggregated)."""
     eval_model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
     device, started = resolve_device(cfg.torch_device()), time.perf_counter()
+    progress = Progress(cfg.num_server_rounds, done)
     state_of = strategy.state_dict if isinstance(strategy, FedOwen) else dict
     last_end = [started]  # when the previous evaluation finished
 
@@ -314,8 +329,7 @@ def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tens
         if server_round > 0:
             save_checkpoint(out_dir / CHECKPOINT_FILE, server_round, record_to_state(arrays),
                             state_of(), cfg.federation_config())
-        log.info("round %d/%d: test accuracy %.4f, loss %.4f (%s)", server_round,
-                 cfg.num_server_rounds, acc, loss, out_dir)
+        log.info("%s", progress.line(server_round, line), extra=PROGRESS)
         last_end[0] = time.perf_counter()
         metrics: dict[str, int | float | list[int] | list[float]] = {"test-accuracy": acc,
                                                                    "test-loss": loss}
@@ -338,9 +352,7 @@ def main(grid: Grid, context: Context) -> None:
     out_dir = cfg.resolved_output_dir(context.run_id)
     name = strategy_label(cfg)
     log.info("%s run %s: results go to %s", name, context.run_id, out_dir)
-    summary = run(grid, cfg, out_dir)
-    log.info("%s run finished: final test accuracy %s; results in %s", name,
-             summary["final_test_accuracy"], out_dir)
+    run(grid, cfg, out_dir)
 
 
 def strategy_label(cfg: RunConfig) -> str:

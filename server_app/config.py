@@ -34,7 +34,8 @@ from fedowen_task.config import ConfigError, TaskConfig, one_of, parse_config, p
 
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
-                              "device", "round-timeout", "node-wait-timeout", "torch-threads"})
+                              "device", "round-timeout", "node-wait-timeout", "torch-threads",
+                              "download", "verbose"})
 
 
 def parse_params(text: str, key: str) -> dict[str, Any]:
@@ -81,6 +82,7 @@ class RunConfig(TaskConfig):
     norm_cap_multiple: float = 1.0
     link_cosine: float = 0.0
     round_timeout: float = 600.0
+    verbose: bool = False
     node_wait_timeout: float = 15.0
     duplicate_tolerance: float = 1e-6
     uniform_mix: float = 0.0

@@ -94,11 +94,14 @@ def test_killed_server_resumes_to_the_same_rounds(shared_data_dir: Path, tmp_pat
             os.killpg(proc.pid, signal.SIGKILL)
     killed_after = load_checkpoint(crash_out).server_round
     assert killed_after < 5 and not (crash_out / "summary.json").exists(), "killed too late"
-    resume = _config(shared_data_dir, tmp_path / "unused") | {"resume-from": str(crash_out)}
+    resume = _config(shared_data_dir, tmp_path / "unused") | {"resume-from": str(crash_out),
+                                                                 "verbose": True}
     log = _finish(_server(resume, tmp_path, "resume"))
-    # Assert: the banner numbers rounds as the run does ("ROUND 3/5", not "ROUND 1/3")
-    assert f"[ROUND {killed_after + 1}/5]" in log and "[ROUND 5/5]" in log, log[-3000:]
-    assert "[ROUND 1/" not in log
+    # Assert: the log numbers rounds as the run does ("3/5", not "1/3"): the progress line
+    # and, verbose, Flower's banner
+    nxt = killed_after + 1
+    assert f"round {nxt}/5: test accuracy" in log and f"[ROUND {nxt}/5]" in log, log[-3000:]
+    assert "[ROUND 1/" not in log and "round 1/5:" not in log
     # the resumed run's rounds equal the reference's, record for record
     ref, resumed = read_rounds(ref_out), read_rounds(crash_out)
     assert [r["round"] for r in resumed] == [0, 1, 2, 3, 4, 5]
