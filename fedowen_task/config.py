@@ -79,6 +79,7 @@ class TaskConfig:
     adversary_boost: float = 2.5
     adversary_alie_z: float = 0.0
     adversary_ipm_epsilon: float = 0.5
+    adversary_jitter: float = 0.0
 
     def model_name(self) -> str:
         """``model = "auto"``: ResNet-18 for CIFAR-10, LeNet otherwise (as in the paper)."""
@@ -117,6 +118,9 @@ class TaskConfig:
              "Baruch et al.'s z_max from the round's replies and attackers)"),
             (math.isfinite(self.adversary_ipm_epsilon) and self.adversary_ipm_epsilon > 0,
              f"adversary-ipm-epsilon={self.adversary_ipm_epsilon} must be a finite number > 0"),
+            (math.isfinite(self.adversary_jitter) and self.adversary_jitter >= 0,
+             f"adversary-jitter={self.adversary_jitter} must be a finite number >= 0 (0: the "
+             "papers' identical vectors)"),
         ]
         bad = [message for ok, message in checks if not ok]
         bad += one_of("dataset", self.dataset.split(":", 1)[0], DATASETS)

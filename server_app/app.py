@@ -272,7 +272,7 @@ def _record_adversaries(cfg: RunConfig, num_nodes: int, recorder: RunRecorder) -
         "num_partitions": num_nodes, "ids": [str(i) for i in ids],
         "noise_std": cfg.adversary_noise_std, "sybil_noise": cfg.adversary_sybil_noise,
         "boost": cfg.adversary_boost, "alie_z": cfg.adversary_alie_z,
-        "ipm_epsilon": cfg.adversary_ipm_epsilon,
+        "ipm_epsilon": cfg.adversary_ipm_epsilon, "jitter": cfg.adversary_jitter,
         "server_side": cfg.adversary_kind in SERVER_SIDE_KINDS})
 
 

@@ -25,7 +25,11 @@ Over the flat float64 updates ``d_i = trained_i - global`` (floating arrays only
 Honest statistics come from the round's replies of non-adversarial clients that carry no
 error; with fewer than 2 of them the attackers use their own honest updates instead
 (Baruch et al.'s non-omniscient variant). ALIE and IPM attackers of one round send the same
-vector, as in the papers. The attacks are deterministic given the replies (no randomness).
+vector, as in the papers: exact copies, which FedOwen's copy check links and bans after their
+first round together. ``adversary-jitter`` > 0 adds to each attacker's vector Gaussian noise
+of that norm relative to the vector's, seeded by (seed, round, client id), so they are no
+longer copies (an attacker who knows the check); without it the attacks are deterministic
+given the replies.
 Integer arrays (counters) come from the attacker's own reply. Only ``train`` messages are
 touched; queries and evaluations pass through, as do bare ``push_messages`` /
 ``pull_messages`` (every strategy's ``start`` uses ``send_and_receive``). Each attacked round
@@ -68,6 +72,20 @@ def alie_vector(honest: NDArray, z: float) -> NDArray:
 def ipm_vector(honest: NDArray, epsilon: float) -> NDArray:
     """``-epsilon * mean`` of the rows of ``honest``."""
     return -epsilon * _rows(honest).mean(axis=0)
+
+
+def jittered(deltas: NDArray, relative: float, seed: int, server_round: int,
+             clients: Sequence[str]) -> NDArray:
+    """Each row plus Gaussian noise of norm ``relative`` x the row's, from a generator seeded
+    by (seed, round, client id): the same attack, no longer an exact copy of the others'."""
+    out = np.array(deltas, dtype=np.float64, copy=True)
+    for i, client in enumerate(clients):
+        key = [seed, server_round, *(ord(ch) for ch in client)]
+        noise = np.random.default_rng(np.random.SeedSequence(key)).normal(size=out.shape[1])
+        scale = np.linalg.norm(noise)
+        if scale > 0:
+            out[i] += relative * np.linalg.norm(out[i]) * noise / scale
+    return out
 
 
 def baruch_z(n: int, m: int) -> float:
@@ -244,10 +262,14 @@ class ByzantineGrid(Grid):
             norms=[float(np.linalg.norm(r.delta)) for r in rows],
             examples=[r.examples for r in rows], own_examples=[r.examples for r in bad],
             global_norm=global_norm)
+        server_round = bad[0].server_round or self._train_calls
+        if self.cfg.adversary_jitter > 0:
+            deltas = jittered(deltas, self.cfg.adversary_jitter, self.cfg.seed, server_round,
+                              [r.client_id for r in bad])
+            params["jitter"] = self.cfg.adversary_jitter
         for row, delta in zip(bad, deltas, strict=True):
             row.message.content["arrays"] = state_to_record(_unflat(row.global_state, delta,
                                                                     row.state))
-        server_round = bad[0].server_round or self._train_calls
         entry = {"round": server_round, "kind": self.cfg.adversary_kind,
                  "clients": [r.client_id for r in bad], "replies": len(rows),
                  "honest": len(honest), **params,

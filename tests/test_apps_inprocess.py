@@ -172,3 +172,37 @@ def test_run_plots_redraws_a_run_and_refuses_an_empty_dir(shared_data_dir: Path,
     assert plots_main([str(out)]) == 0 and (out / "plots" / "payouts.png").is_file()
     (tmp_path / "empty").mkdir()
     assert plots_main([str(tmp_path / "empty")]) == 2
+
+
+@pytest.mark.parametrize(("attack", "jitter"), [("alie", 0.0), ("ipm", 0.0), ("adaptive", 0.0),
+                                               ("alie", 0.01)])
+def test_omniscient_attacks_reach_every_strategy_through_the_serverapp(
+        attack: str, jitter: float, shared_data_dir: Path, tmp_path: Path) -> None:
+    # Prepare: 2 of 6 clients attack under FedOwen's defaults (norm cap on)
+    run_config = small_run_config(shared_data_dir, tmp_path, **{
+        "num-server-rounds": 2, "clients-per-round": 6, "adversary-fraction": 0.34,
+        "adversary-kind": attack, "adversary-jitter": jitter})
+    nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
+    # Execute
+    run(InProcessGrid(client_app, nodes, run_config), parse_run_config(run_config), tmp_path)
+    # Assert: the rounds record the attack by the recorded adversaries, with its parameter
+    rounds = read_rounds(tmp_path)
+    attackers = json.loads((tmp_path / "adversaries.json").read_text())
+    assert attackers["server_side"] and len(attackers["ids"]) == 2
+    if attack in ("alie", "ipm") and not jitter:
+        # the attackers of a round send one vector: exact copies, which FedOwen links in
+        # round 1 and never selects again
+        assert sorted(rounds[1]["duplicates"][0]) == sorted(attackers["ids"])
+        assert not set(rounds[2]["selected"]) & set(attackers["ids"])
+    if jitter:  # no longer copies: both attack in both rounds
+        assert all("duplicates" not in r and r["attack"]["jitter"] == jitter
+                   for r in rounds[1:])
+    for rec in (r for r in rounds[1:] if set(r["selected"]) & set(attackers["ids"])):
+        entry = rec["attack"]
+        assert sorted(entry["clients"]) == sorted(attackers["ids"])
+        assert entry["honest"] == 4 and entry["replies"] == 6
+        key = {"alie": "z", "ipm": "epsilon", "adaptive": "factors"}[attack]
+        assert key in entry
+        if attack == "adaptive":  # just under the cap the round applied (median norm)
+            assert all(nm <= rec["norm_cap"] * (1 + 1e-6) for nm in entry["norms"])
+            assert all(nm >= 0.98 * rec["norm_cap"] for nm in entry["norms"])

@@ -240,3 +240,19 @@ def test_grid_delegates_to_the_inner_grid() -> None:
     assert grid.run is None and grid.sent == []  # an attribute only the inner grid has
     with pytest.raises(ValueError, match="adversary-kind='noise'"):
         ByzantineGrid(grid.inner, RunConfig(adversary_kind="noise"), N)
+
+
+def test_jitter_keeps_the_attack_but_breaks_the_copies() -> None:
+    from server_app.byzantine import jittered
+
+    # Prepare: two attackers with one ALIE vector
+    base = np.tile(alie_vector(HONEST, 1.0), (2, 1))
+    # Execute
+    out = jittered(base, 0.01, seed=3, server_round=5, clients=["7", "8"])
+    again = jittered(base, 0.01, seed=3, server_round=5, clients=["7", "8"])
+    # Assert: seeded; each row 1% of its norm from the vector, and the rows differ
+    np.testing.assert_array_equal(out, again)
+    for row in out:
+        assert np.linalg.norm(row - base[0]) == pytest.approx(0.01 * np.linalg.norm(base[0]))
+    assert not np.allclose(out[0], out[1])
+    np.testing.assert_array_equal(base, np.tile(alie_vector(HONEST, 1.0), (2, 1)))  # untouched
