@@ -53,7 +53,7 @@ from fedowen_task.partition import server_eval_split
 from fedowen_task.training import evaluate
 from server_app.byzantine import ByzantineGrid
 from server_app.config import RunConfig, parse_run_config
-from server_app.peers import peer_arguments, root_trainer
+from server_app.peers import PerRound, peer_arguments, root_trainer
 from server_app.progress import PROGRESS, Progress, Unactionable, quiet, summary_lines
 from server_app.strategies import build_flower_strategy
 
@@ -163,8 +163,8 @@ def make_strategy(cfg: RunConfig, num_nodes: int, model: torch.nn.Module,
     factory = CoalitionUtility(model, sets[0], sets[1], metric=cfg.utility_metric,
                                device=device)
     # norm-cap = "server": the reference norm is one epoch on the evaluation set, as FLTrust's
-    step = (root_trainer(cfg, model, sets, device, 0, 1) if cfg.norm_cap_mode() == "server"
-            else None)
+    step = (PerRound(root_trainer(cfg, model, sets, device, 0, 1))
+            if cfg.norm_cap_mode() == "server" else None)
     return build_strategy(cfg, factory, recorder, step)
 
 
@@ -237,7 +237,8 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     if cfg.adversary_fraction > 0 and cfg.adversary_kind in SERVER_SIDE_KINDS:
         # omniscient attacks: the attackers' replies are replaced here (server_app.byzantine)
         grid = ByzantineGrid(grid, cfg, len(nodes), on_round=lambda server_round, entry:
-                             recorder.log_train(server_round, {"attack": entry}, []))
+                             recorder.log_train(server_round, {"attack": entry}, []),
+                             server_step=getattr(strategy, "server_step", None))
     started = time.perf_counter()
     banner = RoundBanner(done)  # after a resume Flower would print "[ROUND 1/66]" for round 35
     FLOWER_LOGGER.addFilter(banner)

@@ -112,7 +112,8 @@ def adaptive_scale(own_norm: float, bound: float | None, boost: float) -> float:
 
 
 def bound_in_force(cfg: RunConfig, norms: Sequence[float], examples: Sequence[int],
-                   own_examples: int, global_norm: float) -> float | None:
+                   own_examples: int, global_norm: float,
+                   server_norm: float | None = None) -> float | None:
     """The largest norm an update of ``own_examples`` examples may have and still pass the
     run config's defences unchanged, estimated from the round's honest update ``norms`` and
     ``examples`` (the attackers' honest ones included); None when no bound is in force.
@@ -120,10 +121,11 @@ def bound_in_force(cfg: RunConfig, norms: Sequence[float], examples: Sequence[in
     The tightest of: ``max-norm-ratio`` x ``global_norm`` (0 = off); ``update-bound`` (clip or
     reject): ``update-bound-multiple`` x the lower median of the positive norms per example
     x ``own_examples`` (:func:`fedowen_strategy.bounds.round_bound`); ``norm-cap``:
-    ``norm-cap-multiple`` x the lower median of the positive norms (for ``server`` the
-    attacker cannot see the server's step and takes the same median as its estimate). These
-    are FedOwen's defences: under any other strategy none is in force (FLTrust rescales every
-    update to the server's norm whatever was sent).
+    ``norm-cap-multiple`` x the lower median of the positive norms, or for ``server`` x
+    ``server_norm``, the norm of the round's server step (omniscient, like the honest
+    updates; without it, the median as the attacker's estimate). These are FedOwen's
+    defences: under any other strategy none is in force (FLTrust rescales every update to the
+    server's norm whatever was sent).
     """
     if cfg.strategy != "fedowen":
         return None
@@ -135,17 +137,18 @@ def bound_in_force(cfg: RunConfig, norms: Sequence[float], examples: Sequence[in
                                    if ex > 0], cfg.update_bound_multiple)
         if per_example is not None:
             bounds.append(per_example * own_examples)
-    if cfg.norm_cap_mode() != "none":
-        median = lower_median(norms)
-        if median is not None:
-            bounds.append(cfg.norm_cap_multiple * median)
+    mode = cfg.norm_cap_mode()
+    reference = (server_norm if mode == "server" and server_norm
+                 else lower_median(norms) if mode != "none" else None)
+    if reference is not None:
+        bounds.append(cfg.norm_cap_multiple * reference)
     return min(bounds) if bounds else None
 
 
 def attack_deltas(cfg: RunConfig, honest: NDArray, own: NDArray, *, n: int,
                   norms: Sequence[float], examples: Sequence[int],
-                  own_examples: Sequence[int], global_norm: float
-                  ) -> tuple[NDArray, dict[str, Any]]:
+                  own_examples: Sequence[int], global_norm: float,
+                  server_norm: float | None = None) -> tuple[NDArray, dict[str, Any]]:
     """The ``(m, d)`` updates the ``m`` attackers send (rows of ``own``: their honest updates)
     and the attack's parameters, for ``cfg.adversary_kind``; ``honest`` is ``(h, d)``."""
     kind, m = cfg.adversary_kind, own.shape[0]
@@ -158,7 +161,8 @@ def attack_deltas(cfg: RunConfig, honest: NDArray, own: NDArray, *, n: int,
         eps = cfg.adversary_ipm_epsilon
         return np.tile(ipm_vector(reference, eps), (m, 1)), {"epsilon": eps, **source}
     if kind == "adaptive":
-        bounds = [bound_in_force(cfg, norms, examples, ex, global_norm) for ex in own_examples]
+        bounds = [bound_in_force(cfg, norms, examples, ex, global_norm, server_norm)
+                  for ex in own_examples]
         factors = [adaptive_scale(float(np.linalg.norm(row)), b, cfg.adversary_boost)
                    for row, b in zip(own, bounds, strict=True)]
         return own * np.asarray(factors)[:, None], {"bounds": bounds, "factors": factors}
@@ -194,14 +198,20 @@ class ByzantineGrid(Grid):
         ``adversary_ids(num_partitions, adversary-fraction, seed)``, named by client id.
     on_round : callable, optional
         Called with ``(server_round, entry)`` for every attacked round (the run's records).
+    server_step : callable, optional
+        ``(global_state, round) -> state``: the server step that ``norm-cap = "server"``
+        takes its reference norm from (the ServerApp passes the strategy's own, cached per
+        round), so the adaptive attacker knows that bound as it knows the honest updates.
     """
 
     def __init__(self, inner: Grid, cfg: RunConfig, num_partitions: int,
-                 on_round: AttackHook | None = None) -> None:
+                 on_round: AttackHook | None = None,
+                 server_step: Callable[[State, int], State] | None = None) -> None:
         if cfg.adversary_kind not in SERVER_SIDE_KINDS:
             raise ValueError(f"adversary-kind={cfg.adversary_kind!r} is not one of "
                              f"{', '.join(SERVER_SIDE_KINDS)}")
         self.inner, self.cfg, self.on_round = inner, cfg, on_round
+        self.server_step = server_step
         self.adversaries = frozenset(str(i) for i in adversary_ids(
             num_partitions, cfg.adversary_fraction, cfg.seed))
         self.log: list[dict[str, Any]] = []
@@ -256,13 +266,20 @@ class ByzantineGrid(Grid):
         width = bad[0].delta.size
         honest_deltas = _stack([r.delta for r in honest], width)
         own_deltas = _stack([r.delta for r in bad], width)
-        global_norm = float(np.linalg.norm(_flat(bad[0].global_state, bad[0].global_state)))
+        global_state = bad[0].global_state
+        global_norm = float(np.linalg.norm(_flat(global_state, global_state)))
+        server_round = bad[0].server_round or self._train_calls
+        server_norm = None
+        if (self.cfg.adversary_kind == "adaptive" and self.server_step is not None
+                and self.cfg.norm_cap_mode() == "server"):
+            step = self.server_step(global_state, server_round)
+            server_norm = float(np.linalg.norm(_flat(step, global_state)
+                                               - _flat(global_state, global_state)))
         deltas, params = attack_deltas(
             self.cfg, honest_deltas, own_deltas, n=len(rows),
             norms=[float(np.linalg.norm(r.delta)) for r in rows],
             examples=[r.examples for r in rows], own_examples=[r.examples for r in bad],
-            global_norm=global_norm)
-        server_round = bad[0].server_round or self._train_calls
+            global_norm=global_norm, server_norm=server_norm)
         if self.cfg.adversary_jitter > 0:
             deltas = jittered(deltas, self.cfg.adversary_jitter, self.cfg.seed, server_round,
                               [r.client_id for r in bad])

@@ -59,6 +59,21 @@ class RootTrainer:
         return {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()}
 
 
+class PerRound:
+    """A server step computed once per round: FedOwen's ``norm-cap = "server"`` and the
+    adaptive attacker (:mod:`server_app.byzantine`) ask for the same round's step."""
+
+    def __init__(self, step: RootTrainer) -> None:
+        self.step = step
+        self._last: tuple[int, dict[str, NDArray]] | None = None
+
+    def __call__(self, global_state: Mapping[str, NDArray], server_round: int
+                 ) -> dict[str, NDArray]:
+        if self._last is None or self._last[0] != server_round:
+            self._last = (server_round, self.step(global_state, server_round))
+        return self._last[1]
+
+
 def root_trainer(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tensor, ...],
                  device: torch.device, size: int, epochs: int) -> RootTrainer:
     """The global model trained for ``epochs`` on ``size`` examples of the evaluation set

@@ -174,14 +174,15 @@ def test_run_plots_redraws_a_run_and_refuses_an_empty_dir(shared_data_dir: Path,
     assert plots_main([str(tmp_path / "empty")]) == 2
 
 
-@pytest.mark.parametrize(("attack", "jitter"), [("alie", 0.0), ("ipm", 0.0), ("adaptive", 0.0),
-                                               ("alie", 0.01)])
+@pytest.mark.parametrize(("attack", "jitter", "cap"), [
+    ("alie", 0.0, "median"), ("ipm", 0.0, "median"), ("adaptive", 0.0, "median"),
+    ("adaptive", 0.0, "server"), ("alie", 0.01, "median")])
 def test_omniscient_attacks_reach_every_strategy_through_the_serverapp(
-        attack: str, jitter: float, shared_data_dir: Path, tmp_path: Path) -> None:
-    # Prepare: 2 of 6 clients attack under FedOwen's defaults (norm cap on)
+        attack: str, jitter: float, cap: str, shared_data_dir: Path, tmp_path: Path) -> None:
+    # Prepare: 2 of 6 clients attack under FedOwen with a norm cap
     run_config = small_run_config(shared_data_dir, tmp_path, **{
         "num-server-rounds": 2, "clients-per-round": 6, "adversary-fraction": 0.34,
-        "adversary-kind": attack, "adversary-jitter": jitter})
+        "adversary-kind": attack, "adversary-jitter": jitter, "norm-cap": cap})
     nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
     # Execute
     run(InProcessGrid(client_app, nodes, run_config), parse_run_config(run_config), tmp_path)
@@ -203,6 +204,6 @@ def test_omniscient_attacks_reach_every_strategy_through_the_serverapp(
         assert entry["honest"] == 4 and entry["replies"] == 6
         key = {"alie": "z", "ipm": "epsilon", "adaptive": "factors"}[attack]
         assert key in entry
-        if attack == "adaptive":  # just under the cap the round applied (median norm)
+        if attack == "adaptive":  # just under the cap the round applied (median or server)
             assert all(nm <= rec["norm_cap"] * (1 + 1e-6) for nm in entry["norms"])
             assert all(nm >= 0.98 * rec["norm_cap"] for nm in entry["norms"])

@@ -256,3 +256,10 @@ def test_jitter_keeps_the_attack_but_breaks_the_copies() -> None:
         assert np.linalg.norm(row - base[0]) == pytest.approx(0.01 * np.linalg.norm(base[0]))
     assert not np.allclose(out[0], out[1])
     np.testing.assert_array_equal(base, np.tile(alie_vector(HONEST, 1.0), (2, 1)))  # untouched
+
+
+def test_bound_in_force_under_the_server_cap_is_the_servers_step() -> None:
+    cfg = RunConfig(**{**OFF, "norm_cap": "server", "norm_cap_multiple": 1.5})
+    out = bound_in_force(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0,
+                         server_norm=5.0)
+    assert out == pytest.approx(7.5)  # 1.5 x the server step's norm, not the median's 2
