@@ -59,6 +59,15 @@ def state_to_record(state: Mapping[str, NDArray]) -> ArrayRecord:
     return ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in state.items()})
 
 
+def short_label(client_id: str, digits: int = 6) -> str:
+    """How a client is shown in logs and plots: its client id, or for a node that named
+    itself nowhere ``node:<id>`` shortened to its last ``digits`` digits (node ids are random
+    64-bit integers); the records keep the full id."""
+    if client_id.startswith("node:") and len(client_id) > 5 + digits:
+        return f"node:..{client_id[-digits:]}"
+    return client_id
+
+
 def client_id_of(msg: Message) -> str:
     """The stable id a reply names itself with, else ``node:<node_id>``."""
     content = msg.content if msg.has_content() else None

@@ -56,6 +56,7 @@ from fedowen_strategy.replies import (
     client_id_of,
     parse_replies,
     record_to_state,
+    short_label,
     state_to_record,
 )
 from fedowen_strategy.selection import (
@@ -359,7 +360,7 @@ class FedOwen(FedAvg):
         self._selected_nodes = [nodes[i] for i in chosen]
         log(INFO, "configure_train: round %d, %s %d of %d clients: %s", server_round,
             "explored" if explored else "exploited", len(chosen), len(nodes),
-            ", ".join(self._selected))
+            ", ".join(short_label(c) for c in self._selected))
         config["server-round"] = server_round
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._construct_messages(record, [nodes[i] for i in chosen], MessageType.TRAIN)

@@ -20,6 +20,8 @@ from typing import Any
 
 from flwr.common.logger import FLOWER_LOGGER
 
+from fedowen_strategy.replies import short_label
+
 #: ``extra`` that marks a log record as a progress line (passes :class:`QuietFilter`).
 PROGRESS = {"progress": True}
 
@@ -124,7 +126,8 @@ def summary_lines(name: str, summary: Mapping[str, Any], rounds: Sequence[Mappin
             share = f", valuation {100 * sum(vals) / sum(secs):.0f}% of it" if vals else ""
             lines.append(f"  mean round {sum(secs) / len(secs):.2f}s{share}")
     if payouts:
-        top = ", ".join(f"{p.client_id} ({p.payout_share:.3f})" for p in payouts[:3])
+        top = ", ".join(f"{short_label(p.client_id)} ({p.payout_share:.3f})"
+                        for p in payouts[:3])
         lines.append(f"  payout ledger of {len(payouts)} clients; largest shares: {top}")
     lines.append(f"  results in {out_dir}: rounds.jsonl, summary.json, final_model.pt"
                  + (", payouts.csv" if payouts else "") + ", plots/")

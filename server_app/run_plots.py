@@ -22,6 +22,7 @@ import numpy as np
 
 from fedowen_strategy.payouts import Payout, run_payouts
 from fedowen_strategy.records import read_rounds
+from fedowen_strategy.replies import short_label
 
 PLOTS_DIR = "plots"
 
@@ -81,7 +82,7 @@ def plot_payouts(rows: Sequence[Payout], path: Path, title: str = "") -> Path:
     ax.axhline(0.0, color="black", lw=0.6)
     ax.set(xlabel="client id, by paid phi (rank 1 first)",
            ylabel="total phi over the run (95% CI)", title=title or "payout ledger")
-    ax.set_xticks(x, [r.client_id for r in rows], rotation=90,
+    ax.set_xticks(x, [short_label(r.client_id) for r in rows], rotation=90,
                   fontsize=7 if len(rows) <= 40 else 5)
     for tick, row in zip(ax.get_xticklabels(), rows, strict=True):
         if row.adversary:

@@ -93,3 +93,11 @@ def test_second_reply_of_a_client_is_rejected() -> None:
 def test_norm_check_off_by_zero() -> None:
     huge = {"w": REF["w"] * 1000, "b": REF["b"]}
     assert len(parse_replies([reply(huge)], REF, max_norm_ratio=0.0).updates) == 1
+
+
+def test_short_labels_shorten_only_unnamed_nodes() -> None:
+    from fedowen_strategy.replies import short_label
+
+    assert short_label("node:12130585911003349460") == "node:..349460"
+    assert short_label("site-a") == "site-a" and short_label("17") == "17"
+    assert short_label("node:42") == "node:42"
