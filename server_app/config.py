@@ -104,9 +104,10 @@ class RunConfig(TaskConfig):
         return resolve_axes(self.valuation, self.selection, self.aggregation)
 
     def norm_cap_mode(self) -> str:
-        """``norm-cap`` with ``auto`` resolved: ``median`` for a valuation method that computes
-        contributions (FedOwen's defence), ``none`` for ``none`` and ``multikrum`` (plain
-        FedAvg and Multi-Krum stay the baselines they are named after)."""
+        """``norm-cap`` with ``auto`` resolved: :data:`fedowen_strategy.bounds.AUTO_NORM_CAP`
+        for a valuation method that computes contributions (FedOwen's defence), ``none`` for
+        ``none`` and ``multikrum`` (plain FedAvg and Multi-Krum stay the baselines they are
+        named after)."""
         return resolve_norm_cap(self.norm_cap, self.valuation in NO_PHI)
 
     def torch_device(self) -> str | None:

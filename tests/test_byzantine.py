@@ -88,7 +88,7 @@ OFF = {"max_norm_ratio": 0.0, "update_bound": "none", "norm_cap": "none"}
     ({**OFF, "norm_cap": "median", "norm_cap_multiple": 1.5}, 3.0),  # 1.5 x median(1, 2, 4)
     ({**OFF, "norm_cap": "server"}, 2.0),                     # the median as the estimate
     ({"max_norm_ratio": 0.5, "update_bound": "clip", "norm_cap": "median"}, 1.5),  # tightest
-    ({"norm_cap": "auto"}, 2.0),                              # owen: auto = median; 10 x 3
+    ({"norm_cap": "auto"}, 30.0),                   # auto = none for now: 10 x ||global||
     ({"norm_cap": "auto", "valuation": "none", "max_norm_ratio": 0.0}, None),
     (OFF, None),
     ({"strategy": "fltrust"}, None),                          # rescaled to the server's norm
