@@ -106,9 +106,28 @@ def selection_scores(
     return gain + bonus
 
 
-def selection_probabilities(scores: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Shift scores by their minimum and normalise; uniform when all shifted scores are 0."""
-    shifted = scores - scores.min()
+def unvalued_floor(scores: NDArray[np.float64], counts: NDArray[np.int64], t: int,
+                   params: SelectionParams) -> float:
+    """What the shift by the minimum leaves a client never valued: 0 (Algorithm 2 as
+    written), unless such a client holds the minimum score, which the shift would give
+    probability 0 although nothing is known of it. Then every score keeps one exploration
+    bonus of an unvalued client, ``c sqrt(log(t + 1))``, above the shifted minimum.
+
+    This happens when every client valued so far scored above the floor ``tau``: in a small
+    federation (8 nodes, 4 per round: the other 4 were never chosen again but by the epsilon
+    draws); never in the 100-client runs checked (docs/defaults.md)."""
+    counts = np.asarray(counts)
+    lowest = scores == scores.min()
+    if lowest.all() or not np.any(lowest & (counts == 0)):  # all equal: uniform already
+        return 0.0
+    return float(params.c * np.sqrt(np.log(t + 1.0)))
+
+
+def selection_probabilities(scores: NDArray[np.float64], floor: float = 0.0
+                            ) -> NDArray[np.float64]:
+    """Shift scores by their minimum (less ``floor``) and normalise; uniform when all shifted
+    scores are 0."""
+    shifted = scores - scores.min() + floor
     total = shifted.sum()
     if total <= 0.0 or not np.isfinite(total):
         return np.full(scores.shape, 1.0 / scores.size)
@@ -136,7 +155,8 @@ def select_clients(
         raise ValueError(f"cannot select k={k} clients out of {n}; need 1 <= k <= {n}")
     if rng.random() < params.epsilon:
         return np.sort(rng.choice(n, size=k, replace=False)), True
-    probs = selection_probabilities(selection_scores(phi, counts, t, params))
+    scores = selection_scores(phi, counts, t, params)
+    probs = selection_probabilities(scores, floor=unvalued_floor(scores, counts, t, params))
     # Fewer positive-probability clients than k: numpy refuses; top up uniformly from the rest.
     positive = np.flatnonzero(probs > 0)
     if positive.size >= k:

@@ -15,6 +15,8 @@ from fedowen_strategy.records import read_rounds
 from fedowen_strategy.replies import record_to_state, state_to_record
 from tests.test_strategy import TARGET, run_toy
 
+TARGET_4 = np.array([1.0, -2.0, 0.5, 3.0])
+
 
 def test_book_binds_first_claim_and_refuses_switches_and_impostors() -> None:
     book = IdentityBook()
@@ -161,3 +163,33 @@ def test_a_clientapp_without_a_query_handler_is_asked_once() -> None:
     assert len(queries) == 1 and strategy.queries_unanswered
     assert [len(r["returned"]) for r in rounds] == [4] * 5
     assert all(c.startswith("node:") for r in rounds for c in r["returned"])
+
+
+def test_a_quickstart_clientapp_under_fedowen_explores_every_node() -> None:
+    # Prepare: Flower's quickstart shape (train only, no query handler, no client id), 8
+    # nodes, FedOwen's adaptive selection and a game it can value
+    from fedowen_strategy.strategy import FedOwen
+    from sim.inline_grid import InProcessGrid
+    from tests.test_defences import delta_utility
+
+    def quickstart(msg: Message, ctx: Context) -> Message:
+        if msg.metadata.message_type == "query":
+            raise ValueError("No query function registered with name 'default'")
+        pid = int(ctx.node_config["partition-id"])
+        w = record_to_state(msg.content["arrays"])["w"]
+        new = {"w": (w + 0.5 * (TARGET_4 - w) + 0.05 * np.eye(4)[pid % 4]).astype(np.float32)}
+        return Message(RecordDict({"arrays": state_to_record(new), "metrics": MetricRecord(
+            {"num-examples": 10, "train-loss": 1.0})}), reply_to=msg)
+
+    rounds: list[dict[str, Any]] = []
+    strategy = FedOwen(clients_per_round=4, utility_factory=delta_utility,
+                       valuation=ValuationSettings(method="exact", game="delta"), seed=0,
+                       on_round=lambda r, rec, rows: rounds.append(rec))
+    # Execute: 10 rounds
+    strategy.start(grid=InProcessGrid(quickstart, [{"partition-id": i} for i in range(8)]),
+                   initial_arrays=state_to_record({"w": np.zeros(4, np.float32)}),
+                   num_rounds=10)
+    # Assert: every round trained 4 nodes, and at least 7 of the 8 were chosen at some point
+    # (Algorithm 2's shift by the minimum had left the never-valued half at probability 0)
+    assert [len(r["returned"]) for r in rounds] == [4] * 10
+    assert len({c for r in rounds for c in r["selected"]}) >= 7

@@ -11,6 +11,7 @@ from fedowen_strategy.selection import (
     select_uniform,
     selection_probabilities,
     selection_scores,
+    unvalued_floor,
 )
 
 
@@ -35,10 +36,10 @@ def test_probabilities_shift_by_min_and_fall_back_to_uniform() -> None:
 
 
 def test_epsilon_zero_follows_score_order_in_distribution() -> None:
-    # Prepare: 6 clients with clearly ordered contributions, equal counts
+    # Prepare: 6 clients with clearly ordered contributions, each valued once
     params = SelectionParams(epsilon=0.0, c=0.01, tau=0.0)
     phi = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
-    counts = np.zeros(6, dtype=np.int64)
+    counts = np.ones(6, dtype=np.int64)
     rng = np.random.default_rng(0)
     # Execute
     hits = np.zeros(6)
@@ -122,3 +123,31 @@ def test_bad_params_are_refused(kwargs: dict[str, float]) -> None:
 def test_bad_k_is_refused() -> None:
     with pytest.raises(ValueError, match="k=4"):
         select_uniform(3, 4, np.random.default_rng(0))
+
+
+def test_a_client_never_valued_keeps_a_chance_when_it_holds_the_minimum() -> None:
+    # Prepare: 8 clients, 4 valued once above the floor, 4 never valued (round 2)
+    params = SelectionParams(epsilon=0.0, c=0.1, tau=0.01)
+    phi = np.array([0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0])
+    counts = np.array([1, 1, 1, 1, 0, 0, 0, 0])
+    scores = selection_scores(phi, counts, 2, params)
+    # Execute
+    literal = selection_probabilities(scores)
+    floor = unvalued_floor(scores, counts, 2, params)
+    fixed = selection_probabilities(scores, floor)
+    # Assert: Algorithm 2 as written gives them 0; with the floor, their own bonus's worth
+    assert np.all(literal[4:] == 0)
+    assert floor == pytest.approx(0.1 * np.sqrt(np.log(3.0)))
+    assert np.all(fixed[4:] > 0.05) and fixed.sum() == pytest.approx(1.0)
+
+
+def test_the_floor_leaves_algorithm_2_alone_otherwise() -> None:
+    params = SelectionParams(tau=0.01)
+    # a valued client below the floor holds the minimum: unvalued clients keep a chance
+    phi = np.array([0.5, -0.2, 0.0, 0.0])
+    counts = np.array([1, 1, 0, 0])
+    scores = selection_scores(phi, counts, 3, params)
+    assert unvalued_floor(scores, counts, 3, params) == 0.0
+    # all equal (round 1): uniform either way
+    equal = selection_scores(np.zeros(5), np.zeros(5, dtype=int), 1, params)
+    assert unvalued_floor(equal, np.zeros(5, dtype=int), 1, params) == 0.0
