@@ -92,3 +92,6 @@ def test_run_sh_then_the_readmes_flwr_run_in_one_clone(shared_data_dir: Path,
     assert not (home / "config.toml").exists() or "fedowen-sim" not in (
         home / "config.toml").read_text()
     assert len(out.strip().splitlines()) < 60, out
+    streamed = flwr.stdout + flwr.stderr  # the README's flwr run --stream: as quiet
+    assert len(streamed.strip().splitlines()) < 60, streamed
+    assert "Traceback" not in out and "Traceback" not in streamed
