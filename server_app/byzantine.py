@@ -111,9 +111,23 @@ def adaptive_scale(own_norm: float, bound: float | None, boost: float) -> float:
     return MARGIN * bound / own_norm
 
 
+def median_faced(others: Sequence[float], attackers: int, factor: float) -> float | None:
+    """The round's lower-median norm (positive norms) that the server computes when the
+    ``attackers`` each send ``factor`` x it beside the honest ``others``: the attack moves the
+    median it is measured against, so an omniscient attacker solves for it. None when the
+    attackers' own updates would set it (they are at least the median's rank)."""
+    pos = sorted(v for v in others if v > 0.0)
+    rank = (len(pos) + attackers - 1) // 2  # the lower median's index among all replies
+    if factor >= 1.0:  # the attackers sit at or above it: an honest norm of rank `rank`
+        return pos[rank] if rank < len(pos) else None
+    # just under it: all `attackers` rank below, so it is the honest norm `attackers` lower
+    return pos[rank - attackers] if attackers <= rank < len(pos) + attackers else None
+
+
 def bound_in_force(cfg: RunConfig, norms: Sequence[float], examples: Sequence[int],
                    own_examples: int, global_norm: float,
-                   server_norm: float | None = None) -> float | None:
+                   server_norm: float | None = None,
+                   others: Sequence[float] | None = None, attackers: int = 0) -> float | None:
     """The largest norm an update of ``own_examples`` examples may have and still pass the
     run config's defences unchanged, estimated from the round's honest update ``norms`` and
     ``examples`` (the attackers' honest ones included); None when no bound is in force.
@@ -123,7 +137,10 @@ def bound_in_force(cfg: RunConfig, norms: Sequence[float], examples: Sequence[in
     x ``own_examples`` (:func:`fedowen_strategy.bounds.round_bound`); ``norm-cap``:
     ``norm-cap-multiple`` x the lower median of the positive norms, or for ``server`` x
     ``server_norm``, the norm of the round's server step (omniscient, like the honest
-    updates; without it, the median as the attacker's estimate). These are FedOwen's
+    updates; without it, the median as the attacker's estimate). Given the honest ``others``
+    and the number of ``attackers`` sending at the bound, the median cap is the one their
+    own updates leave (:func:`median_faced`), not the median of every honest update, which a
+    multiple above 1 puts below what the server will let through. These are FedOwen's
     defences: under any other strategy none is in force (FLTrust rescales every update to the
     server's norm whatever was sent).
     """
@@ -138,8 +155,12 @@ def bound_in_force(cfg: RunConfig, norms: Sequence[float], examples: Sequence[in
         if per_example is not None:
             bounds.append(per_example * own_examples)
     mode = cfg.norm_cap_mode()
-    reference = (server_norm if mode == "server" and server_norm
-                 else lower_median(norms) if mode != "none" else None)
+    if mode == "server" and server_norm:
+        reference: float | None = server_norm
+    elif mode != "none" and others is not None and attackers > 0:
+        reference = median_faced(others, attackers, MARGIN * cfg.norm_cap_multiple)
+    else:
+        reference = lower_median(norms) if mode != "none" else None
     if reference is not None:
         bounds.append(cfg.norm_cap_multiple * reference)
     return min(bounds) if bounds else None
@@ -161,7 +182,9 @@ def attack_deltas(cfg: RunConfig, honest: NDArray, own: NDArray, *, n: int,
         eps = cfg.adversary_ipm_epsilon
         return np.tile(ipm_vector(reference, eps), (m, 1)), {"epsilon": eps, **source}
     if kind == "adaptive":
-        bounds = [bound_in_force(cfg, norms, examples, ex, global_norm, server_norm)
+        others = [float(np.linalg.norm(row)) for row in honest]
+        bounds = [bound_in_force(cfg, norms, examples, ex, global_norm, server_norm,
+                                 others=others, attackers=m)
                   for ex in own_examples]
         factors = [adaptive_scale(float(np.linalg.norm(row)), b, cfg.adversary_boost)
                    for row, b in zip(own, bounds, strict=True)]

@@ -79,8 +79,8 @@ class RunConfig(TaskConfig):
     update_bound_multiple: float = 3.0
     # Norm normalisation and Sybil links (issue 26): see fedowen_strategy.bounds / links.
     norm_cap: str = "auto"
-    norm_cap_multiple: float = 1.0
-    link_cosine: float = 0.0
+    norm_cap_multiple: float = 2.0
+    link_cosine: float = 0.98
     round_timeout: float = 600.0
     verbose: bool = False
     node_wait_timeout: float = 15.0

@@ -16,6 +16,7 @@ from flwr.app import (
     RecordDict,
 )
 
+from fedowen_strategy.bounds import lower_median
 from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, state_to_record
 from fedowen_task.config import ADVERSARY_KINDS, SERVER_SIDE_KINDS, ConfigError
 from fedowen_task.partition import adversary_ids
@@ -26,6 +27,7 @@ from server_app.byzantine import (
     baruch_z,
     bound_in_force,
     ipm_vector,
+    median_faced,
 )
 from server_app.config import RunConfig, parse_run_config
 from sim.inline_grid import InProcessGrid
@@ -86,9 +88,10 @@ OFF = {"max_norm_ratio": 0.0, "update_bound": "none", "norm_cap": "none"}
     ({**OFF, "update_bound": "clip"}, 30.0),                  # 3 x 0.2 x 50 examples
     ({**OFF, "update_bound": "reject", "update_bound_multiple": 2.0}, 20.0),
     ({**OFF, "norm_cap": "median", "norm_cap_multiple": 1.5}, 3.0),  # 1.5 x median(1, 2, 4)
-    ({**OFF, "norm_cap": "server"}, 2.0),                     # the median as the estimate
+    ({**OFF, "norm_cap": "server"}, 4.0),                     # 2 x the median as the estimate
     ({"max_norm_ratio": 0.5, "update_bound": "clip", "norm_cap": "median"}, 1.5),  # tightest
-    ({"norm_cap": "auto"}, 30.0),                   # auto = none for now: 10 x ||global||
+    ({"norm_cap": "auto"}, 4.0),                    # auto = 2 x median(1, 2, 4)
+    ({"norm_cap": "auto", "max_norm_ratio": 1.0}, 3.0),       # the tighter: 1 x ||global||
     ({"norm_cap": "auto", "valuation": "none", "max_norm_ratio": 0.0}, None),
     (OFF, None),
     ({"strategy": "fltrust"}, None),                          # rescaled to the server's norm
@@ -198,20 +201,29 @@ def test_grid_alie_with_z_max_of_the_round() -> None:
                                    GLOBAL["w"] + honest.mean(0) - z * honest.std(0), rtol=1e-6)
 
 
-def test_grid_adaptive_sits_under_the_norm_cap() -> None:
-    # Prepare: FedOwen with norm-cap median only (x1): the bound is the lower median of the
-    # five honest norms
-    grid, seen = _grid("adaptive", max_norm_ratio=0.0, norm_cap="median")
-    norms = sorted(float(np.linalg.norm(_delta(p))) for p in range(N))
+@pytest.mark.parametrize(("multiple", "rank"), [(1.0, 0), (2.0, 2)])
+def test_grid_adaptive_sits_under_the_norm_cap(multiple: float, rank: int) -> None:
+    # Prepare: FedOwen with norm-cap median only; 2 attackers, 3 honest clients. The cap is
+    # multiple x the lower median (3rd of 5) of the norms the server receives: attackers
+    # just under 1 x it rank below it (the smallest honest norm is the median they face),
+    # attackers at 2 x it rank above it (the largest honest norm is)
+    grid, seen = _grid("adaptive", max_norm_ratio=0.0, norm_cap="median",
+                       norm_cap_multiple=multiple)
+    good = sorted(float(np.linalg.norm(_delta(p))) for p in GOOD)
     # Execute
     replies = _send(grid)
-    # Assert: every attacker's update has norm 0.99 x median, in its own honest direction
+    # Assert: every attacker's update has norm 0.99 x the cap the server will compute from
+    # what it receives, in its own honest direction
+    cap = multiple * good[rank]
+    sent = []
     for pid in BAD:
         delta = _arrays(replies[str(pid)])["w"].astype(np.float64) - GLOBAL["w"]
-        assert np.linalg.norm(delta) == pytest.approx(0.99 * norms[2], rel=1e-6)
+        sent.append(float(np.linalg.norm(delta)))
+        assert sent[-1] == pytest.approx(0.99 * cap, rel=1e-6)
         cosine = delta @ _delta(pid) / (np.linalg.norm(delta) * np.linalg.norm(_delta(pid)))
         assert cosine == pytest.approx(1.0)
-    assert seen[0]["bounds"] == pytest.approx([norms[2]] * 2)
+    assert seen[0]["bounds"] == pytest.approx([cap] * 2)
+    assert multiple * lower_median([*good, *sent]) == pytest.approx(cap, rel=1e-6)
 
 
 def test_grid_falls_back_to_the_attackers_own_updates() -> None:
@@ -263,3 +275,28 @@ def test_bound_in_force_under_the_server_cap_is_the_servers_step() -> None:
     out = bound_in_force(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0,
                          server_norm=5.0)
     assert out == pytest.approx(7.5)  # 1.5 x the server step's norm, not the median's 2
+
+
+@pytest.mark.parametrize("factor", [0.99, 1.98, 2.97])
+@pytest.mark.parametrize("attackers", [1, 2, 3, 5])
+def test_median_faced_is_the_median_the_server_computes_after_the_attack(
+        factor: float, attackers: int) -> None:
+    # Prepare: honest norms of a 10-reply round (some zero: free riders do not count)
+    rng = np.random.default_rng(attackers)
+    others = [*rng.uniform(0.5, 3.0, 10 - attackers - 1), 0.0]
+    # Execute
+    faced = median_faced(others, attackers, factor)
+    # Assert: the attackers sending factor x it leave the server exactly that median; the
+    # median of the honest norms alone is another number (below it when they send more)
+    if faced is None:
+        assert lower_median([*others, *[1e9] * attackers]) == 1e9  # they would set it
+        return
+    assert lower_median([*others, *[factor * faced] * attackers]) == pytest.approx(faced)
+    if factor > 1:
+        assert faced >= lower_median(others)
+
+
+def test_median_faced_leaves_the_bound_to_attackers_holding_the_median() -> None:
+    assert median_faced([1.0, 2.0], attackers=3, factor=1.98) is None
+    assert median_faced([1.0, 2.0], attackers=3, factor=0.99) is None
+    assert median_faced([1.0, 2.0, 3.0, 4.0], attackers=1, factor=1.98) == 3.0
