@@ -99,9 +99,11 @@ def server_sets(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
         keep = np.sort(np.random.default_rng(cfg.seed).choice(
             len(y_test), cfg.test_max_samples, replace=False))
         x_test, y_test = x_test[keep], y_test[keep]
+    # torch.tensor copies: the cached label arrays are read-only memory maps, which
+    # torch.as_tensor would share (and warn about)
     return (to_tensor(ds.x_train[eval_idx], ds.name),
-            torch.as_tensor(ds.y_train[eval_idx], dtype=torch.long),
-            to_tensor(x_test, ds.name), torch.as_tensor(y_test, dtype=torch.long))
+            torch.tensor(ds.y_train[eval_idx], dtype=torch.long),
+            to_tensor(x_test, ds.name), torch.tensor(y_test, dtype=torch.long))
 
 
 def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,

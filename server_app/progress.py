@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,6 +37,13 @@ class Unactionable(logging.Filter):
         return not str(record.msg).startswith(self.MESSAGES)
 
 
+#: Library warnings nobody running the app can act on, as (category, module that warns):
+#: Ray's start-up tip about a future default (GPUs visible to actors that asked for none),
+#: raised when the simulation engine first starts Ray, after the ServerApp is up. The switch
+#: it names would change that behaviour now.
+UNACTIONABLE_WARNINGS = ((FutureWarning, r"ray\._private\.worker"),)
+
+
 class QuietFilter(logging.Filter):
     """Warnings, errors and progress lines pass; other INFO and DEBUG records do not."""
 
@@ -50,6 +58,8 @@ def quiet(verbose: bool) -> Iterator[None]:
     if verbose:
         yield
         return
+    for category, module in UNACTIONABLE_WARNINGS:  # for the process: Ray starts once
+        warnings.filterwarnings("ignore", category=category, module=module)
     quiet_filter = QuietFilter()
     # the root's too: a process that also configured logging (sim.inline) prints records
     # that propagate from Flower's logger a second time

@@ -32,12 +32,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=100, help="server rounds (paper: 100)")
     p.add_argument("--supernodes", type=int, default=100, help="virtual clients (paper: 100)")
     p.add_argument("--clients-per-round", type=int, default=10, help="k (paper: 10)")
-    p.add_argument("--dataset", default="mnist")
+    p.add_argument("--dataset", default="mnist",
+                   help="mnist, fashion-mnist, cifar10, femnist or medmnist:<flag>")
     p.add_argument("--valuation", default="owen", metavar="METHOD",
                    help=f"FedOwen's valuation method: {', '.join(METHODS)}")
     p.add_argument("--strategy", default="fedowen", metavar="NAME",
                    help=f"{', '.join(STRATEGY_NAMES)} or module:Class (a Flower strategy)")
-    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="default: $FEDOWEN_DATA, else ../shared/data beside the repo, else "
+                   "~/.cache/fedowen/data")
     p.add_argument("--output-dir", type=Path, default=None,
                    help="default: outputs/<time>-<dataset>-<valuation> in the repo")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

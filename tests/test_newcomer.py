@@ -95,3 +95,7 @@ def test_run_sh_then_the_readmes_flwr_run_in_one_clone(shared_data_dir: Path,
     streamed = flwr.stdout + flwr.stderr  # the README's flwr run --stream: as quiet
     assert len(streamed.strip().splitlines()) < 60, streamed
     assert "Traceback" not in out and "Traceback" not in streamed
+    # no library warning the user cannot act on (torch's read-only arrays, Ray's future
+    # default: silenced where they arise)
+    for log_text in (out, streamed):
+        assert "UserWarning" not in log_text and "FutureWarning" not in log_text, log_text
