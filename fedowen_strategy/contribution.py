@@ -82,6 +82,10 @@ class ValuationSettings:
             raise ValueError(f"game={self.game!r} is not one of {GAMES}")
         if self.method not in METHODS:
             raise ValueError(f"valuation={self.method!r} is not one of {', '.join(METHODS)}")
+        spec = ESTIMATORS.get(self.method)
+        if spec is not None and spec.uses_first_order and self.game != "delta":
+            raise ValueError(f"valuation={self.method!r} uses the delta game's first-order "
+                             f"terms: set game='delta' (got {self.game!r})")
         _, aggregation = resolve_axes(self.method, "random", self.aggregation)
         object.__setattr__(self, "aggregation", aggregation)
         if self.budget_m < 1:

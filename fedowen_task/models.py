@@ -1,4 +1,5 @@
-"""Models shared by the client and server apps: LeNet-5 and a CIFAR-style ResNet-18.
+"""Models shared by the client and server apps: LeNet-5, a small CNN for 32x32 images and a
+CIFAR-style ResNet-18.
 
 The first layer of each is called ``stem`` (its arrays are ``stem.weight`` / ``stem.bias`` in
 every checkpoint and ArrayRecord).
@@ -22,7 +23,7 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-MODELS = ("lenet", "resnet18")
+MODELS = ("lenet", "resnet18", "cnn")
 
 
 class LeNet5(nn.Module):
@@ -31,6 +32,31 @@ class LeNet5(nn.Module):
     def __init__(self, in_channels: int, num_classes: int) -> None:
         super().__init__()
         self.stem = nn.Conv2d(in_channels, 6, kernel_size=5, padding=2)
+        self.conv2 = nn.Conv2d(6, 16, kernel_size=5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(F.relu(self.stem(x)), 2)
+        h = F.max_pool2d(F.relu(self.conv2(h)), 2)
+        h = torch.flatten(h, 1)
+        h = F.relu(self.fc1(h))
+        h = F.relu(self.fc2(h))
+        return self.fc3(h)
+
+
+class SmallCNN(nn.Module):
+    """A small CNN for 32x32 inputs (PyTorch's CIFAR-10 tutorial network, Flower's quickstart):
+    conv(5x5) -> pool -> conv(5x5) -> pool -> 120 -> 84 -> C, 62k parameters for CIFAR-10.
+
+    For CPU experiments on CIFAR-10 where ResNet-18 (11.2M parameters) is too slow to value
+    thousands of coalitions (benchmarks/record_app_games.py); select it with ``model = "cnn"``.
+    """
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, 6, kernel_size=5)
         self.conv2 = nn.Conv2d(6, 16, kernel_size=5)
         self.fc1 = nn.Linear(16 * 5 * 5, 120)
         self.fc2 = nn.Linear(120, 84)
@@ -90,7 +116,8 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(self.avgpool(h), 1))
 
 
-_BUILDERS: dict[str, Callable[[int, int], nn.Module]] = {"lenet": LeNet5, "resnet18": ResNet18}
+_BUILDERS: dict[str, Callable[[int, int], nn.Module]] = {"lenet": LeNet5, "resnet18": ResNet18,
+                                                         "cnn": SmallCNN}
 
 
 def build_model(

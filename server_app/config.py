@@ -29,7 +29,7 @@ from fedowen_strategy.contribution import (
     round_budget,
 )
 from fedowen_strategy.selection import MEMORIES, SelectionParams
-from fedowen_strategy.valuation import estimate_problems
+from fedowen_strategy.valuation import ESTIMATORS, estimate_problems
 from fedowen_task.config import ConfigError, TaskConfig, one_of, parse_config, parse_scalar
 
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
@@ -209,6 +209,13 @@ class RunConfig(TaskConfig):
             params = self.estimator_params()
         except ValueError as err:
             return [str(err)]
+        spec = ESTIMATORS.get(self.valuation)
+        if spec is not None and spec.uses_first_order and (
+                self.game != "delta" or self.utility_metric != "neg-loss"):
+            return [f"valuation={self.valuation!r} uses the first-order terms of the delta game "
+                    "with neg-loss (one gradient of the evaluation loss): set game = \"delta\" "
+                    f"and utility-metric = \"neg-loss\" (got game={self.game!r}, "
+                    f"utility-metric={self.utility_metric!r})"]
         if self.valuation not in GAME_METHODS:
             if params and self.valuation in METHODS:
                 return [f"valuation-params={self.valuation_params!r}: valuation="

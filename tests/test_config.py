@@ -85,6 +85,15 @@ def test_cross_key_rules_use_the_estimator_registry() -> None:
     assert "takes no parameters" in none
 
 
+def test_first_order_needs_the_delta_game_with_neg_loss() -> None:
+    assert parse_run_config({"valuation": "first-order", "budget-m": 2})
+    assert parse_run_config({"valuation": "owen-antithetic", "budget-m": 2})
+    (game,) = problems_of({"valuation": "first-order", "game": "average"})
+    assert "first-order terms of the delta game" in game and "game='average'" in game
+    (metric,) = problems_of({"valuation": "first-order", "utility-metric": "accuracy"})
+    assert "utility-metric='accuracy'" in metric
+
+
 def test_strategy_keys_are_checked_against_the_flower_class() -> None:
     assert parse_run_config({"strategy": "fedadam", "strategy-params": "eta=0.01"})
     (unknown,) = problems_of({"strategy": "fedadam", "strategy-params": "etaa=0.01"})

@@ -37,7 +37,8 @@ def _resnet18_params(in_channels: int, num_classes: int) -> int:
 
 @pytest.mark.parametrize(
     ("name", "shape", "num_classes"),
-    [("lenet", (1, 28, 28), 10), ("lenet", (1, 28, 28), 62), ("resnet18", (3, 32, 32), 10)],
+    [("lenet", (1, 28, 28), 10), ("lenet", (1, 28, 28), 62), ("resnet18", (3, 32, 32), 10),
+     ("cnn", (3, 32, 32), 10)],
 )
 def test_output_shape(name: str, shape: tuple[int, int, int], num_classes: int) -> None:
     # Prepare
@@ -55,6 +56,11 @@ def test_lenet_parameter_count_by_hand() -> None:
     expected = 156 + 2416 + 48120 + 10164 + 850
     assert expected == 61706
     assert _n_params(build_model("lenet", 1, 10, seed=0)) == expected
+
+
+def test_small_cnn_parameter_count_by_hand() -> None:
+    # stem: 3*6*5*5 + 6 = 456; conv2: 2416; fc1: 48120; fc2: 10164; fc3: 850 (as LeNet's)
+    assert _n_params(build_model("cnn", 3, 10, seed=0)) == 456 + 2416 + 48120 + 10164 + 850
 
 
 def test_resnet18_parameter_count() -> None:

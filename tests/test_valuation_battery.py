@@ -39,6 +39,21 @@ def structured_game() -> AdditiveGame:
     return AdditiveGame(weights, pairs, offset=0.25)
 
 
+class RowRecorder:
+    """``game`` that appends every coalition row it is asked for to ``rows`` (packed bytes);
+    its first-order terms are the game's."""
+
+    def __init__(self, game: AdditiveGame, rows: list[bytes]) -> None:
+        self.game, self.rows = game, rows
+
+    def __call__(self, masks: np.ndarray) -> np.ndarray:
+        self.rows.extend(r.tobytes() for r in np.packbits(masks, axis=1))
+        return self.game(masks)
+
+    def first_order(self, at: float) -> np.ndarray:
+        return self.game.first_order(at)
+
+
 def budget_for(method: str, n: int = N) -> int:
     return 1 << n if method == "exact" else 8 * n
 
@@ -49,11 +64,7 @@ def test_budget_is_respected_and_counted(method: str, budget_factor: int) -> Non
     # Prepare
     rows: list[bytes] = []
     game = structured_game()
-
-    def utility(masks: np.ndarray) -> np.ndarray:
-        rows.extend(r.tobytes() for r in np.packbits(masks, axis=1))
-        return game(masks)
-
+    utility = RowRecorder(game, rows)
     spec = ESTIMATORS[method]
     budget = max(spec.min_budget(N), budget_factor * N)
     # Execute
@@ -117,7 +128,8 @@ def test_symmetric_players_equal_in_expectation(method: str) -> None:
 
 @pytest.mark.parametrize(
     ("method", "params"),
-    [("exact", {}), ("owen", {}), ("owen", {"sampler": "flip"}), ("mc-shapley", {}),
+    [("exact", {}), ("owen", {}), ("owen", {"sampler": "flip"}), ("owen-antithetic", {}),
+     ("mc-shapley", {}), ("first-order", {}), ("first-order", {"at": 0.0}),
      *((m, {}) for m in REGRESSIONS)],
 )
 def test_additive_game_is_recovered_exactly(method: str, params: dict[str, object]) -> None:
@@ -132,15 +144,42 @@ def test_additive_game_is_recovered_exactly(method: str, params: dict[str, objec
     np.testing.assert_allclose(result.values, weights, atol=1e-9)
 
 
-@pytest.mark.parametrize("method", ["kadd-shap", "kernel-shap"])
+@pytest.mark.parametrize("method", ["kadd-shap", "kernel-shap", "owen-antithetic",
+                                    "first-order"])
 def test_pairwise_game_is_recovered_exactly(method: str) -> None:
     # Prepare: kADD-SHAP fits a 2-additive game, so any game with pairwise interactions is
-    # recovered once the fit is determined; paired KernelSHAP is exact for such games too
+    # recovered once the fit is determined; paired KernelSHAP is exact for such games too, an
+    # antithetic walk pair averages j's pair terms to their halves, and the first-order term
+    # at the midpoint of a quadratic extension is its Shapley value
     game = structured_game()
     # Execute
     result = estimate(method, game, N, budget=40, seed=4)
     # Assert
     np.testing.assert_allclose(result.values, game.shapley_values(), atol=1e-9)
+
+
+def test_first_order_terms_are_counted_outside_the_budget() -> None:
+    # Prepare
+    game = structured_game()
+    # Execute
+    fo = estimate("first-order", game, N, budget=2, seed=0, at=0.0)
+    walks = estimate("owen", game, N, budget=40, seed=0)
+    # Assert: the ends are evaluated, the gradient counted apart; no other method takes one
+    assert (fo.n_evals, fo.n_gradients) == (2, 1)
+    np.testing.assert_allclose(fo.values, game.first_order(0.0))
+    assert walks.n_gradients == 0
+
+
+def test_first_order_refuses_a_utility_without_first_order_terms() -> None:
+    with pytest.raises(ValueError, match="has no first_order"):
+        estimate("first-order", lambda m: m.sum(axis=1).astype(float), N, budget=10, seed=0)
+
+
+def test_first_order_of_a_table_game_names_the_recorded_points() -> None:
+    game = TableGame(np.arange(4.0), first_order={0.5: np.array([1.0, 2.0])})
+    assert estimate("first-order", game, 2, budget=2, seed=0).values.tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match=r"no first-order terms recorded at 0.0.*\[0.5\]"):
+        estimate("first-order", game, 2, budget=2, seed=0, at=0.0)
 
 
 def brute_force_shapley(game: TableGame) -> np.ndarray:
@@ -204,6 +243,8 @@ def test_too_small_budget_is_a_clear_error(method: str) -> None:
         ("svarm", {"proposal": "cubic"}, "proposal must be one of"),
         ("kernel-shap", {"proposal": "cubic"}, "proposal must be one of"),
         ("kadd-shap", {"ridge": -1.0}, "ridge must be"),
+        ("first-order", {"at": 1.5}, "at=1.5 must lie in"),
+        ("owen-antithetic", {"eta": 1.5}, "eta must be in"),
     ],
 )
 def test_bad_parameter_values_are_clear_errors(
@@ -225,9 +266,11 @@ def test_seed_must_be_int_or_generator() -> None:
 
 def test_registered_names_are_exactly_the_contract() -> None:
     assert set(ESTIMATORS) == {
-        "exact", "owen", "owen-paper", "mc-shapley", "gtg-shapley", "banzhaf",
-        "weighted-shap", "loo", "svarm", "kernel-shap", "leverage-shap", "kadd-shap",
+        "exact", "owen", "owen-antithetic", "owen-paper", "mc-shapley", "gtg-shapley",
+        "banzhaf", "weighted-shap", "loo", "svarm", "kernel-shap", "leverage-shap", "kadd-shap",
+        "first-order",
     }
+    assert [m for m, spec in ESTIMATORS.items() if spec.uses_first_order] == ["first-order"]
 
 
 def test_efficient_methods_sum_to_total_gain() -> None:
@@ -235,7 +278,7 @@ def test_efficient_methods_sum_to_total_gain() -> None:
     game = structured_game()
     gain = float(game(np.ones((1, N), dtype=bool))[0] - game(np.zeros((1, N), dtype=bool))[0])
     # Execute / Assert: every walk telescopes, so single estimates are exactly efficient
-    for method in ("exact", "owen", "mc-shapley", *REGRESSIONS):
+    for method in ("exact", "owen", "owen-antithetic", "mc-shapley", *REGRESSIONS):
         result = estimate(method, game, N, budget=budget_for(method), seed=5)
         assert result.values.sum() == pytest.approx(gain, abs=1e-9)
 
@@ -245,10 +288,7 @@ def test_end_points_are_recorded_within_the_budget(method: str) -> None:
     # Prepare: a utility that records every row it is asked for
     rows: list[bytes] = []
     game = structured_game()
-
-    def utility(masks: np.ndarray) -> np.ndarray:
-        rows.extend(r.tobytes() for r in np.packbits(masks, axis=1))
-        return game(masks)
+    utility = RowRecorder(game, rows)
 
     ends = np.array([np.zeros(N, bool), np.ones(N, bool)])
     budget = ESTIMATORS[method].min_budget(N)

@@ -51,6 +51,7 @@ from fedowen_strategy.torch_utility.coalitions import (
     stack_states,
 )
 from fedowen_strategy.torch_utility.forward import prepare_net
+from fedowen_strategy.torch_utility.gradient import first_order_terms
 from fedowen_strategy.torch_utility.memory import (
     activation_bytes,
     chunk_from_memory,
@@ -145,7 +146,9 @@ class CoalitionGame:
         self.shares = None if shares is None else [float(x) for x in shares]
         coalition_coefficients(np.ones((1, self.n), bool), self.num_examples, self.shares)
         self.n_model_evals = 0
+        self.n_backward = 0
         self._cache: dict[bytes, float] = {}
+        self._first_order: dict[float, np.ndarray] = {}
 
         self._net = prepare_net(model, self.device, forward) if net is None else net
         load_numpy_state(self._net, global_state)  # integer buffers stay the global's
@@ -188,6 +191,29 @@ class CoalitionGame:
             self._cache.update(zip(todo, values.tolist(), strict=True))
             self.n_model_evals += len(todo)
         return np.array([self._cache[key] for key in keys], dtype=np.float64)
+
+    def first_order(self, at: float = 0.5) -> np.ndarray:
+        """The players' first-order terms ``grad u(theta_0 + at D) . p_i delta_i`` (float64
+        ``(n,)``; :mod:`.gradient`): one backward pass over the evaluation set per distinct
+        ``at`` (counted in ``n_backward``). Needs the delta game and ``metric="neg-loss"``."""
+        if self._deltas is None or self.shares is None:
+            raise ValueError("first-order terms are defined for the delta game only (pass "
+                             "shares); the average game's coalition model is not linear in "
+                             "its members")
+        if self.metric != "neg-loss":
+            raise ValueError(f"first-order terms need metric='neg-loss', got {self.metric!r} "
+                             "(accuracy is piecewise constant: its gradient is zero)")
+        key = float(at)
+        if key not in self._first_order:
+            def forward(theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+                one = {k: v[0] for k, v in self._params(theta[None]).items()}
+                return functional_call(self._net, one, (x,))
+
+            self._first_order[key] = first_order_terms(
+                forward, self._stacked[self.n], self._deltas, np.asarray(self.shares), self._x,
+                self._y, key, self.batch_size)
+            self.n_backward += 1
+        return self._first_order[key].copy()
 
     def _params(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
         """Split flattened parameters (c, P) into views keyed like the model's state dict."""

@@ -13,6 +13,10 @@ served from a cache and not charged again. ``nu(empty)`` and ``nu(N)`` are evalu
 within the budget, for every method (``Valuation.v_empty``, ``Valuation.v_grand``). The same
 seed gives the same values.
 
+A utility may also offer ``utility.first_order(at)``, its players' first-order terms (one
+gradient; see ``_base``). The methods that use them (``ESTIMATORS[name].uses_first_order``)
+refuse a utility without; ``Valuation.n_gradients`` counts the calls, outside the budget.
+
 Methods and the axioms they keep
 --------------------------------
 "exact" = holds for every single estimate; "expect." = holds in expectation over seeds only;
@@ -23,6 +27,7 @@ method          estimates                       efficiency   symmetry  null play
 ==============  ==============================  ===========  ========  ===========  ========
 exact           Shapley value (2^n coalitions)  exact        exact     exact        (exact)
 owen            Shapley value (Owen integral)   exact [1]    expect.   exact        yes [2]
+owen-antithetic Shapley value, antithetic walks exact [1]    expect.   exact        yes [8]
 owen-paper      Paper's Alg. 1 (fixed q grid)   no           expect.   exact        no
 mc-shapley      Shapley value (permutations)    exact        expect.   exact        yes
 gtg-shapley     Shapley value, truncated        ~ [3]        expect.   exact        no [3]
@@ -33,6 +38,7 @@ svarm           Shapley value (size strata)     no           expect.   expect.  
 kernel-shap     Shapley value (regression)      exact [7]    expect.   expect.      no [7]
 leverage-shap   Shapley value (regression)      exact [7]    expect.   expect.      no [7]
 kadd-shap       Shapley of a 2-additive fit     exact [7]    expect.   expect.      no [7]
+first-order     first-order terms (1 gradient)  no           [9]       exact        no [9]
 ==============  ==============================  ===========  ========  ===========  ========
 
 [1] walk sampler (default): every walk telescopes to ``nu(N) - nu(empty)``; with ``eta > 0`` a
@@ -48,6 +54,15 @@ kadd-shap       Shapley of a 2-additive fit     exact [7]    expect.   expect.  
     budget of 2^n (every size enumerated); at smaller budgets a ratio of random quantities
     (300-seed checks flag a small bias on the FedAvg game). ``kadd-shap`` is exact for any
     game with at most pairwise interactions, ``kernel-shap`` too (paired sampling).
+[8] ``owen`` with ``antithetic=True``: each walk paired with its reverse, whose average is exact
+    for any game with at most pairwise interactions (only third and higher order terms leave
+    variance); needs ``2n`` evaluations for one pair.
+[9] ``phi_i = c_i(at)``, the utility's first-order term (``utility.first_order(at)``, one
+    backward pass for the torch utility; :mod:`~fedowen_strategy.valuation.first_order`):
+    deterministic, exact for additive games and, at the default midpoint ``at = 0.5``, for
+    games whose smooth extension is quadratic; biased by the third and higher order terms.
+    Symmetric players get equal values when the extension is symmetric in them too (equal
+    weighted updates in the delta game).
 
 References: Owen (1972); Okhrati and Lipani (2021); Castro et al. (2009); Liu et al. (2022,
 GTG-Shapley); Wang and Jia (2023, Data Banzhaf); Kwon and Zou (2022, Beta Shapley /

@@ -8,6 +8,14 @@ An estimator never calls the user's utility directly. It calls a :class:`CachedG
   rows would take ``n_evals`` past the budget, before the utility is touched.
 
 So ``n_evals <= budget`` holds by construction, whatever an estimator does.
+
+A utility may also offer *first-order terms*, ``utility.first_order(at) -> (n,)`` floats: the
+partial derivatives of a smooth extension ``F`` of the game (``nu(S) = F(1_S)``) along the
+diagonal, ``c_i(at) = dF/dx_i (at, ..., at)`` for ``at`` in [0, 1], with ``c_i = 0`` for a null
+player. The torch utility computes them with one backward pass of the evaluation loss
+(:mod:`fedowen_strategy.torch_utility.gradient`); recorded games store them
+(:class:`~fedowen_strategy.valuation.games.TableGame`). :meth:`CachedGame.first_order` checks
+and caches them and counts the calls in ``n_gradients``, outside the evaluation budget.
 """
 
 from __future__ import annotations
@@ -53,6 +61,9 @@ class Valuation:
         nu(empty) and nu(N), evaluated within the budget for every method.
     params : dict
         The estimator's effective parameters (defaults filled in).
+    n_gradients : int
+        Calls of the utility's ``first_order`` (one backward pass each for the torch utility);
+        not part of the evaluation budget.
     """
 
     values: FloatArray
@@ -62,6 +73,7 @@ class Valuation:
     v_empty: float
     v_grand: float
     params: dict[str, Any] = field(default_factory=dict)
+    n_gradients: int = 0
 
 
 class CachedGame:
@@ -72,7 +84,9 @@ class CachedGame:
         self.n_players = n_players
         self.budget = budget
         self.n_evals = 0
+        self.n_gradients = 0
         self._cache: dict[bytes, float] = {}
+        self._first_order: dict[float, FloatArray] = {}
 
     @property
     def remaining(self) -> int:
@@ -129,6 +143,27 @@ class CachedGame:
             raise ValueError("utility returned non-finite values (NaN or inf)")
         self.n_evals += len(masks)
         return values
+
+    def first_order(self, at: float) -> FloatArray:
+        """The utility's first-order terms ``c(at)`` (see the module docstring), checked and
+        cached; the first call per ``at`` counts in ``n_gradients``."""
+        fn = getattr(self.utility, "first_order", None)
+        if not callable(fn):
+            raise ValueError(
+                f"this method needs the utility's first-order terms, and "
+                f"{type(self.utility).__name__} has no first_order(at) method: use the torch "
+                "CoalitionUtility with game='delta' and metric='neg-loss', a recorded game "
+                "with first-order terms, or a method that only evaluates coalitions")
+        key = float(at)
+        if key not in self._first_order:
+            values = np.asarray(fn(key), dtype=np.float64).reshape(-1)
+            if values.shape != (self.n_players,) or not np.all(np.isfinite(values)):
+                raise ValueError(f"utility.first_order({key}) returned {values.shape} values "
+                                 f"(finite: {bool(np.all(np.isfinite(values)))}); it must "
+                                 f"return {self.n_players} finite floats")
+            self._first_order[key] = values
+            self.n_gradients += 1
+        return self._first_order[key].copy()
 
     def ends(self) -> tuple[float, float]:
         """``(nu(empty), nu(N))``, evaluated in one batch (cached)."""

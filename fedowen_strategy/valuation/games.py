@@ -6,9 +6,12 @@ contract the estimators use.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +43,12 @@ class AdditiveGame:
         sym = self.pairs + self.pairs.T
         return self.weights + sym.sum(axis=1) / 2.0
 
+    def first_order(self, at: float) -> FloatArray:
+        """First-order terms of the extension ``F(x) = offset + a.x + x'Bx``:
+        ``dF/dx_i (at, ..., at) = a_i + at * sum_j (B + B')_ij`` (the Shapley value at 1/2)."""
+        sym = self.pairs + self.pairs.T
+        return self.weights + at * sym.sum(axis=1)
+
 
 class WeightedVotingGame:
     """``nu(S) = 1`` if ``sum_{i in S} w_i >= quota`` else 0."""
@@ -61,27 +70,53 @@ class TableGame:
     """A game given by the utilities of all 2^n coalitions, indexed by bit code.
 
     Coalition code ``c`` has player ``i`` iff bit ``i`` of ``c`` is set; ``table[0]`` is
-    nu(empty) and ``table[-1]`` is nu(N).
+    nu(empty) and ``table[-1]`` is nu(N). ``first_order`` maps points ``at`` to recorded
+    first-order terms (``n`` floats each), served by :meth:`first_order`; ``meta`` keeps what
+    else the recording said (dataset, round, ...).
     """
 
-    def __init__(self, table: FloatArray, name: str = "table"):
+    def __init__(self, table: FloatArray, name: str = "table",
+                 first_order: Mapping[float, FloatArray] | None = None,
+                 meta: Mapping[str, Any] | None = None):
         self.table = np.asarray(table, dtype=float)
         n = len(self.table).bit_length() - 1
         if 1 << n != len(self.table):
             raise ValueError(f"table length must be a power of two; got {len(self.table)}")
         self.n_players = n
         self.name = name
+        self.meta = dict(meta or {})
+        self._first_order = {float(k): np.asarray(v, dtype=float)
+                             for k, v in (first_order or {}).items()}
+        for at, terms in self._first_order.items():
+            if terms.shape != (n,):
+                raise ValueError(f"first-order terms at {at} have shape {terms.shape}, need ({n},)")
         self._bits = 1 << np.arange(n, dtype=np.int64)
 
     def __call__(self, masks: BoolArray) -> FloatArray:
         codes = np.asarray(masks, dtype=np.int64) @ self._bits
         return self.table[codes]
 
+    def first_order(self, at: float) -> FloatArray:
+        """The recorded first-order terms at ``at`` (a ValueError names the recorded points)."""
+        if float(at) not in self._first_order:
+            raise ValueError(f"{self.name}: no first-order terms recorded at {at}; recorded: "
+                             f"{sorted(self._first_order) or 'none'}")
+        return self._first_order[float(at)].copy()
+
     @classmethod
     def from_json(cls, path: str | Path) -> TableGame:
-        """Load a game saved by ``benchmarks/record_fl_game.py`` (key ``"utilities"``)."""
-        data = json.loads(Path(path).read_text())
-        return cls(np.array(data["utilities"], dtype=float), name=Path(path).stem)
+        """Load a recorded game: ``benchmarks/record_fl_game.py``'s JSON (key ``"utilities"``)
+        or ``benchmarks/record_app_games.py``'s gzipped JSON (also ``"first_order"``, a map
+        from ``at`` to n terms, and ``"meta"``)."""
+        path = Path(path)
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as fh:
+            data = json.load(fh)
+        name = path.name.removesuffix(".gz").removesuffix(".json")
+        terms = {float(k): np.asarray(v, dtype=float)
+                 for k, v in data.get("first_order", {}).items()}
+        return cls(np.array(data["utilities"], dtype=float), name=name, first_order=terms,
+                   meta=data.get("meta"))
 
 
 def interaction_game(n: int = 10, seed: int = 0) -> AdditiveGame:

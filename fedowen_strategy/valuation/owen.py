@@ -22,6 +22,21 @@ Both start from Owen's multilinear-extension identity (Owen 1972; Okhrati and Li
 and credits 0 to the players left; this is biased (by at most ``eta`` of the gain per walk);
 docs/valuation.md measures it.
 
+``owen-antithetic`` is ``owen`` with ``antithetic=True`` under its own name (the walk sampler):
+each pair gives player j the average of its marginals to a coalition S of the others and to
+their complement, and for a game with at most pairwise interactions that average *is* j's
+Shapley value (``a_j + sum_{l in S} b_jl`` and ``a_j + sum_{l not in S} b_jl`` average to
+``a_j + sum_l b_jl / 2``). The delta game with neg-loss is nearly quadratic in the updates,
+so only its third and higher order terms leave any variance (benchmarks/bench_ranking_battery.py).
+
+No control variate from the linearised game: ``v_lin(S) = sum_{i in S} c_i`` (``c``: the
+first-order terms, whose Shapley values are ``c`` itself) shifts every marginal of player i by
+the constant ``c_i``, so ``c + owen(v - v_lin)`` equals ``owen(v)`` up to rounding, for any
+sampler and seed; the same holds for every estimator that averages marginals or fits an
+additive model exactly. A control variate helps only where it varies with the coalition, and the
+pairwise (quadratic) part of the game, the largest such part, is what antithetic pairs already
+remove exactly. The first-order terms are offered as an estimate of their own (``first-order``).
+
 ``owen-paper`` (Algorithm 1 of the paper) lives in ``owen_paper.py``.
 """
 
@@ -84,6 +99,27 @@ def owen(
     if antithetic:  # average each walk with its reverse: the pair is the sampling unit
         marginals = [_pair_means(m) for m in marginals]
     return summarise(marginals, n)
+
+
+def owen_antithetic(
+    game: CachedGame,
+    rng: np.random.Generator,
+    *,
+    strata: int | None = None,
+    eta: float = 0.0,
+) -> FloatArray:
+    """``owen`` with antithetic walk pairs (see the module docstring); unbiased, exactly
+    efficient and null-exact like ``owen``, exact on games with at most pairwise interactions.
+    One player: its value is ``nu(N) - nu(empty)``, no walk needed."""
+    if game.n_players == 1:
+        v0, v1 = game.ends()
+        return np.array([v1 - v0])
+    return owen(game, rng, antithetic=True, strata=strata, eta=eta)
+
+
+def antithetic_min_budget(n: int) -> int:
+    """The ends and one antithetic pair of walks (n - 1 evaluations each); 2 for n = 1."""
+    return 2 if n == 1 else 2 * n
 
 
 def _pair_means(m: FloatArray) -> FloatArray:

@@ -13,7 +13,8 @@ import numpy as np
 from fedowen_strategy.valuation._base import CachedGame, FloatArray, Utility, Valuation
 from fedowen_strategy.valuation.banzhaf import banzhaf
 from fedowen_strategy.valuation.exact import MAX_PLAYERS, exact
-from fedowen_strategy.valuation.owen import owen
+from fedowen_strategy.valuation.first_order import first_order
+from fedowen_strategy.valuation.owen import antithetic_min_budget, owen, owen_antithetic
 from fedowen_strategy.valuation.owen_paper import owen_paper
 from fedowen_strategy.valuation.permutation import gtg_shapley, loo, mc_shapley, weighted_shap
 from fedowen_strategy.valuation.regression import kadd_shap, kernel_shap, leverage_shap
@@ -26,13 +27,16 @@ class EstimatorSpec:
 
     ``fn(game, rng, **params) -> values`` gets a :class:`CachedGame` whose ``nu(empty)`` and
     ``nu(N)`` are already evaluated (``game.ends()`` serves them from the cache), so every
-    minimum budget counts those two rows.
+    minimum budget counts those two rows. ``uses_first_order``: the method calls
+    ``game.first_order`` (the utility must offer first-order terms: the torch utility's delta
+    game with neg-loss, or a recorded game).
     """
 
     name: str
     fn: Callable[..., FloatArray]
     min_budget: Callable[[int], int]
     needs: str  # what the minimum budget buys, for the error message
+    uses_first_order: bool = False
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -59,6 +63,8 @@ ESTIMATORS: Mapping[str, EstimatorSpec] = MappingProxyType(
         for spec in (
             EstimatorSpec("exact", exact, lambda n: 1 << n, "all 2^n coalitions"),
             EstimatorSpec("owen", owen, _walk_min, "nu(empty), nu(N) and one walk or mask"),
+            EstimatorSpec("owen-antithetic", owen_antithetic, antithetic_min_budget,
+                          "nu(empty), nu(N) and one antithetic pair of walks"),
             EstimatorSpec("owen-paper", owen_paper, lambda n: 2, "nu(empty) and nu(N)"),
             EstimatorSpec("mc-shapley", mc_shapley, _walk_min, "nu(empty), nu(N), one walk"),
             EstimatorSpec("gtg-shapley", gtg_shapley, _walk_min, "nu(empty), nu(N), one walk"),
@@ -70,6 +76,8 @@ ESTIMATORS: Mapping[str, EstimatorSpec] = MappingProxyType(
             EstimatorSpec("kernel-shap", kernel_shap, lambda n: 2, "nu(empty) and nu(N)"),
             EstimatorSpec("leverage-shap", leverage_shap, lambda n: 2, "nu(empty) and nu(N)"),
             EstimatorSpec("kadd-shap", kadd_shap, lambda n: 2, "nu(empty) and nu(N)"),
+            EstimatorSpec("first-order", first_order, lambda n: 2, "nu(empty) and nu(N)",
+                          uses_first_order=True),
         )
     }
 )
@@ -135,12 +143,14 @@ def estimate(
     Parameters
     ----------
     method : str
-        One of ``ESTIMATORS`` (``exact``, ``owen``, ``owen-paper``, ``mc-shapley``,
-        ``gtg-shapley``, ``banzhaf``, ``weighted-shap``, ``loo``, ``svarm``, ``kernel-shap``,
-        ``leverage-shap``, ``kadd-shap``).
+        One of ``ESTIMATORS`` (``exact``, ``owen``, ``owen-antithetic``, ``owen-paper``,
+        ``mc-shapley``, ``gtg-shapley``, ``banzhaf``, ``weighted-shap``, ``loo``, ``svarm``,
+        ``kernel-shap``, ``leverage-shap``, ``kadd-shap``, ``first-order``).
     utility : callable
         ``utility(masks) -> values`` with ``masks`` a boolean ``(k, n)`` array and ``values``
         ``k`` floats. Called with batches; never with a coalition already evaluated in this call.
+        Methods with ``uses_first_order`` also call ``utility.first_order(at)`` (see
+        :mod:`fedowen_strategy.valuation._base`).
     n_players : int
         Number of players ``n``.
     budget : int
@@ -174,4 +184,5 @@ def estimate(
         v_empty=v_empty,
         v_grand=v_grand,
         params={**spec.defaults, **params},
+        n_gradients=game.n_gradients,
     )
