@@ -5,7 +5,8 @@ node config and the dataset/split settings in the run config; a deployed SuperNo
 set ``client-id`` (its stable name; default: the partition id) and ``data-dir`` (its local
 data; default: the run config's ``data-dir``, else the rule of
 :func:`fedowen_task.data.resolve_data_dir`). The reply carries the trained weights,
-``num-examples``, ``train-loss`` and the client id (in ConfigRecord ``client``).
+``num-examples``, ``train-loss`` and the client id (in ConfigRecord ``client``, with the id of
+the Ray node that ran the call when it ran in a Ray simulation).
 
 The ClientApp reads only its own run-config keys (:class:`fedowen_task.config.TaskConfig`)
 and ignores the rest, and trains with FedProx's proximal term when the server's train config
@@ -15,6 +16,7 @@ carries ``proximal-mu`` (Flower's FedProx sends it).
 from __future__ import annotations
 
 import logging
+import sys
 import zlib
 from functools import lru_cache
 from pathlib import Path
@@ -31,7 +33,7 @@ from client_app.adversary import (
     misbehave,
     sybil_master,
 )
-from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY
+from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, RAY_NODE_FIELD
 from fedowen_strategy.shapfed import last_layer_key
 from fedowen_task.config import TaskConfig, parse_task_config
 from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
@@ -110,8 +112,22 @@ def _seed(run_seed: int, server_round: int, name: str) -> int:
                                       ).generate_state(1)[0])
 
 
+def _ray_node() -> str:
+    """The id of the Ray node running this call, "" outside a Ray worker (the inline backend,
+    a SuperNode). Never imports Ray: a Ray worker has, everything else need not."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return ""
+    return str(ray.get_runtime_context().get_node_id())
+
+
 def _named(content: RecordDict, client_id: str) -> RecordDict:
-    content[CLIENT_RECORD_KEY] = ConfigRecord({CLIENT_ID_FIELD: client_id})
+    """Name the reply's client; on a Ray cluster also its node (the round records list which
+    node trained whom: ``ray_nodes``)."""
+    record = ConfigRecord({CLIENT_ID_FIELD: client_id})
+    if node := _ray_node():
+        record[RAY_NODE_FIELD] = node
+    content[CLIENT_RECORD_KEY] = record
     return content
 
 

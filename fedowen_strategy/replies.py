@@ -21,6 +21,8 @@ from numpy.typing import NDArray
 CLIENT_RECORD_KEY = "client"
 #: Field of that record holding the stable client id (partition-id or a node-config id).
 CLIENT_ID_FIELD = "client-id"
+#: Field of that record naming the Ray node a simulated client ran on (absent outside Ray).
+RAY_NODE_FIELD = "ray-node"
 #: Largest ``num-examples`` a reply may claim (exact in float64, no overflow in weights).
 MAX_EXAMPLES = 2**53
 
@@ -76,6 +78,19 @@ def client_id_of(msg: Message) -> str:
         if isinstance(value, str | int) and str(value):
             return str(value)
     return f"node:{msg.metadata.src_node_id}"
+
+
+def ray_nodes(replies: Iterable[Message]) -> dict[str, list[str]]:
+    """Ray node id -> ids of the clients whose reply says they ran there; empty when no
+    reply names a node (the inline backend, a deployment). Where a cluster ran each client."""
+    nodes: dict[str, list[str]] = {}
+    for msg in replies:
+        if msg.has_error() or CLIENT_RECORD_KEY not in msg.content.config_records:
+            continue
+        node = msg.content.config_records[CLIENT_RECORD_KEY].get(RAY_NODE_FIELD)
+        if isinstance(node, str) and node:
+            nodes.setdefault(node, []).append(client_id_of(msg))
+    return {node: sorted(ids) for node, ids in sorted(nodes.items())}
 
 
 def _check_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],

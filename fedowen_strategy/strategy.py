@@ -55,6 +55,7 @@ from fedowen_strategy.replies import (
     ParsedReplies,
     client_id_of,
     parse_replies,
+    ray_nodes,
     record_to_state,
     short_label,
     state_to_record,
@@ -373,6 +374,8 @@ class FedOwen(FedAvg):
             raise RuntimeError("aggregate_train called before configure_train")
         global_state = record_to_state(self._global)
         replies = list(replies)
+        if nodes := ray_nodes(replies):  # which machine of a Ray cluster trained whom
+            self._round_extra["ray_nodes"] = nodes
         silent = self._silent(replies)
         replies, impostors = self._check_identities(replies)
         contents = {r.metadata.src_node_id: r.content for r in replies if not r.has_error()}

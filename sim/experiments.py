@@ -3,14 +3,15 @@ backend: same ServerApp and ClientApp code in one process per cell, no Ray) and 
 
     python -m sim.experiments run conf/paper-mnist-cpu.toml       # resumable; rerun to continue
     python -m sim.experiments run conf/ablation-mnist.toml --backend inline --jobs 2
+    python -m sim.experiments run conf/ablation-mnist.toml --ray-address 10.0.0.5:6379  # a cluster
     python -m sim.experiments status conf/paper-mnist-cpu.toml    # cells done / partial / failed
     python -m sim.experiments report conf/paper-mnist-cpu.toml    # tables + plots to docs/results
     python -m sim.experiments report --results results/paper-mnist-cpu --out docs/results/x
 
 Results go to ``results/<preset>/<cell-id>/`` (git-ignored; ``results/<preset>-<backend>/`` when
 ``--backend`` overrides the preset's); reports are regenerated from the JSON lines there
-alone. See :mod:`sim.grid` for the preset schema and :mod:`sim.runner` for the resume/retry
-rules.
+alone. See :mod:`sim.grid` for the preset schema, :mod:`sim.runner` for the resume/retry
+rules and :mod:`sim.cluster` for cells as Ray tasks on a running cluster (``--ray-address``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def _load(args: argparse.Namespace) -> tuple[Preset, Path]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.ray_address is not None:
+        return cmd_run_on_cluster(args)
     from contextlib import nullcontext
 
     from tqdm import tqdm
@@ -92,6 +95,52 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar.close()
     print(f"[experiments] {preset.name}: {counts}. Report: python -m sim.experiments report "
           f"{args.preset or '--results ' + str(results)}", flush=True)
+    return 0 if counts["failed"] == 0 else 1
+
+
+def cmd_run_on_cluster(args: argparse.Namespace) -> int:
+    """``run --ray-address``: every cell a Ray task on the cluster, run with the inline
+    backend (:mod:`sim.cluster`); results, resume and retries as for a local run."""
+    from contextlib import ExitStack, nullcontext
+
+    from tqdm import tqdm
+
+    from fedowen_task.data import resolve_data_dir
+    from sim.cluster import ClusterUnreachable, connect
+
+    if args.cell_cpus < 0 or args.cell_gpus < 0 or args.cell_cpus + args.cell_gpus == 0:
+        raise SystemExit(f"--cell-cpus {args.cell_cpus:g} --cell-gpus {args.cell_gpus:g}: a "
+                         "cell needs some CPU or GPU (the default is 1 CPU)")
+    if args.backend == "flwr":
+        raise SystemExit("--ray-address runs each cell with the inline backend in a Ray task "
+                         "(a flwr run would start a Ray simulation inside the task): leave "
+                         "out --backend flwr")
+    args.backend = "inline"  # also names the default results dir, as for a local inline run
+    preset, results = _load(args)
+    with ExitStack() as stack:
+        try:
+            session = stack.enter_context(connect(args.ray_address, cell_cpus=args.cell_cpus,
+                                                  cell_gpus=args.cell_gpus))
+        except ClusterUnreachable as err:
+            print(f"[experiments] {err}", file=sys.stderr, flush=True)
+            return 2
+        data_dir = resolve_data_dir(args.data_dir)
+        jobs = args.jobs if args.jobs > 1 else max(1, session.slots)
+        runner = Runner(preset, results, data_dir, run_fn=session.run_fn,
+                        link_factory=nullcontext, jobs=jobs, follow_rounds=False)
+        cells = runner.selected_cells(args.grid)
+        print(f"[experiments] {preset.name}: {len(cells)} cells, {preset.num_supernodes} "
+              f"virtual clients, inline backend on the {session.describe()}; {jobs} in "
+              f"flight; results in {results}, data {data_dir} (the same path on every node)",
+              flush=True)
+        bar = tqdm(total=len(cells), desc=preset.name, unit="cell", file=sys.stdout,
+                   dynamic_ncols=True, mininterval=5.0)
+        runner.progress = session.progress = bar.write
+        counts = runner.run(retry_failed=args.retry_failed, limit=args.limit,
+                            grids=args.grid, bar=bar)
+        bar.close()
+    print(f"[experiments] {preset.name}: {counts}. Report: python -m sim.experiments report "
+          f"{args.preset or '--results ' + str(results)} --backend inline", flush=True)
     return 0 if counts["failed"] == 0 else 1
 
 
@@ -189,7 +238,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 help="flwr (a real flwr run per cell) or inline (no Ray); "
                                      "default: the preset's")
     run.add_argument("--jobs", type=int, default=1,
-                     help="cells at once (inline backend only; one process each)")
+                     help="cells at once (inline backend only; one process each; with "
+                          "--ray-address: cells in flight, default what the cluster fits)")
+    run.add_argument("--ray-address", default=None, metavar="ADDR",
+                     help="run every cell as a Ray task on this running cluster (host:port "
+                          "of `ray start --head`, ray://host:10001, or auto), with the "
+                          "inline backend; docs/deployment.md, section 8")
+    run.add_argument("--cell-cpus", type=float, default=1.0,
+                     help="CPUs each cell's Ray task asks for (with --ray-address)")
+    run.add_argument("--cell-gpus", type=float, default=0.0,
+                     help="GPUs each cell's Ray task asks for (with --ray-address)")
     run.add_argument("--data-dir", type=Path, default=None)
     run.add_argument("--retry-failed", action="store_true",
                      help="run cells marked failed again (one more retry each)")

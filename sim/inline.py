@@ -27,6 +27,22 @@ from sim.procs import follow, stop_tree, tracked
 
 log = logging.getLogger(__name__)
 COMPLETED = "finished:completed"
+# The parent's pid, set by a parent that may die unannounced (a Ray worker: sim.cluster)
+DIE_WITH_PARENT = "FEDOWEN_DIE_WITH_PARENT"
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the parent named in ``DIE_WITH_PARENT`` dies
+    (and exit now if it already has)."""
+    parent = os.environ.get(DIE_WITH_PARENT)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):
+        raise SystemExit(f"[inline] parent {parent} is gone; not starting")
 
 
 def run_cell(run_config: dict[str, Any], num_supernodes: int) -> dict[str, Any]:
@@ -95,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-config", type=Path, required=True, help="JSON file of run-config keys")
     p.add_argument("--num-supernodes", type=int, default=100, help="virtual clients")
     args = p.parse_args(argv)
+    _die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     summary = run_cell(json.loads(args.run_config.read_text()), args.num_supernodes)
     print(f"[inline] completed: final test accuracy {summary['final_test_accuracy']}; "

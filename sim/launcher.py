@@ -68,6 +68,9 @@ class LocalSuperLink:
     ports: dict[str, int] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     cwd: Path | None = None  # None: flwr_home (see superlink_env)
+    # More environment for the SuperLink and what it starts, e.g. RAY_ADDRESS: Flower's Ray
+    # backend then attaches to that cluster (docs/deployment.md, section 8).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def log_file(self) -> Path:
@@ -87,7 +90,7 @@ class LocalSuperLink:
                "--host", "127.0.0.1", "--port", str(self.ports["http"]),
                "--database", str(self.log_file.parent / "state.db"),
                "--log-file", str(self.log_file)]
-        self.process = subprocess.Popen(cmd, env=superlink_env(self.flwr_home),
+        self.process = subprocess.Popen(cmd, env={**superlink_env(self.flwr_home), **self.env},
                                         cwd=self.cwd or self.flwr_home,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True)

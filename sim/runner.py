@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -141,17 +141,20 @@ def _follow_rounds(path: Path, on_round: Callable[[dict[str, Any]], None],
 class Runner:
     """Runs a preset's cells resumably; ``run_fn`` and ``link_factory`` are injectable
     (tests pass fakes; the CLI passes :func:`sim.launcher.flwr_run` and
-    :class:`sim.launcher.LocalSuperLink`, or :func:`sim.inline.inline_run` and no link).
-    ``jobs`` > 1 runs that many cells at once (only for a ``run_fn`` that needs no shared
-    SuperLink)."""
+    :class:`sim.launcher.LocalSuperLink`, :func:`sim.inline.inline_run` and no link, or a
+    Ray cluster's :meth:`sim.cluster.ClusterSession.run_fn`). ``jobs`` > 1 runs that many cells
+    at once (only for a ``run_fn`` that needs no shared SuperLink). ``follow_rounds``: one
+    progress line per round as ``rounds.jsonl`` grows (off where the records arrive whole, as
+    from a cluster)."""
 
     def __init__(self, preset: Preset, results: Path, data_dir: Path, *, run_fn: RunFn,
                  link_factory: LinkFactory, flwr_home: Path | None = None,
-                 progress: Callable[[str], None] | None = None, jobs: int = 1) -> None:
+                 progress: Callable[[str], None] | None = None, jobs: int = 1,
+                 follow_rounds: bool = True) -> None:
         if jobs < 1:
             raise ValueError(f"jobs={jobs} must be >= 1")
         self.preset, self.results, self.data_dir = preset, results, data_dir
-        self.run_fn, self.jobs = run_fn, jobs
+        self.run_fn, self.jobs, self.follow_rounds = run_fn, jobs, follow_rounds
         self.link = _Link(link_factory, flwr_home or results / ".flwr-home")
         self.progress = progress or (lambda msg: log.info("%s", msg))
 
@@ -179,7 +182,9 @@ class Runner:
                           + ("" if val is None else f", valuation {val:.2f}s"))
 
         started = time.monotonic()
-        with (out / LOG_FILE).open("a") as fh, _follow_rounds(out / ROUNDS_FILE, on_round):
+        follow = _follow_rounds(out / ROUNDS_FILE, on_round) if self.follow_rounds \
+            else nullcontext()
+        with (out / LOG_FILE).open("a") as fh, follow:
             fh.write(f"\n=== attempt {attempt} {time.strftime('%Y-%m-%dT%H:%M:%S')} "
                      f"resume={'resume-from' in cfg} ===\n")
             fh.flush()

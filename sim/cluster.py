@@ -1,0 +1,336 @@
+"""Sweep cells as Ray tasks on a running Ray cluster (``sim.experiments run --ray-address``).
+
+Ray runs the cluster (``ray start --head`` and ``ray start --address``; docs/deployment.md,
+section 8); this module only submits work to it: one task per cell, with the resource request
+``--cell-cpus`` / ``--cell-gpus``. A task runs its cell with the inline backend (the process
+:func:`sim.inline.inline_run` starts: the real ServerApp and ClientApp code, no SuperLink) in a
+temporary folder of whichever node Ray picked, and returns the cell's files; the driver writes
+them to ``<results>/<cell-id>/``, where the runner's resume logic looks, so no shared file
+system is needed. A partial cell's files travel to its task, which resumes the cell from its
+checkpoint.
+
+Every node needs this checkout at the same path in the same venv (its tasks import ``sim``
+from there) and the data at the runner's ``--data-dir`` path; a task on a node without the
+data fails at once, naming the node.
+
+Retries and their reports are the runner's (:mod:`sim.runner`): Ray's own retries are off, so
+a failed task is retried once, written to ``cells.jsonl`` with the tail of its log, then
+marked failed. A stopped runner (SIGTERM, Ctrl-C) kills its tasks' workers; their cell
+processes end with them (``DIE_WITH_PARENT``) and the next task on the node removes the
+folders they leave.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.launcher import APP_DIR, RunOutcome
+from sim.procs import SIGNALS, stopping
+
+log = logging.getLogger(__name__)
+PROBE_SECONDS = 15.0  # a dead GCS makes ray.init retry for minutes: the probe gives up first
+TCP_SECONDS = 3.0
+#: A task's result arrives this long after its cell's own timeout, or counts as lost.
+RESULT_GRACE = 120.0
+CANCEL_GRACE = 10.0  # seconds to wait for a cancelled task's end
+CELL_DIR_PREFIX = "fedowen-cell-"  # + the worker's pid: folders of dead workers are removed
+DRIVER_LOG = "flwr.log"  # the runner's log of the cell: stays with the driver
+
+
+class ClusterUnreachable(RuntimeError):
+    """No usable Ray cluster at the address given; the message says how to start one."""
+
+
+def split_address(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``host:port`` or ``ray://host:port``; None for ``auto``."""
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+def ray_start_command(address: str) -> str:
+    """The ``ray start`` command that makes a head node answer at ``address``."""
+    parts = split_address(address)
+    if parts is None:
+        return "ray start --head"
+    host, port = parts
+    flag = "--ray-client-server-port" if address.startswith("ray://") else "--port"
+    where = "" if host in ("127.0.0.1", "localhost") else f" --node-ip-address={host}"
+    return f"ray start --head{where} {flag}={port}"
+
+
+def _unreachable(address: str, why: str) -> ClusterUnreachable:
+    parts = split_address(address)
+    host = "this machine" if parts is None or parts[0] in ("127.0.0.1", "localhost") \
+        else parts[0]
+    join = "" if parts is None or address.startswith("ray://") else \
+        f", then `ray start --address={parts[0]}:{parts[1]}` on each worker"
+    return ClusterUnreachable(
+        f"--ray-address {address}: no Ray cluster there ({why}). Start its head with "
+        f"`{ray_start_command(address)}` on {host}{join}, or pass the address that "
+        "`ray start --head` printed")
+
+
+_PROBE = """
+import json, sys
+import ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+print(json.dumps({"nodes": nodes, "resources": ray.cluster_resources()}))
+"""
+
+
+def probe(address: str, timeout: float = PROBE_SECONDS) -> dict[str, Any]:
+    """Check that a Ray cluster answers at ``address``: its live nodes' resources.
+
+    A refused port fails at once; otherwise a child process connects (``ray.init`` waits
+    minutes on an address where no GCS answers) and is given up after ``timeout`` seconds.
+    Raises :class:`ClusterUnreachable` naming the address and the ``ray start`` command.
+    """
+    parts = split_address(address)
+    if parts is None and address != "auto":
+        raise _unreachable(address, "not host:port, ray://host:port or auto")
+    if parts is not None:
+        try:
+            socket.create_connection(parts, TCP_SECONDS).close()
+        except OSError as err:
+            raise _unreachable(address, f"{parts[0]}:{parts[1]}: {err.strerror or err}") \
+                from None
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE, address], capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise _unreachable(address, f"no answer within {timeout:.0f}s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise _unreachable(address, f"ray.init failed: {last[:300]}")
+    info: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return info
+
+
+def pack(folder: Path, skip: tuple[str, ...] = (DRIVER_LOG,)) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative POSIX path -> bytes), except the names in
+    ``skip``; empty when the folder does not exist."""
+    if not folder.is_dir():
+        return {}
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name not in skip}
+
+
+def unpack(files: dict[str, bytes], folder: Path) -> None:
+    """Write :func:`pack`'s files under ``folder`` (paths that leave it are refused)."""
+    root = folder.resolve()
+    for name, data in files.items():
+        path = (folder / name).resolve()
+        if not path.is_relative_to(root):
+            raise ValueError(f"file {name!r} would leave {folder}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def run_cell_task(run_config: dict[str, Any], files: dict[str, bytes], num_supernodes: int,
+                  timeout: float) -> dict[str, Any]:
+    """A cell's Ray task, on the worker node: unpack what the driver has of the cell (a
+    resumed cell's checkpoint and records), run it inline in a temporary folder, return its
+    status, log, files and the node it ran on."""
+    import ray
+
+    node = {"node": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(), "host": socket.gethostname()}
+    data = Path(str(run_config["data-dir"]))
+    if not data.is_dir():
+        return {**node, "status": f"error: data-dir {data} does not exist on node {node['ip']} "
+                f"({node['host']}): every node needs the data at this path", "log": "",
+                "files": {}}
+    _remove_orphans()
+    with tempfile.TemporaryDirectory(prefix=f"{CELL_DIR_PREFIX}{os.getpid()}-") as tmp:
+        out = Path(tmp) / "cell"
+        unpack(files, out)
+        cfg = {**run_config, "output-dir": str(out)}
+        if cfg.get("resume-from"):
+            cfg["resume-from"] = str(out)
+        status, text = _run_inline(cfg, num_supernodes, timeout, out, Path(tmp) / "cell.log")
+        return {**node, "status": status, "log": text, "files": pack(out)}
+
+
+def _remove_orphans() -> None:
+    """Remove cell folders of this node whose worker is gone (a cancelled task's worker is
+    killed before it can clean up)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{CELL_DIR_PREFIX}*-*"):
+        pid = folder.name.removeprefix(CELL_DIR_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_inline(cfg: dict[str, Any], num_supernodes: int, timeout: float, out: Path,
+                log_path: Path) -> tuple[str, str]:
+    """The cell's process, as :func:`sim.inline.inline_run` starts it, waited for by polling
+    up to ``timeout`` seconds, ended with this worker if the worker is killed (a cancelled
+    task); returns (status, log)."""
+    from sim.inline import COMPLETED, DIE_WITH_PARENT, child_env
+    from sim.procs import stop_tree
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_file = out / "inline-run-config.json"
+    cfg_file.write_text(json.dumps(cfg, indent=1))
+    env = {**child_env(cfg), DIE_WITH_PARENT: str(os.getpid())}
+    cmd = [sys.executable, "-m", "sim.inline", "--run-config", str(cfg_file),
+           "--num-supernodes", str(num_supernodes)]
+    deadline = time.monotonic() + timeout
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=APP_DIR, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            stop_tree(proc, grace=5)
+    text = log_path.read_text(errors="replace")
+    if proc.returncode == 0:
+        return COMPLETED, text
+    late = f", timed out after {timeout:.0f}s" if time.monotonic() >= deadline else ""
+    return f"finished:failed (exit {proc.returncode}{late})", text
+
+
+def node_label(result: dict[str, Any]) -> str:
+    """``ip (node id prefix)`` of a task result."""
+    return f"{result.get('ip', '?')} ({str(result.get('node', ''))[:8]})"
+
+
+@dataclass
+class ClusterSession:
+    """A driver connected to a cluster; :meth:`run_fn` is the runner's ``run_fn``."""
+
+    address: str
+    nodes: list[dict[str, float]]
+    cell_cpus: float = 1.0
+    cell_gpus: float = 0.0
+    progress: Callable[[str], None] = field(default=lambda msg: log.info("%s", msg))
+    _task: Any = None
+
+    @property
+    def slots(self) -> int:
+        """How many cells the cluster runs at once (per node, by CPUs and GPUs)."""
+        total = 0
+        for res in self.nodes:
+            fits = [res.get("CPU", 0.0) / self.cell_cpus] if self.cell_cpus > 0 else []
+            if self.cell_gpus > 0:
+                fits.append(res.get("GPU", 0.0) / self.cell_gpus)
+            total += int(min(fits)) if fits else 1
+        return total
+
+    def describe(self) -> str:
+        cpus = sum(r.get("CPU", 0.0) for r in self.nodes)
+        gpus = sum(r.get("GPU", 0.0) for r in self.nodes)
+        return (f"Ray cluster {self.address}: {len(self.nodes)} nodes, {cpus:g} CPUs, "
+                f"{gpus:g} GPUs; {self.slots} cells at a time ({self.cell_cpus:g} CPU, "
+                f"{self.cell_gpus:g} GPU each)")
+
+    def run_fn(self, _link: Any, run_config: dict[str, Any], *, num_supernodes: int,
+               cpus_per_client: float = 1.0, timeout: float = 3600,
+               stream_to: Any = None) -> RunOutcome:
+        """Run one cell as a Ray task and write its files where the runner expects them."""
+        import ray
+
+        out = Path(str(run_config["output-dir"]))
+        files = pack(out) if run_config.get("resume-from") else {}
+        started = time.monotonic()
+        ref = self._task.remote(run_config, files, num_supernodes, timeout)
+        while not ray.wait([ref], timeout=1.0)[0]:
+            if stopping():  # SIGTERM to the runner: end the task's worker, and so its cell
+                self._cancel(ref)
+                return RunOutcome(None, "interrupted", "")
+            if time.monotonic() - started > timeout + RESULT_GRACE:
+                self._cancel(ref)
+                return self._lost(stream_to, f"no result within {timeout + RESULT_GRACE:.0f}s")
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayError as err:  # the worker or its node died
+            return self._lost(stream_to, f"{type(err).__name__}: {str(err).splitlines()[0]}")
+        unpack(result["files"], out)
+        seconds, status = time.monotonic() - started, str(result["status"])
+        if stream_to is not None:  # the node last: the runner keeps a failed log's tail
+            stream_to.write(result["log"] + f"[cluster] ran on node {node_label(result)} in "
+                            f"{seconds:.0f}s: {status}\n")
+            stream_to.flush()
+        ok = status == "finished:completed"
+        self.progress(f"  [{out.name}] {'done' if ok else 'failed'} on node "
+                      f"{node_label(result)} in {seconds:.0f}s")
+        return RunOutcome(None, status, result["log"])
+
+    @staticmethod
+    def _cancel(ref: Any) -> None:
+        """Kill the task's worker (Ray 2.55 does not interrupt a running task without
+        ``force``); its cell process follows (``DIE_WITH_PARENT``)."""
+        import ray
+
+        ray.cancel(ref, force=True)
+        ray.wait([ref], timeout=CANCEL_GRACE)
+
+    def _lost(self, stream_to: Any, why: str) -> RunOutcome:
+        if stream_to is not None:
+            stream_to.write(f"[cluster] task lost: {why}\n")
+            stream_to.flush()
+        return RunOutcome(None, f"finished:failed (ray task: {why})", "")
+
+
+def _signal_handlers() -> dict[signal.Signals, Any]:
+    """The Python handlers of SIGTERM, SIGINT and SIGHUP now (none off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    found = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    return {sig: handler for sig, handler in found.items() if handler is not None}
+
+
+@contextmanager
+def connect(address: str, *, cell_cpus: float = 1.0, cell_gpus: float = 0.0,
+            timeout: float = PROBE_SECONDS) -> Iterator[ClusterSession]:
+    """Attach this process to the cluster at ``address`` for the block (:func:`probe` first,
+    so a wrong address fails within ``timeout`` seconds); cells' tasks import ``sim`` from
+    this checkout's path on every node."""
+    if cell_cpus < 0 or cell_gpus < 0 or cell_cpus + cell_gpus == 0:
+        raise ValueError(f"cell resources cpus={cell_cpus}, gpus={cell_gpus}: give a cell "
+                         "at least some CPU or GPU")
+    info = probe(address, timeout)
+    nodes = info["nodes"]
+    if not any(r.get("CPU", 0.0) >= cell_cpus and r.get("GPU", 0.0) >= cell_gpus
+               for r in nodes):
+        raise ClusterUnreachable(
+            f"--ray-address {address}: no node has {cell_cpus:g} CPUs and {cell_gpus:g} GPUs "
+            f"for a cell (nodes: {nodes}); lower --cell-cpus / --cell-gpus or add a node with "
+            "`ray start --address=<head> --num-cpus=N --num-gpus=G`")
+    import ray
+
+    handlers = _signal_handlers()
+    with warnings.catch_warnings():  # a tip about a future default, nothing to act on
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\._private")
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(APP_DIR)}})
+    # ray.init replaces SIGTERM's handler with its own (a crash report, then death): give the
+    # runner's back (sim.procs.exit_on_signals), so a stopped sweep cancels its tasks cleanly
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    task = ray.remote(run_cell_task).options(num_cpus=cell_cpus, num_gpus=cell_gpus,
+                                             max_retries=0, name="fedowen-cell")
+    try:
+        yield ClusterSession(address, nodes, cell_cpus, cell_gpus, _task=task)
+    finally:
+        ray.shutdown()
