@@ -45,6 +45,7 @@ from fedowen_strategy.torch_utility.coalitions import (
     _check_args,
     check_states,
     coalition_coefficients,
+    delta_params,
     load_numpy_state,
     resolve_device,
     score_sum,
@@ -60,8 +61,8 @@ from fedowen_strategy.torch_utility.memory import (
 from fedowen_strategy.valuation._base import check_masks
 
 __all__ = ["METRICS", "MODES", "VMAP_MAX_PARAMS", "CoalitionGame", "Layout", "check_masks",
-           "check_states", "choose_mode", "coalition_coefficients", "load_numpy_state",
-           "resolve_device", "score_sum", "stack_states"]
+           "check_states", "choose_mode", "coalition_coefficients", "delta_params",
+           "load_numpy_state", "resolve_device", "score_sum", "stack_states"]
 logger = logging.getLogger(__name__)
 VMAP_MAX_PARAMS = 1_000_000
 
@@ -232,10 +233,8 @@ class CoalitionGame:
             a = coef[s : s + self.chunk_size]
             if self._deltas is None:
                 theta = a @ self._stacked
-            else:  # one client at a time: every row sums its terms in the same order
-                theta = self._stacked[self.n].expand(len(a), -1).clone()
-                for i in range(self.n):
-                    theta += a[:, i : i + 1] * self._deltas[i]
+            else:  # every row sums its members' terms in client order
+                theta = delta_params(self._stacked[self.n], self._deltas, a)
             params = self._params(theta)
             sums.append(self._sums_vmap(params) if self.mode == "vmap"
                         else self._sums_loop(params))

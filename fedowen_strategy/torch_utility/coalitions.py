@@ -105,6 +105,37 @@ def _check_args(
         raise ValueError(f"batch_size = {batch_size}; it must be positive")
 
 
+def delta_params(base: torch.Tensor, deltas: torch.Tensor, coef: torch.Tensor,
+                 members_only: bool | None = None) -> torch.Tensor:
+    """The delta game's coalition parameters ``base + sum_i a_ji delta_i``, one row per
+    coalition (``coef``: (k, n+1) from :func:`coalition_coefficients`, column n unused).
+
+    Every row adds its terms ``a_ji * delta_i`` in client order, each product rounded, then
+    each sum, so a coalition's parameters do not depend on the chunk it comes in and a zero
+    update adds exactly nothing. Two forms with bit-identical rows (a non-member's term is
+    ``+-0``, which adds nothing): ``members_only`` skips non-members row by row (the CPU: half
+    the work for coalitions of half the players; issue 27, n = 100, LeNet, 64 coalitions, one
+    thread: 0.20-0.25 s against 0.44-0.46 s; an n = 81 ``owen`` M = 4 valuation spends 0.52 s
+    here instead of 1.28 s of about 8.5 s); otherwise one client at a time over all rows
+    (a GPU: n launches instead of up to k x n). ``None``: members only on the CPU. One
+    difference: with ``members_only`` a non-finite delta no longer turns coalitions without
+    it into NaN.
+    """
+    n = deltas.shape[0]
+    theta = base.expand(len(coef), -1).clone()
+    if not (base.device.type == "cpu" if members_only is None else members_only):
+        for i in range(n):
+            theta += coef[:, i : i + 1] * deltas[i]
+        return theta
+    term = torch.empty_like(base)
+    for row, weights in zip(theta, coef[:, :n].tolist(), strict=True):
+        for i, a in enumerate(weights):
+            if a != 0.0:
+                torch.mul(deltas[i], a, out=term)
+                row += term
+    return theta
+
+
 Layout = list[tuple[str, int, torch.Size]]
 
 
