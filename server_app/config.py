@@ -60,7 +60,7 @@ class RunConfig(TaskConfig):
     strategy: str = "fedowen"
     strategy_params: str = ""
     proximal_mu: float = 0.0
-    valuation: str = "owen"
+    valuation: str = "owen-antithetic"
     valuation_params: str = ""
     selection: str = "auto"
     aggregation: str = "auto"

@@ -21,7 +21,7 @@ from typing import Any
 from fedowen_strategy.checkpoint import CHECKPOINT_FILE
 from fedowen_strategy.contribution import METHODS
 from fedowen_task.config import parse_scalar
-from server_app.config import parse_run_config
+from server_app.config import RunConfig, parse_run_config
 from server_app.strategies import NAMES as STRATEGY_NAMES
 from sim.launcher import APP_DIR, LocalSuperLink, flwr_run
 from sim.procs import Terminated, exit_on_signals
@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients-per-round", type=int, default=10, help="k (paper: 10)")
     p.add_argument("--dataset", default="mnist",
                    help="mnist, fashion-mnist, cifar10, femnist or medmnist:<flag>")
-    p.add_argument("--valuation", default="owen", metavar="METHOD",
+    p.add_argument("--valuation", default=RunConfig.valuation, metavar="METHOD",
                    help=f"FedOwen's valuation method: {', '.join(METHODS)}")
     p.add_argument("--strategy", default="fedowen", metavar="NAME",
                    help=f"{', '.join(STRATEGY_NAMES)} or module:Class (a Flower strategy)")

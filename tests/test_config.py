@@ -116,7 +116,7 @@ def test_estimator_params_and_model_choice() -> None:
     cfg = parse_run_config({"valuation": "owen-paper", "owen-q": 4,
                             "valuation-params": "eta=0.05"})
     assert cfg.estimator_params() == {"levels": 4, "eta": 0.05}
-    cfg = parse_run_config({"valuation-params": "antithetic=true"})
+    cfg = parse_run_config({"valuation": "owen", "valuation-params": "antithetic=true"})
     assert cfg.estimator_params() == {"antithetic": True}
     assert parse_run_config({"valuation-params": "strata=2"}).estimator_params() == {"strata": 2}
     assert parse_run_config({"dataset": "cifar10"}).model_name() == "resnet18"
