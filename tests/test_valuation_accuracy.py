@@ -66,33 +66,19 @@ def bias_flags(samples: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("game_name", list(GAMES))
-@pytest.mark.parametrize("m", MS)
-def test_owen_is_unbiased(game_name: str, m: int) -> None:
+@pytest.mark.parametrize(("method", "m"), [
+    *[("owen", m) for m in MS], *[("owen-antithetic", m) for m in MS],
+    *[("svarm", m) for m in SVARM_MS]])  # svarm: once its warm-up fits
+def test_sampling_estimators_are_unbiased(method: str, m: int, game_name: str) -> None:
     # Prepare
     game = GAMES[game_name]
     truth = exact_values(game, game.n_players)
     # Execute
-    samples = runs("owen", game_name, m)
+    samples = runs(method, game_name, m)
     # Assert
     flagged = bias_flags(samples, truth)
     assert not flagged.any(), (
-        f"owen mean {samples.mean(axis=0)[flagged]} vs exact {truth[flagged]} "
-        f"(players {np.flatnonzero(flagged)})"
-    )
-
-
-@pytest.mark.parametrize("game_name", list(GAMES))
-@pytest.mark.parametrize("m", MS)
-def test_owen_antithetic_is_unbiased(game_name: str, m: int) -> None:
-    # Prepare
-    game = GAMES[game_name]
-    truth = exact_values(game, game.n_players)
-    # Execute
-    samples = runs("owen-antithetic", game_name, m)
-    # Assert
-    flagged = bias_flags(samples, truth)
-    assert not flagged.any(), (
-        f"owen-antithetic mean {samples.mean(axis=0)[flagged]} vs exact {truth[flagged]} "
+        f"{method} mean {samples.mean(axis=0)[flagged]} vs exact {truth[flagged]} "
         f"(players {np.flatnonzero(flagged)})"
     )
 
@@ -135,22 +121,6 @@ def test_a_linearised_control_variate_changes_nothing() -> None:
         plain = estimate("owen", game, 10, budget=40, seed=seed).values
         with_cv = c + estimate("owen", residual, 10, budget=40, seed=seed).values
         np.testing.assert_allclose(with_cv, plain, atol=1e-15)
-
-
-@pytest.mark.parametrize("game_name", list(GAMES))
-@pytest.mark.parametrize("m", SVARM_MS)
-def test_svarm_is_unbiased_once_the_warmup_fits(game_name: str, m: int) -> None:
-    # Prepare
-    game = GAMES[game_name]
-    truth = exact_values(game, game.n_players)
-    # Execute
-    samples = runs("svarm", game_name, m)
-    # Assert
-    flagged = bias_flags(samples, truth)
-    assert not flagged.any(), (
-        f"svarm mean {samples.mean(axis=0)[flagged]} vs exact {truth[flagged]} "
-        f"(players {np.flatnonzero(flagged)})"
-    )
 
 
 def test_the_bias_test_has_power_against_owen_paper() -> None:
