@@ -84,7 +84,8 @@ def _partition(cfg: TaskConfig, context: Context
     split = federated_split(ds, num_clients=num, alpha=cfg.alpha,
                             imbalance_factor=cfg.imbalance_factor, seed=cfg.seed,
                             scheme=cfg.partition_scheme, min_size=cfg.min_partition_size,
-                            eval_fraction=cfg.eval_fraction)
+                            eval_fraction=cfg.eval_fraction,
+                            validation_fraction=cfg.validation_fraction)
     adversaries = adversary_ids(num, cfg.adversary_fraction, cfg.seed)
     bad, name = pid in adversaries, _client_id(context)
     if bad and cfg.adversary_kind in SYBIL_KINDS:

@@ -65,6 +65,7 @@ class TaskConfig:
     partition_scheme: str = "per-class"
     min_partition_size: int = 10
     eval_fraction: float = 0.01
+    validation_fraction: float = 0.0
     seed: int = 0
     lr: float = 0.02
     momentum: float = 0.9
@@ -95,10 +96,14 @@ class TaskConfig:
 
         checks = [
             (self.alpha > 0, f"alpha={self.alpha} must be > 0"),
-            (0 < self.imbalance_factor <= 1,
-             f"imbalance-factor={self.imbalance_factor} must lie in (0, 1]"),
+            (0 <= self.imbalance_factor <= 1,
+             f"imbalance-factor={self.imbalance_factor} must lie in [0, 1] (0 = the data's "
+             "own class counts, no long-tailed transform)"),
             (self.min_partition_size >= 0, "min-partition-size must be >= 0"),
             (0 < self.eval_fraction < 1, f"eval-fraction={self.eval_fraction} must lie in (0, 1)"),
+            (0 <= self.validation_fraction < 1 - self.eval_fraction,
+             f"validation-fraction={self.validation_fraction} must lie in [0, 1 - eval-fraction) "
+             "(0 = no validation set)"),
             (self.lr > 0, f"lr={self.lr} must be > 0"),
             (0 <= self.momentum < 1, f"momentum={self.momentum} must lie in [0, 1)"),
             (self.batch_size >= 1, f"batch-size={self.batch_size} must be >= 1"),

@@ -34,6 +34,16 @@ The setup follows the FedOwen paper (Sec. 4.1 and Appendix "Long-Tailed Class Di
        clients can be more mixed than ``alpha`` suggests.
    ``writer`` (FEMNIST only, :func:`federated_split`)
        The natural split: clients are groups of whole writers (:func:`writer_partition`).
+   ``writer-sample`` (FEMNIST only)
+       Writers as clients: ``num_clients`` writers drawn with a fixed seed (the same writers in
+       every run, whatever its ``seed``: one federation, many runs), each writer one client;
+       the other writers' samples are used by nobody (:func:`writer_sample`).
+
+``imbalance_factor = 0`` skips the long-tailed transform: the data's own class counts (the
+natural split of FEMNIST, BreastMNIST's own imbalance). A **validation set** for tuning
+(``validation_fraction > 0``) is carved, stratified, from what the evaluation set leaves,
+before the transform: it is nobody's data, disjoint from the evaluation and test sets
+(:func:`holdout_split`).
 
 Randomness comes from ``np.random.SeedSequence(seed)`` children, one per step; the global RNG
 is never used. :func:`federated_split` is the one entry point the apps use; it is cached per
@@ -44,7 +54,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,16 +63,21 @@ from fedowen_task.dirichlet import split_per_class, split_per_client, top_up
 
 log = logging.getLogger(__name__)
 
-SCHEMES: tuple[str, ...] = ("per-class", "per-client", "writer")
+SCHEMES: tuple[str, ...] = ("per-class", "per-client", "writer", "writer-sample")
+WRITER_SCHEMES = ("writer", "writer-sample")
+#: The seed of ``writer-sample``'s draw: fixed, so every run federates the same writers.
+WRITER_DRAW_SEED = 0xFE
 SeedLike = int | np.random.SeedSequence
 
 
 @dataclass(frozen=True, eq=False)
 class FederatedSplit:
-    """Indices into ``ds.x_train``: the server evaluation set and one array per client."""
+    """Indices into ``ds.x_train``: the server evaluation set, one array per client and the
+    validation set (empty unless asked for)."""
 
     eval_idx: np.ndarray
     client_idx: tuple[np.ndarray, ...]
+    val_idx: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
     @property
     def num_clients(self) -> int:
@@ -129,6 +144,27 @@ def server_eval_split(
     return eval_idx, np.flatnonzero(train_mask).astype(np.int64)
 
 
+def holdout_split(
+    labels: np.ndarray, eval_fraction: float, validation_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(eval_idx, val_idx, pool)``: the server evaluation set, the validation set and the
+    pool the clients' data is drawn from; sorted, disjoint, covering ``labels``.
+
+    The evaluation set is ``server_eval_split(labels, eval_fraction, seed)[0]`` whatever the
+    validation fraction; the validation set takes ``validation_fraction`` of each class of what
+    is left (stratified, its own seed stream), so ``validation_fraction = 0`` leaves the pool,
+    and every split drawn from it, exactly as without one.
+    """
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
+    eval_idx, pool = server_eval_split(labels, eval_fraction, seed)
+    if validation_fraction == 0:
+        return eval_idx, np.empty(0, dtype=np.int64), pool
+    val_local, rest = server_eval_split(labels[pool], validation_fraction,
+                                        np.random.SeedSequence([seed, 0x7A1]))
+    return eval_idx, pool[val_local], pool[rest]
+
+
 def long_tail_counts(
     class_counts: np.ndarray, ranks: np.ndarray, imbalance_factor: float
 ) -> np.ndarray:
@@ -154,8 +190,11 @@ def long_tail_indices(
 
     The head-to-tail order of the classes is a permutation drawn from ``rng_or_seed``; the
     samples kept within a class are drawn uniformly without replacement.
+    ``imbalance_factor = 0`` keeps every sample (the data's own class counts).
     """
     labels = _check_labels(labels)
+    if imbalance_factor == 0:
+        return np.arange(len(labels), dtype=np.int64)
     rng = _rng(rng_or_seed)
     classes, counts = np.unique(labels, return_counts=True)
     ranks = np.empty(len(classes), dtype=np.int64)
@@ -187,7 +226,7 @@ def partition_indices(
     alpha : float
         Dirichlet concentration (> 0); small is heterogeneous, large near uniform.
     imbalance_factor : float
-        Tail-to-head ratio in (0, 1]; 1 gives balanced classes.
+        Tail-to-head ratio in (0, 1]; 1 gives balanced classes, 0 keeps the data's own.
     seed : int or np.random.SeedSequence
     min_size : int
         Every client gets at least this many samples.
@@ -249,6 +288,18 @@ def writer_partition(writers: np.ndarray, num_clients: int, seed: SeedLike) -> l
     return _group(np.arange(len(writers), dtype=np.int64), owner, num_clients)
 
 
+def writer_sample(writers: np.ndarray, num_clients: int,
+                  seed: SeedLike = WRITER_DRAW_SEED) -> list[np.ndarray]:
+    """Writers as clients: ``num_clients`` writers drawn from ``seed``, one client each (in
+    the order drawn); the other writers' samples are in no client."""
+    writers = _check_labels(writers)
+    ids = np.unique(writers)
+    if not 1 <= num_clients <= len(ids):
+        raise ValueError(f"num_clients must be in [1, {len(ids)}] (the writers), got {num_clients}")
+    drawn = np.random.default_rng(seed).choice(ids, size=num_clients, replace=False)
+    return [np.flatnonzero(writers == w).astype(np.int64) for w in drawn]
+
+
 @functools.lru_cache(maxsize=16)
 def federated_split(
     ds: DatasetArrays,
@@ -260,13 +311,15 @@ def federated_split(
     scheme: str = "per-class",
     min_size: int = 10,
     eval_fraction: float = 0.01,
+    validation_fraction: float = 0.0,
 ) -> FederatedSplit:
     """Server evaluation set and client partitions of ``ds.x_train``, as the apps use them.
 
     The evaluation set is drawn first from the full training split (stratified) and equals
-    ``server_eval_split(ds.y_train, eval_fraction, seed)[0]``; the long-tailed transform and
-    the split act on the rest. ``scheme="writer"`` (FEMNIST) uses
-    the natural per-writer split after the long-tailed transform; ``alpha`` is then unused.
+    ``server_eval_split(ds.y_train, eval_fraction, seed)[0]``; the validation set (if any) is
+    drawn next (:func:`holdout_split`); the long-tailed transform and the split act on the
+    rest. ``scheme="writer"`` and ``"writer-sample"`` (FEMNIST) use the natural per-writer
+    split after the long-tailed transform; ``alpha`` is then unused.
     Cached per process by argument (``ds`` by identity); the returned arrays are read-only.
     """
     if scheme not in SCHEMES:
@@ -274,16 +327,18 @@ def federated_split(
     # The evaluation set uses ``seed`` itself, so a server calling
     # ``server_eval_split(ds.y_train, eval_fraction, seed)`` gets exactly this set without
     # knowing the client split; the split uses a spawned child stream, independent of it.
-    eval_idx, pool = server_eval_split(ds.y_train, eval_fraction, seed)
+    eval_idx, val_idx, pool = holdout_split(ds.y_train, eval_fraction, validation_fraction,
+                                            seed)
     part_seq = _children(seed, 1)[0]
-    if scheme == "writer":
-        parts = _writer_split(ds, pool, num_clients, imbalance_factor, min_size, part_seq)
+    if scheme in WRITER_SCHEMES:
+        parts = _writer_split(ds, pool, num_clients, imbalance_factor, min_size, part_seq,
+                              scheme)
     else:
         parts = partition_indices(
             ds.y_train[pool], num_clients, alpha, imbalance_factor, part_seq, min_size, scheme
         )
     client_idx = tuple(pool[p] for p in parts)
-    for arr in (eval_idx, *client_idx):
+    for arr in (eval_idx, val_idx, *client_idx):
         arr.setflags(write=False)
     sizes = [len(p) for p in client_idx]
     log.info(
@@ -291,7 +346,7 @@ def federated_split(
         ds.name, scheme, alpha, imbalance_factor, seed, len(eval_idx), num_clients,
         sum(sizes), min(sizes), max(sizes),
     )  # fmt: skip
-    return FederatedSplit(eval_idx=eval_idx, client_idx=client_idx)
+    return FederatedSplit(eval_idx=eval_idx, client_idx=client_idx, val_idx=val_idx)
 
 
 def _writer_split(
@@ -301,12 +356,15 @@ def _writer_split(
     imbalance_factor: float,
     min_size: int,
     seed: np.random.SeedSequence,
+    scheme: str = "writer",
 ) -> list[np.ndarray]:
     if ds.writer_train is None:
-        raise ValueError(f"scheme 'writer' needs per-sample writers; {ds.name} has none")
+        raise ValueError(f"scheme {scheme!r} needs per-sample writers; {ds.name} has none")
     tail_seq, split_seq = _children(seed, 2)
     kept = long_tail_indices(ds.y_train[pool], imbalance_factor, tail_seq)
-    parts = writer_partition(ds.writer_train[pool][kept], num_clients, split_seq)
+    writers = ds.writer_train[pool][kept]
+    parts = (writer_partition(writers, num_clients, split_seq) if scheme == "writer"
+             else writer_sample(writers, num_clients))
     smallest = min(len(p) for p in parts)
     if smallest < min_size:
         raise ValueError(

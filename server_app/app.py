@@ -49,7 +49,7 @@ from fedowen_strategy.torch_utility.batched import resolve_device
 from fedowen_task.config import SERVER_SIDE_KINDS
 from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
-from fedowen_task.partition import server_eval_split
+from fedowen_task.partition import holdout_split
 from fedowen_task.training import evaluate
 from server_app.byzantine import ByzantineGrid
 from server_app.config import RunConfig, parse_run_config
@@ -93,7 +93,8 @@ class RoundBanner(logging.Filter):
 
 def server_sets(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
     """(x_eval, y_eval, x_test, y_test): the valuation set and the reported-accuracy set."""
-    eval_idx, _ = server_eval_split(ds.y_train, cfg.eval_fraction, cfg.seed)
+    eval_idx, _, _ = holdout_split(ds.y_train, cfg.eval_fraction, cfg.validation_fraction,
+                                   cfg.seed)
     x_test, y_test = ds.x_test, ds.y_test
     if cfg.test_max_samples and len(y_test) > cfg.test_max_samples:
         keep = np.sort(np.random.default_rng(cfg.seed).choice(
@@ -104,6 +105,14 @@ def server_sets(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
     return (to_tensor(ds.x_train[eval_idx], ds.name),
             torch.tensor(ds.y_train[eval_idx], dtype=torch.long),
             to_tensor(x_test, ds.name), torch.tensor(y_test, dtype=torch.long))
+
+
+def validation_set(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
+    """(x_val, y_val): ``validation-fraction``'s set, nobody's data (empty when 0)."""
+    _, val_idx, _ = holdout_split(ds.y_train, cfg.eval_fraction, cfg.validation_fraction,
+                                  cfg.seed)
+    return (to_tensor(ds.x_train[val_idx], ds.name),
+            torch.tensor(ds.y_train[val_idx], dtype=torch.long))
 
 
 def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
@@ -234,8 +243,8 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     if cfg.adversary_fraction > 0:
         _record_adversaries(cfg, len(nodes), recorder)
     latest = {"arrays": ArrayRecord(model.state_dict())}  # the global model after each round
-    evaluate_fn = central_evaluation(cfg, ds, sets[2:], recorder, strategy, done, out_dir,
-                                     latest)
+    evaluate_fn = central_evaluation(cfg, ds, (*sets[2:], *validation_set(cfg, ds)), recorder,
+                                     strategy, done, out_dir, latest)
     if cfg.adversary_fraction > 0 and cfg.adversary_kind in SERVER_SIDE_KINDS:
         # omniscient attacks: the attackers' replies are replaced here (server_app.byzantine)
         grid = ByzantineGrid(grid, cfg, len(nodes), on_round=lambda server_round, entry:
@@ -307,8 +316,9 @@ def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tens
                        recorder: RunRecorder, strategy: Strategy, done: int, out_dir: Path,
                        latest: dict[str, ArrayRecord]
                        ) -> Callable[[int, ArrayRecord], MetricRecord]:
-    """The ``evaluate_fn``: test accuracy after every round, records and a checkpoint; the
-    evaluated model is kept in ``latest["arrays"]`` (the final model, even if nothing was
+    """The ``evaluate_fn``: test accuracy after every round (and validation accuracy, when
+    ``test`` carries a non-empty validation set after the test set), records and a checkpoint;
+    the evaluated model is kept in ``latest["arrays"]`` (the final model, even if nothing was
     aggregated)."""
     eval_model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
     device, started = resolve_device(cfg.torch_device()), time.perf_counter()
@@ -326,8 +336,11 @@ def central_evaluation(cfg: RunConfig, ds: DatasetArrays, test: tuple[torch.Tens
         if local_round == 0 and done:  # this round's record and checkpoint already exist
             last_end[0] = time.perf_counter()
             return MetricRecord({"test-accuracy": acc, "test-loss": loss})
-        line = recorder.log_eval(server_round, {"test_accuracy": acc, "test_loss": loss,
-                                                "round_seconds": round_seconds,
+        record = {"test_accuracy": acc, "test_loss": loss}
+        if len(test) > 2 and len(test[3]):
+            record["val_loss"], record["val_accuracy"] = evaluate(eval_model, test[2], test[3],
+                                                                  device=device)
+        line = recorder.log_eval(server_round, {**record, "round_seconds": round_seconds,
                                                 "elapsed_seconds": time.perf_counter() - started})
         if server_round > 0:
             save_checkpoint(out_dir / CHECKPOINT_FILE, server_round, record_to_state(arrays),

@@ -1,6 +1,6 @@
 """Strategy swap by config: FedOwen or Flower's own strategies, with the same records.
 
-``strategy = fedowen | fedavg | fedprox | krum | multikrum | fedadam | fedyogi |
+``strategy = fedowen | fedavg | fedavgm | fedprox | krum | multikrum | fedadam | fedyogi |
 fedtrimmedavg | fedmedian | fltrust | foolsgold | module:Class``. ``fltrust`` and
 ``foolsgold`` are this project's peers (:mod:`fedowen_strategy.fltrust`,
 :mod:`fedowen_strategy.foolsgold`), thin subclasses of Flower's FedAvg built the same way;
@@ -33,14 +33,15 @@ from fedowen_strategy.replies import client_id_of
 from fedowen_strategy.strategy import RoundHook
 from fedowen_task.config import did_you_mean
 
-FLOWER = {"fedavg": "FedAvg", "fedprox": "FedProx", "krum": "Krum", "multikrum": "MultiKrum",
-          "fedadam": "FedAdam", "fedyogi": "FedYogi", "fedtrimmedavg": "FedTrimmedAvg",
-          "fedmedian": "FedMedian"}
+FLOWER = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "krum": "Krum",
+          "multikrum": "MultiKrum", "fedadam": "FedAdam", "fedyogi": "FedYogi",
+          "fedtrimmedavg": "FedTrimmedAvg", "fedmedian": "FedMedian"}
 #: This project's peer defences: name -> (module, class).
 PEERS = {"fltrust": ("fedowen_strategy.fltrust", "FLTrust"),
          "foolsgold": ("fedowen_strategy.foolsgold", "FoolsGold")}
 NAMES = ("fedowen", *FLOWER, *PEERS)
-#: Strategies whose only state between rounds is the global model (resume-from works).
+#: Strategies whose only state between rounds is the global model (resume-from works;
+#: FedAvgM's server momentum, FoolsGold's history and module:Class are not checkpointed).
 RESUMABLE = ("fedowen", "fedavg", "fedprox", "krum", "multikrum", "fedtrimmedavg", "fedmedian",
              "fltrust")
 # Keys the ServerApp sets from the run config; strategy-params may not repeat them.

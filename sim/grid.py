@@ -14,7 +14,7 @@ A preset file has three kinds of tables (unknown keys anywhere are an error)::
     fedavg = { valuation = "none", selection = "random", aggregation = "examples" }
     [[grid]]                  # one table / sweep / ablation; cells = product of its axes
     name = "main"
-    kind = "table"            # table | sweep | adversarial
+    kind = "table"            # table | sweep | adversarial | ablation | tuning
     set = { imbalance-factor = 0.01 }           # fixed overrides for this grid
     axes = { valuation = ["owen", "none"], alpha = [0.01, 0.1], seed = [0, 1, 2] }
     rows = "valuation"        # table rows; columns are the other non-seed axes
@@ -51,7 +51,7 @@ VARIANT = "variant"
 GRID_KEYS = {"name", "kind", "set", "axes", "rows", "x", "paper", "description", "reference",
              "extra"}
 PAPER_KEYS = {"where", "values"}
-KINDS = ("table", "sweep", "adversarial", "ablation")
+KINDS = ("table", "sweep", "adversarial", "ablation", "tuning")
 # Keys the runner owns (paths are per machine; resume-from is how a cell continues).
 RUNNER_KEYS = ("output-dir", "resume-from", "data-dir")
 TOP_KEYS = {"preset", "base", "grid", "variants"}
@@ -218,6 +218,9 @@ def _parse_grid(raw: dict[str, Any], i: int, base: dict[str, Any],
     if kind == "ablation" and reference not in axes.get(rows, []):
         problems.append(f"{where}: an ablation needs reference = one of its rows "
                         f"{axes.get(rows, [])} (the baseline of the paired differences)")
+    if kind == "tuning" and not {**base, **raw.get("set", {})}.get("validation-fraction"):
+        problems.append(f"{where}: a tuning grid picks by validation accuracy: set "
+                        "validation-fraction > 0 in [base] or the grid's set")
     refs = []
     for j, ref in enumerate(raw.get("paper", [])):
         problems += _unknown(f"{where} paper #{j + 1}", ref, PAPER_KEYS)

@@ -19,10 +19,11 @@ def _label(point: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in point.items()) or "all"
 
 
-def mean_curve(cells: list[CellResult]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rounds, mean and std of test accuracy per round over the cells that reached it (an
-    unfinished seed contributes the rounds it has)."""
-    curves = [c.curve() for c in cells if len(c.curve()[0])]
+def mean_curve(cells: list[CellResult], key: str = "test_accuracy"
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rounds, mean and std of test accuracy (or ``key``) per round over the cells that
+    reached it (an unfinished seed contributes the rounds it has)."""
+    curves = [c.curve(key) for c in cells if len(c.curve(key)[0])]
     if not curves:
         return np.array([]), np.array([]), np.array([])
     n = max(len(x) for x, _ in curves)

@@ -199,6 +199,7 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
     ``conf/<name>.toml``); ``command`` replaces the quoted run command."""
     from sim.ablation import ablation_section, overview_section
     from sim.adversarial import adversarial_section
+    from sim.confirmation import tuning_section
 
     out.mkdir(parents=True, exist_ok=True)
     res = load_results(preset, results)
@@ -218,8 +219,9 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
     for grid in preset.grids:
         if grid.kind == "adversarial":
             continue
-        if grid.kind == "ablation":
-            lines, pngs = ablation_section(grid, preset, res, out)
+        if grid.kind in ("ablation", "tuning"):
+            section = ablation_section if grid.kind == "ablation" else tuning_section
+            lines, pngs = section(grid, preset, res, out)
             md += lines
             files += pngs
             continue

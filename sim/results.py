@@ -42,10 +42,10 @@ class CellResult:
     def finished(self) -> bool:
         return bool(self.rounds) and self.rounds[-1].get("round") == self.total_rounds
 
-    def curve(self) -> tuple[np.ndarray, np.ndarray]:
-        """(round, test accuracy in %) of every recorded round, round 0 included."""
-        pts = [(r["round"], 100.0 * r["test_accuracy"]) for r in self.rounds
-               if r.get("test_accuracy") is not None]
+    def curve(self, key: str = "test_accuracy") -> tuple[np.ndarray, np.ndarray]:
+        """(round, accuracy in %) of every recorded round, round 0 included: test accuracy, or
+        ``key = "val_accuracy"`` for the validation set's."""
+        pts = [(r["round"], 100.0 * r[key]) for r in self.rounds if r.get(key) is not None]
         arr = np.array(pts, dtype=float).reshape(-1, 2)
         return arr[:, 0], arr[:, 1]
 
@@ -53,10 +53,11 @@ class CellResult:
         """Test accuracy (%) after the last round, or None while unfinished."""
         return self.curve()[1][-1] if self.finished else None
 
-    def last_k_accuracy(self, k: int = LAST_K) -> float | None:
-        """Mean test accuracy (%) of the last ``k`` rounds (less noisy than the final one)."""
-        rounds, acc = self.curve()
-        return float(np.mean(acc[rounds > 0][-k:])) if self.finished else None
+    def last_k_accuracy(self, k: int = LAST_K, key: str = "test_accuracy") -> float | None:
+        """Mean accuracy (%) of the last ``k`` rounds (less noisy than the final one)."""
+        rounds, acc = self.curve(key)
+        done = self.finished and bool(len(acc[rounds > 0]))
+        return float(np.mean(acc[rounds > 0][-k:])) if done else None
 
     def valuation_seconds(self) -> list[float]:
         """Valuation wall time of every training round."""

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedowen_strategy.records import ROUNDS_FILE, read_rounds
+from server_app.strategies import RESUMABLE
 from sim.grid import Cell, Preset, expand_grid
 from sim.procs import stopping
 
@@ -162,8 +163,9 @@ class Runner:
         """The cell's run config with its paths; ``resume-from`` when it has a checkpoint."""
         out = (self.results / cell.cell_id).resolve()
         cfg = {**cell.run_config, "output-dir": str(out), "data-dir": str(self.data_dir)}
-        if (out / CHECKPOINT).exists() and not (out / SUMMARY_FILE).exists():
-            cfg["resume-from"] = str(out)
+        if ((out / CHECKPOINT).exists() and not (out / SUMMARY_FILE).exists()
+                and cfg.get("strategy", "fedowen") in RESUMABLE):
+            cfg["resume-from"] = str(out)  # others (FedAvgM, FoolsGold) start again
         return cfg
 
     def _attempt(self, cell: Cell, attempt: int) -> tuple[bool, str]:

@@ -57,3 +57,44 @@ def paired_interval(values: Mapping[int, float], reference: Mapping[int, float],
     """Interval of the mean of ``values[s] - reference[s]`` over the seeds ``s`` both have."""
     seeds = sorted(set(values) & set(reference))
     return mean_interval([values[s] - reference[s] for s in seeds], confidence)
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """A paired comparison over seeds: the mean difference with its interval, the two-sided
+    paired t-test's p and the Wilcoxon signed-rank test's p beside it."""
+
+    diff: Interval
+    p_t: float
+    p_wilcoxon: float
+
+
+def paired_test(values: Mapping[int, float], reference: Mapping[int, float],
+                confidence: float = CONFIDENCE) -> PairedTest:
+    """``values[s] - reference[s]`` over the seeds both have: interval, paired t and Wilcoxon
+    (exact where scipy can; NaN with fewer than two seeds or no spread)."""
+    seeds = sorted(set(values) & set(reference))
+    diffs = np.array([values[s] - reference[s] for s in seeds], dtype=float)
+    interval = mean_interval(diffs.tolist(), confidence)
+    if diffs.size < 2 or not np.any(diffs):
+        return PairedTest(interval, math.nan, math.nan)
+    p_t = float(stats.ttest_1samp(diffs, 0.0).pvalue) if np.ptp(diffs) > 0 else 0.0
+    p_w = float(stats.wilcoxon(diffs).pvalue)
+    return PairedTest(interval, p_t, p_w)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order.
+
+    Sorted ascending, the i-th smallest (1-based) of m becomes ``max over j <= i of
+    min(1, (m - j + 1) p_(j))``; rejecting where the adjusted p is below alpha controls the
+    family-wise error at alpha. A NaN p (no test) stays NaN and does not count in m.
+    """
+    finite = [(p, i) for i, p in enumerate(pvalues) if not math.isnan(p)]
+    m = len(finite)
+    adjusted = [math.nan] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(sorted(finite)):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted

@@ -77,6 +77,27 @@ def test_flower_strategy_swap_records_rounds(shared_data_dir: Path, tmp_path: Pa
     assert (tmp_path / "checkpoint.npz").is_file()
 
 
+def test_fedavgm_runs_and_the_validation_set_is_scored_every_round(
+        shared_data_dir: Path, tmp_path: Path) -> None:
+    # Flower's FedAvgM (the tuned baseline of the confirmation) with a validation split
+    run_config = small_run_config(
+        shared_data_dir, tmp_path, strategy="fedavgm", **{
+            "num-server-rounds": 2, "validation-fraction": 0.05,
+            "strategy-params": "server_learning_rate=0.5 server_momentum=0.7"})
+    nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
+    run(InProcessGrid(client_app, nodes, run_config), parse_run_config(run_config), tmp_path)
+    rounds = read_rounds(tmp_path)
+    assert all(r["strategy"] == "fedavgm" for r in rounds[1:])
+    # the validation accuracy is a second, independent score of the same model
+    assert all(0.0 <= r["val_accuracy"] <= 1.0 for r in rounds)
+    assert rounds[2]["val_accuracy"] > rounds[0]["val_accuracy"] + 0.2
+    assert rounds[2]["val_accuracy"] != rounds[2]["test_accuracy"]
+    # and without one, nothing is recorded
+    plain = small_run_config(shared_data_dir, tmp_path / "plain", **{"num-server-rounds": 1})
+    run(InProcessGrid(client_app, nodes, plain), parse_run_config(plain), tmp_path / "plain")
+    assert all("val_accuracy" not in r for r in read_rounds(tmp_path / "plain"))
+
+
 @pytest.mark.parametrize(("strategy", "attack"), [("fltrust", "disguised-free-rider"),
                                                   ("foolsgold", "colluding-sybil")])
 def test_peer_defences_run_the_real_apps_under_attack(strategy: str, attack: str,

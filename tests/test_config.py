@@ -37,11 +37,12 @@ def test_overrides_are_typed() -> None:
 def test_every_problem_is_reported_at_once_with_suggestions() -> None:
     # A type error must not hide the unknown key or the out-of-range value
     problems = problems_of({"valuaton": "owen", "num-server-rounds": "ten", "seed": 1.5,
-                            "imbalance-factor": 0.0, "zzz": 1})
+                            "imbalance-factor": 1.5, "zzz": 1})
     assert "unknown key 'valuaton' (did you mean 'valuation'?)" in problems
     assert "num-server-rounds='ten' should be int" in problems
     assert "seed=1.5 should be int" in problems
-    assert "imbalance-factor=0.0 must lie in (0, 1]" in problems
+    assert ("imbalance-factor=1.5 must lie in [0, 1] (0 = the data's own class counts, no "
+            "long-tailed transform)") in problems
     assert "unknown key 'zzz'" in problems  # no close match: the valid keys are listed
     assert any(p.startswith("valid keys: ") and "alpha" in p for p in problems)
     assert len(problems) == 6

@@ -206,6 +206,16 @@ def test_crashed_cell_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert [json.loads(line)["event"] for line in lines] == ["error", "done"]
 
 
+def test_a_crashed_cell_of_a_strategy_without_checkpointed_state_starts_again(
+        tmp_path: Path) -> None:
+    # FedAvgM's server momentum is not in the checkpoint: resuming would refuse the run config
+    raw = small_preset(axes={"seed": [0], "strategy": ["fedavgm"]}, rows="strategy")
+    fake = FakeFlwr(["crash-after-ckpt", "ok"])
+    counts = make_runner(tmp_path, fake, raw).run()
+    assert counts["done"] == 1 and len(fake.calls) == 2
+    assert "resume-from" not in fake.calls[1]
+
+
 def test_run_selects_one_grid(tmp_path: Path) -> None:
     # Prepare
     raw = small_preset(axes={"seed": [0], "valuation": ["owen"]})

@@ -9,11 +9,13 @@ from fedowen_task import dirichlet
 from fedowen_task.data import DatasetArrays
 from fedowen_task.partition import (
     federated_split,
+    holdout_split,
     long_tail_counts,
     long_tail_indices,
     partition_indices,
     server_eval_split,
     writer_partition,
+    writer_sample,
 )
 
 # MNIST's training class counts: realistic, slightly unequal pools without loading data.
@@ -149,7 +151,46 @@ def test_too_few_samples_for_min_size_fails_loudly() -> None:
     with pytest.raises(ValueError, match="scheme"):
         partition_indices(labels_with((30, 30)), 2, 0.1, 1.0, seed=0, scheme="iid")
     with pytest.raises(ValueError, match="imbalance_factor"):
-        partition_indices(labels_with((30, 30)), 2, 0.1, 0.0, seed=0, min_size=1)
+        partition_indices(labels_with((30, 30)), 2, 0.1, 1.5, seed=0, min_size=1)
+
+
+def test_imbalance_factor_zero_keeps_the_data_own_class_counts() -> None:
+    labels = labels_with((300, 40, 7))
+    np.testing.assert_array_equal(long_tail_indices(labels, 0.0, 0), np.arange(len(labels)))
+    parts = partition_indices(labels, 4, 0.5, 0.0, seed=0, min_size=1)
+    assert sum(len(p) for p in parts) == len(labels)
+    # while 1.0 balances by cutting every class to the rarest
+    assert len(long_tail_indices(labels, 1.0, 0)) == 3 * 7
+
+
+def test_validation_set_is_nobodys_data_and_leaves_splits_alone_when_off(
+        mnist_like: np.ndarray) -> None:
+    # Prepare
+    ds = fake_dataset(mnist_like)
+    off = federated_split(ds, num_clients=20, alpha=0.1, imbalance_factor=0.01, seed=3)
+    # Execute
+    on = federated_split(ds, num_clients=20, alpha=0.1, imbalance_factor=0.01, seed=3,
+                         validation_fraction=0.05)
+    eval_idx, val_idx, pool = holdout_split(mnist_like, 0.01, 0.05, 3)
+    # Assert: the evaluation set does not move; the validation set is stratified, 5% of the
+    # pool, and disjoint from the evaluation set and every client
+    np.testing.assert_array_equal(on.eval_idx, off.eval_idx)
+    np.testing.assert_array_equal(on.val_idx, val_idx)
+    assert len(np.intersect1d(val_idx, eval_idx)) == 0
+    assert len(np.intersect1d(assert_disjoint(list(on.client_idx)), val_idx)) == 0
+    assert len(eval_idx) + len(val_idx) + len(pool) == len(mnist_like)
+    per_class = np.bincount(mnist_like[val_idx], minlength=10)
+    expected = np.bincount(mnist_like[np.setdiff1d(np.arange(len(mnist_like)), eval_idx)])
+    np.testing.assert_allclose(per_class, 0.05 * expected, atol=1)
+    # off: no validation set, and the clients' data exactly as before the key existed
+    assert len(off.val_idx) == 0
+    before = partition_indices(mnist_like[server_eval_split(mnist_like, 0.01, 3)[1]], 20, 0.1,
+                               0.01, np.random.SeedSequence(3).spawn(1)[0])
+    pool_off = server_eval_split(mnist_like, 0.01, 3)[1]
+    assert all(np.array_equal(a, pool_off[b])
+               for a, b in zip(off.client_idx, before, strict=True))
+    with pytest.raises(ValueError, match="validation_fraction"):
+        holdout_split(mnist_like, 0.01, 1.0, 0)
 
 
 def test_server_eval_split_is_stratified_and_disjoint() -> None:
@@ -205,3 +246,25 @@ def test_federated_split_writer_scheme() -> None:
             fake_dataset(labels), num_clients=2, alpha=1.0, imbalance_factor=1.0, seed=0,
             scheme="writer",
         )  # fmt: skip
+
+
+def test_writer_sample_draws_the_same_writers_as_clients_for_every_run_seed() -> None:
+    labels = labels_with((400, 400, 400))
+    writers = np.random.default_rng(1).integers(0, 30, size=len(labels))
+    parts = writer_sample(writers, 10)
+    assert all(len(np.unique(writers[p])) == 1 for p in parts)  # one writer, one client
+    assert len({int(writers[p][0]) for p in parts}) == 10
+    assert sum(len(p) for p in parts) == sum(int((writers == writers[p][0]).sum())
+                                             for p in parts)  # all of each drawn writer
+    # the federation is fixed: seeds 0 and 7 federate the same writers
+    drawn = [
+        {int(ds_writers[idx][0]) for idx in split.client_idx}
+        for ds_writers, split in (
+            (writers, federated_split(fake_dataset(labels, writers), num_clients=10, alpha=1.0,
+                                      imbalance_factor=0.0, seed=s, scheme="writer-sample",
+                                      min_size=1))
+            for s in (0, 7))
+    ]
+    assert drawn[0] == drawn[1]
+    with pytest.raises(ValueError, match="writers"):
+        writer_sample(writers, 31)
