@@ -9,12 +9,19 @@ its CSVs and its plot show the validation set alone, so nothing tuned can have l
 numbers the confirmation is scored on.
 
 Every grid point other than the rows and the seed is a column with a pick of its own.
+
+The confirmation itself is an ``ablation`` grid called ``confirm`` in each dataset's preset
+(reference: ``fedowen``); its report's ``confirm-rounds.csv`` is committed, and
+``python -m sim.confirmation report`` reads those CSVs alone to write ``docs/confirmation.md``:
+every primary and secondary hypothesis (paired t and Wilcoxon over the confirmation seeds,
+Holm within each family, the decision) and the tuning tables.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +33,7 @@ import matplotlib.pyplot as plt
 from sim.grid import Grid, Preset, expand_grid
 from sim.plots import mean_curve
 from sim.results import LAST_K, CellResult, grid_points, matches_point
-from sim.stats import Interval, mean_interval
+from sim.stats import Interval, PairedTest, holm, mean_interval, paired_test
 
 VAL = "val_accuracy"
 #: Seeds of the baselines' tuning and of the confirmation itself; no earlier result used either
@@ -163,3 +170,197 @@ def plot_validation(grid: Grid, preset: Preset, res: dict[str, CellResult], path
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# ------------------------------------------------------------------ the confirmation's report
+
+#: The arm every hypothesis is about, and the grid that holds the confirmation cells (an
+#: ``ablation`` grid with this reference in every conf/confirm/<dataset>.toml).
+REFERENCE = "fedowen"
+CONFIRM_GRID = "confirm"
+#: Primary hypotheses, per dataset x setting: FedOwen beats each; a tuple is "the better of"
+#: (the one with the higher mean endpoint on the confirmation seeds: the harder comparison).
+PRIMARY: tuple[tuple[str, ...], ...] = (("fedavg-equal",), ("fedavgm", "fedprox"), ("fltrust",))
+SECONDARY: tuple[tuple[str, ...], ...] = (("fedavg-samples",), ("fedowen-random",))
+#: The primary endpoint: test accuracy (%) averaged over these rounds.
+ENDPOINT_ROUNDS = tuple(range(96, 101))
+LEVEL = 0.05
+HYPOTHESIS_FIELDS = ("family", "dataset", "setting", "against", "n", "mean_diff", "ci_lo",
+                     "ci_hi", "p_t", "p_wilcoxon", "p_holm", "decision")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One hypothesis ``FedOwen > against`` at one dataset and setting, tested."""
+
+    family: str
+    dataset: str
+    setting: str
+    against: str
+    test: PairedTest
+    p_holm: float = math.nan
+
+    @property
+    def decision(self) -> str:
+        """``confirmed`` / ``reversed`` (Holm-adjusted two-sided paired t below the level, by
+        the sign of the mean difference) / ``not confirmed``; ``pending`` without a test."""
+        if math.isnan(self.p_holm):
+            return "pending"
+        if self.p_holm >= LEVEL:
+            return "not confirmed"
+        return "confirmed" if self.test.diff.mean > 0 else "reversed"
+
+
+def read_endpoints(rounds_csv: Path) -> dict[tuple[str, str], dict[int, float]]:
+    """``{(arm, setting): {seed: endpoint}}`` from an ablation report's ``<grid>-rounds.csv``;
+    a seed counts once it has every round of :data:`ENDPOINT_ROUNDS`."""
+    by_cell: dict[tuple[str, str, int], dict[int, float]] = {}
+    with rounds_csv.open() as fh:
+        for row in csv.DictReader(fh):
+            if row["test_accuracy"] != "" and int(row["round"]) in ENDPOINT_ROUNDS:
+                key = (row["variant"], row["column"], int(row["seed"]))
+                by_cell.setdefault(key, {})[int(row["round"])] = float(row["test_accuracy"])
+    out: dict[tuple[str, str], dict[int, float]] = {}
+    for (arm, setting, seed), accs in sorted(by_cell.items()):
+        if set(accs) == set(ENDPOINT_ROUNDS):
+            out.setdefault((arm, setting), {})[seed] = sum(accs.values()) / len(accs)
+    return out
+
+
+def compare(endpoints: dict[str, dict[tuple[str, str], dict[int, float]]]) -> list[Comparison]:
+    """Every hypothesis of every dataset (``{dataset: read_endpoints(...)}``), Holm-adjusted
+    within its family (all primaries together; all secondaries together)."""
+    found: list[Comparison] = []
+    for family, hypotheses in (("primary", PRIMARY), ("secondary", SECONDARY)):
+        tested = []
+        for dataset, table in endpoints.items():
+            settings = sorted({s for (arm, s) in table if arm == REFERENCE})
+            for setting in settings:
+                ours = table[(REFERENCE, setting)]
+                for arms in hypotheses:
+                    against = max(arms, key=lambda a: _mean(table.get((a, setting), {})))
+                    test = paired_test(ours, table.get((against, setting), {}))
+                    tested.append(Comparison(family, dataset, setting, against, test))
+        adjusted = holm([c.test.p_t for c in tested])
+        found += [replace(c, p_holm=p) for c, p in zip(tested, adjusted, strict=True)]
+    return found
+
+
+def _mean(values: dict[int, float]) -> float:
+    return sum(values.values()) / len(values) if values else -math.inf
+
+
+def hypothesis_rows(comparisons: list[Comparison]) -> list[dict[str, Any]]:
+    """The comparisons as CSV rows (4 decimals: the report's own precision)."""
+    def num(x: float) -> str:
+        return "" if math.isnan(x) else f"{x:.4f}"
+
+    return [{"family": c.family, "dataset": c.dataset, "setting": c.setting,
+             "against": c.against, "n": c.test.diff.n, "mean_diff": num(c.test.diff.mean),
+             "ci_lo": num(c.test.diff.lo), "ci_hi": num(c.test.diff.hi), "p_t": num(c.test.p_t),
+             "p_wilcoxon": num(c.test.p_wilcoxon), "p_holm": num(c.p_holm),
+             "decision": c.decision} for c in comparisons]
+
+
+def confirmation_report(results_root: Path, seeds: int = len(CONFIRMATION_SEEDS)
+                        ) -> tuple[str, list[dict[str, Any]]]:
+    """docs/confirmation.md's hypotheses section and rows, from the committed per-round CSVs
+    ``<results_root>/confirm-<dataset>/confirm-rounds.csv`` alone."""
+    sources = sorted(results_root.glob(f"{PRESET_PREFIX}*/{CONFIRM_GRID}-rounds.csv"))
+    endpoints = {p.parent.name.removeprefix(PRESET_PREFIX): read_endpoints(p) for p in sources}
+    comparisons = compare(endpoints)
+    complete = bool(comparisons) and all(c.test.diff.n == seeds for c in comparisons)
+    md = ["## Hypotheses", "",
+          f"FedOwen's endpoint (test accuracy, mean of rounds {ENDPOINT_ROUNDS[0]}-"
+          f"{ENDPOINT_ROUNDS[-1]}) minus the other arm's, paired by seed: mean and 95% CI, "
+          "two-sided paired t-test (the decision's) and Wilcoxon signed-rank beside it; Holm "
+          f"over every primary together and over every secondary together; level {LEVEL}.",
+          "", "Status: " + ("complete." if complete else
+                            f"**interim**: not every comparison has its {seeds} seeds yet; the "
+                            "decisions below are not the confirmation's."), ""]
+    for family in ("primary", "secondary"):
+        rows = [c for c in comparisons if c.family == family]
+        md += [f"### {family.capitalize()}", "",
+               "| dataset | setting | FedOwen vs | n | difference (points) [95% CI] | p (t) "
+               "| p (Wilcoxon) | p (Holm) | decision |",
+               "|---|---|---|---|---|---|---|---|---|"]
+        for c in rows:
+            d = c.test.diff
+            ci = "-" if d.n < 2 else f"{d.mean:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}]"
+            md.append(f"| {c.dataset} | {c.setting} | {c.against} | {d.n} | {ci} | "
+                      f"{_p(c.test.p_t)} | {_p(c.test.p_wilcoxon)} | {_p(c.p_holm)} | "
+                      f"{c.decision} |")
+        md.append("")
+    return "\n".join(md), hypothesis_rows(comparisons)
+
+
+def _p(p: float) -> str:
+    if math.isnan(p):
+        return "-"
+    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+
+
+def tuning_summary(results_root: Path) -> list[str]:
+    """The tuning tables of every dataset in one: candidate, its mean validation score over
+    the tuning seeds and the pick, from the committed ``tune-*-validation.csv``."""
+    md = ["## Tuning (validation split, tuning seeds; test accuracy never read)", "",
+          "| dataset | grid | candidate | validation (%) per seed | mean | picked |",
+          "|---|---|---|---|---|---|"]
+    for path in sorted(results_root.glob(f"{PRESET_PREFIX}*/tune-*-validation.csv")):
+        by_candidate: dict[str, list[tuple[str, float, bool]]] = {}
+        with path.open() as fh:
+            for row in csv.DictReader(fh):
+                by_candidate.setdefault(row["variant"], []).append(
+                    (row["seed"], float(row["val_last5"]), row["picked"] == "True"))
+        dataset = path.parent.name.removeprefix(PRESET_PREFIX)
+        grid = path.name.removesuffix("-validation.csv")
+        for name, seeds in by_candidate.items():
+            per_seed = ", ".join(f"{s}: {v:.2f}" for s, v, _ in seeds)
+            mean = sum(v for _, v, _ in seeds) / len(seeds)
+            md.append(f"| {dataset} | {grid} | {name} | {per_seed} | {mean:.2f} | "
+                      f"{'yes' if seeds[0][2] else ''} |")
+    return [*md, ""]
+
+
+def write_confirmation(results_root: Path, out_md: Path, out_csv: Path) -> list[Path]:
+    """``docs/confirmation.md`` and its hypotheses CSV, regenerated from the committed CSVs
+    under ``results_root`` (byte-identical for the same CSVs)."""
+    hypotheses_md, rows = confirmation_report(results_root)
+    plots = sorted(results_root.glob(f"{PRESET_PREFIX}*/{CONFIRM_GRID}-accuracy.png"))
+    md = ["# The pre-registered confirmation", "",
+          "The protocol, committed before the first confirmation cell: "
+          "[confirmation/PROTOCOL.md](confirmation/PROTOCOL.md). Regenerate this page from the "
+          "committed per-round CSVs with `python -m sim.confirmation report`.", "",
+          hypotheses_md, *tuning_summary(results_root), "## Accuracy per round", ""]
+    for png in plots:
+        rel = png.relative_to(out_md.parent)
+        md += [f"### {png.parent.name.removeprefix(PRESET_PREFIX)}", "", f"![{rel}]({rel})", ""]
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.write_text("\n".join(md) + "\n")
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
+    _write_csv(out_csv, rows, list(HYPOTHESIS_FIELDS))
+    return [out_md, out_csv]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    root = Path(__file__).resolve().parents[1]
+    parser = argparse.ArgumentParser(
+        prog="python -m sim.confirmation",
+        description="Regenerate docs/confirmation.md (hypotheses with Holm's correction, "
+                    "tuning tables, plots) from the committed per-round CSVs.")
+    parser.add_argument("command", choices=["report"])
+    parser.add_argument("--results", type=Path, default=root / "docs" / "results",
+                        help="folder holding the confirm-<dataset>/ reports")
+    parser.add_argument("--out", type=Path, default=root / "docs" / "confirmation.md")
+    parser.add_argument("--csv", type=Path,
+                        default=root / "docs" / "confirmation" / "hypotheses.csv")
+    args = parser.parse_args(argv)
+    for path in write_confirmation(args.results, args.out, args.csv):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -126,3 +126,74 @@ def test_no_earlier_result_or_preset_used_the_tuning_or_confirmation_seeds() -> 
         for grid in doc["grid"]:
             if grid.get("kind") == "tuning":
                 assert set(grid["axes"]["seed"]) == set(TUNING_SEEDS), preset.name
+
+
+ARM_LEVELS = {"fedowen": 80.0, "fedavg-equal": 78.0, "fedavgm": 79.0, "fedprox": 81.0,
+              "fltrust": 86.0, "fedavg-samples": 80.0, "fedowen-random": 79.5}
+
+
+def write_confirm_rounds(path: Path, settings: list[str], seeds: range) -> None:
+    """An ablation report's rounds CSV: every arm at its level, a shared per-seed offset (so
+    the pairing matters) and a small arm-by-seed wobble."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["variant", "column", "seed", "round",
+                                                "test_accuracy"])
+        writer.writeheader()
+        for setting in settings:
+            for i, (arm, level) in enumerate(ARM_LEVELS.items()):
+                for seed in seeds:
+                    shared, wobble = 3.0 * ((seed * 7) % 5), 0.3 * (((seed + i) * 3) % 4)
+                    for rnd in range(101):
+                        acc = level + shared + wobble if rnd > 0 else 10.0
+                        writer.writerow({"variant": arm, "column": setting, "seed": seed,
+                                         "round": rnd, "test_accuracy": round(acc, 2)})
+
+
+def test_the_confirmation_report_decides_by_holm_and_regenerates_byte_identical(
+        tmp_path: Path) -> None:
+    # Prepare: two datasets; FedOwen is 2 points above equal-weight FedAvg, below FedProx
+    # (the better of FedAvgM and FedProx) and 6 below FLTrust
+    from sim.confirmation import CONFIRMATION_SEEDS, read_endpoints, write_confirmation
+    from sim.stats import holm
+
+    results = tmp_path / "results"
+    write_confirm_rounds(results / "confirm-mnist" / "confirm-rounds.csv",
+                         ["alpha=0.01", "alpha=0.1"], CONFIRMATION_SEEDS)
+    write_confirm_rounds(results / "confirm-femnist" / "confirm-rounds.csv", ["all"],
+                         CONFIRMATION_SEEDS)
+    out_md, out_csv = tmp_path / "docs" / "confirmation.md", tmp_path / "docs" / "h.csv"
+    # Execute
+    write_confirmation(results, out_md, out_csv)
+    first = out_md.read_bytes(), out_csv.read_bytes()
+    write_confirmation(results, out_md, out_csv)
+    # Assert: byte-identical, complete, every primary of 3 settings x 3 hypotheses decided
+    assert (out_md.read_bytes(), out_csv.read_bytes()) == first
+    with out_csv.open() as fh:
+        rows = list(csv.DictReader(fh))
+    primary = [r for r in rows if r["family"] == "primary"]
+    assert len(primary) == 9 and len(rows) == 15
+    assert "Status: complete." in out_md.read_text()
+    decisions = {(r["dataset"], r["setting"], r["against"]): r["decision"] for r in primary}
+    assert decisions[("mnist", "alpha=0.1", "fedavg-equal")] == "confirmed"
+    assert decisions[("mnist", "alpha=0.1", "fedprox")] == "reversed"  # the better one
+    assert decisions[("femnist", "all", "fltrust")] == "reversed"
+    # the endpoint is the mean of rounds 96-100 and the difference is paired
+    endpoints = read_endpoints(results / "confirm-mnist" / "confirm-rounds.csv")
+    ours, theirs = endpoints[("fedowen", "alpha=0.1")], endpoints[("fedavg-equal", "alpha=0.1")]
+    diff = next(r for r in primary if r["against"] == "fedavg-equal")
+    assert float(diff["mean_diff"]) == pytest.approx(
+        sum(ours[s] - theirs[s] for s in ours) / 8, abs=1e-4)
+    # Holm over the whole primary family, in the family's order
+    raw = [float(r["p_t"]) for r in primary]
+    assert [float(r["p_holm"]) for r in primary] == pytest.approx(holm(raw), abs=1e-4)
+
+
+def test_an_unfinished_confirmation_is_labelled_interim(tmp_path: Path) -> None:
+    from sim.confirmation import write_confirmation
+
+    results = tmp_path / "results"
+    write_confirm_rounds(results / "confirm-mnist" / "confirm-rounds.csv", ["alpha=0.1"],
+                         range(100, 104))
+    write_confirmation(results, tmp_path / "c.md", tmp_path / "h.csv")
+    assert "**interim**" in (tmp_path / "c.md").read_text()
