@@ -20,8 +20,10 @@ Holm within each family, the decision) and the tuning tables.
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -342,24 +344,128 @@ def write_confirmation(results_root: Path, out_md: Path, out_csv: Path) -> list[
     return [out_md, out_csv]
 
 
+# ------------------------------------------------------------------ the protocol's arms
+
+#: Per-run keys that differ between the seeds and machines of one arm by design.
+_PER_RUN = ("seed", "output_dir", "data_dir", "resume_from")
+
+
+def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:
+    """The full run config an arm runs with, as the ServerApp resolves it (every key, the
+    defaults included; ``auto`` selection, aggregation and norm cap resolved), less the
+    per-run keys. ``config`` is a run config (kebab-case) or a cell's config.json."""
+    from server_app.config import parse_run_config
+
+    cfg = parse_run_config({k.replace("_", "-"): v for k, v in config.items()
+                            if k.replace("-", "_") not in _PER_RUN})
+    selection, aggregation = cfg.axes()
+    resolved = {k: v for k, v in asdict(cfg).items() if k not in _PER_RUN}
+    return {**resolved, "selection": selection, "aggregation": aggregation,
+            "norm_cap": cfg.norm_cap_mode()}
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """12 hex digits of the SHA-256 of :func:`resolved_arm`: one per arm and setting, the
+    same in the protocol and in every cell that ran it."""
+    text = json.dumps(resolved_arm(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def protocol_arms(preset: Preset) -> list[dict[str, Any]]:
+    """Every arm x setting of the preset's ``confirm`` grid: its hash, seeds and full
+    resolved run config (docs/confirmation/arms.json)."""
+    grid = preset.grid(CONFIRM_GRID)
+    arms: dict[tuple[str, str], dict[str, Any]] = {}
+    for cell in expand_grid(preset, grid):
+        setting = ", ".join(f"{k}={cell.point[k]}" for k in grid.column_keys) or "all"
+        entry = arms.setdefault((str(cell.point[grid.rows]), setting), {
+            "preset": preset.name, "arm": str(cell.point[grid.rows]), "setting": setting,
+            "hash": config_hash(cell.run_config), "seeds": [],
+            "num_supernodes": preset.num_supernodes,
+            "run_config": resolved_arm(cell.run_config)})
+        entry["seeds"].append(int(cell.run_config.get("seed", 0)))
+        if config_hash(cell.run_config) != entry["hash"]:
+            raise ValueError(f"{preset.name}: arm {entry['arm']} at {setting} differs between "
+                             "seeds in more than the seed")
+    return list(arms.values())
+
+
+def check_cells(arms: list[dict[str, Any]], preset: Preset, results: Path) -> list[str]:
+    """What is wrong with the confirmation cells under ``results``: a cell whose recorded
+    config (config.json) hashes otherwise than its arm in the protocol, or that ran from a
+    checkout with uncommitted changes (code.json)."""
+    from sim.runner import CODE_FILE
+
+    expected = {(a["arm"], a["setting"]): a["hash"] for a in arms if a["preset"] == preset.name}
+    grid = preset.grid(CONFIRM_GRID)
+    problems = []
+    for cell in expand_grid(preset, grid):
+        setting = ", ".join(f"{k}={cell.point[k]}" for k in grid.column_keys) or "all"
+        recorded = results / cell.cell_id / "config.json"
+        if not recorded.exists():
+            continue
+        arm = str(cell.point[grid.rows])
+        got = config_hash(json.loads(recorded.read_text()))
+        if got != expected.get((arm, setting)):
+            problems.append(f"{cell.cell_id} ({arm}, {setting}, seed "
+                            f"{cell.run_config.get('seed')}): config hash {got}, protocol "
+                            f"{expected.get((arm, setting))}")
+        code = results / cell.cell_id / CODE_FILE
+        for attempt in json.loads(code.read_text()) if code.exists() else []:
+            if attempt.get("dirty"):
+                problems.append(f"{cell.cell_id}: attempt {attempt['attempt']} ran on "
+                                f"{attempt.get('commit')} with uncommitted changes")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
+
+    from sim.grid import load_preset
 
     root = Path(__file__).resolve().parents[1]
     parser = argparse.ArgumentParser(
         prog="python -m sim.confirmation",
-        description="Regenerate docs/confirmation.md (hypotheses with Holm's correction, "
-                    "tuning tables, plots) from the committed per-round CSVs.")
-    parser.add_argument("command", choices=["report"])
-    parser.add_argument("--results", type=Path, default=root / "docs" / "results",
-                        help="folder holding the confirm-<dataset>/ reports")
-    parser.add_argument("--out", type=Path, default=root / "docs" / "confirmation.md")
+        description="report: regenerate docs/confirmation.md (hypotheses with Holm's "
+                    "correction, tuning tables, plots) from the committed per-round CSVs. "
+                    "arms: write every arm's full resolved run config and hash (the "
+                    "protocol's docs/confirmation/arms.json). check: every confirmation cell "
+                    "under --results ran the protocol's config, from committed code.")
+    parser.add_argument("command", choices=["report", "arms", "check"])
+    parser.add_argument("presets", nargs="*", type=Path,
+                        help="conf/confirm/<dataset>.toml (arms, check)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="report: the folder of the confirm-<dataset>/ reports (default "
+                             "docs/results); check: the preset's cell folder (default "
+                             "results/<preset name>)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="report: docs/confirmation.md; arms: docs/confirmation/arms.json")
     parser.add_argument("--csv", type=Path,
                         default=root / "docs" / "confirmation" / "hypotheses.csv")
     args = parser.parse_args(argv)
-    for path in write_confirmation(args.results, args.out, args.csv):
-        print(path)
-    return 0
+    arms_file = root / "docs" / "confirmation" / "arms.json"
+    if args.command == "report":
+        for path in write_confirmation(args.results or root / "docs" / "results",
+                                       args.out or root / "docs" / "confirmation.md", args.csv):
+            print(path)
+        return 0
+    if not args.presets:
+        parser.error(f"{args.command} needs the conf/confirm/<dataset>.toml presets")
+    presets = [load_preset(p) for p in args.presets]
+    if args.command == "arms":
+        out = args.out or arms_file
+        out.parent.mkdir(parents=True, exist_ok=True)
+        arms = [a for p in presets for a in protocol_arms(p)]
+        out.write_text(json.dumps(arms, indent=1, sort_keys=True) + "\n")
+        print(f"{out}: {len(arms)} arm x setting entries")
+        return 0
+    arms = json.loads(arms_file.read_text())
+    bad = []
+    for preset in presets:
+        bad += check_cells(arms, preset, args.results or root / "results" / preset.name)
+    print("\n".join(bad) if bad else "every confirmation cell ran its protocol config "
+          "from committed code")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

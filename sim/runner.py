@@ -8,7 +8,9 @@ the runner adds ``flwr.log``, the run's streamed log). State lives in the files:
 - a cell with ``checkpoint.npz`` but no summary continues through ``resume-from``;
 - a failed attempt is appended to ``<results>/cells.jsonl`` with its status and the tail of
   its log; the cell is retried once, and after a second failure marked ``failed`` there (later
-  invocations skip it unless asked to retry failed cells).
+  invocations skip it unless asked to retry failed cells);
+- every attempt appends the code it ran (git commit, and whether tracked files differed from
+  it) to the cell's ``code.json``.
 
 One SuperLink serves all cells of an invocation; it is restarted when it died or a run failed
 (a timed-out run may still be running on it). The inline backend needs no SuperLink and runs
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +44,8 @@ CHECKPOINT = "checkpoint.npz"
 ATTEMPTS = 2  # the first try and one retry
 INTERRUPTED = "interrupted: the runner is stopping"
 FRESH_START_FILES = ("rounds.jsonl", "ledger.csv", "config.json")
+CODE_FILE = "code.json"
+REPO = Path(__file__).resolve().parents[1]
 
 RunFn = Callable[..., Any]  # sim.launcher.flwr_run's signature
 LinkFactory = Callable[[Path], AbstractContextManager[Any]]
@@ -64,6 +69,30 @@ def append_state(results: Path, event: dict[str, Any]) -> None:
     results.mkdir(parents=True, exist_ok=True)
     with _STATE_LOCK, (results / STATE_FILE).open("a") as fh:
         fh.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event}) + "\n")
+
+
+def code_state(repo: Path = REPO) -> dict[str, Any]:
+    """``{"commit": HEAD or None, "dirty": tracked files differ from it}`` of ``repo``."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True,
+                                  text=True, timeout=30, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit or None, "dirty": bool(status)}
+
+
+def record_code(out: Path, attempt: int, resumed: bool) -> None:
+    """Append this attempt's :func:`code_state` to ``out/code.json``."""
+    path = out / CODE_FILE
+    attempts = json.loads(path.read_text()) if path.exists() else []
+    attempts.append({"attempt": attempt, "resumed": resumed,
+                     "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **code_state()})
+    path.write_text(json.dumps(attempts, indent=1) + "\n")
 
 
 def cell_status(results: Path, cell_id: str, events: list[dict[str, Any]]) -> str:
@@ -173,8 +202,9 @@ class Runner:
         out.mkdir(parents=True, exist_ok=True)
         cfg = self.cell_config(cell)
         if "resume-from" not in cfg:  # a fresh start: no stale records to append to
-            for name in FRESH_START_FILES:
+            for name in (*FRESH_START_FILES, CODE_FILE):
                 (out / name).unlink(missing_ok=True)
+        record_code(out, attempt, "resume-from" in cfg)
         total = int(cfg.get("num-server-rounds", 100))
 
         def on_round(rec: dict[str, Any]) -> None:

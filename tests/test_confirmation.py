@@ -197,3 +197,45 @@ def test_an_unfinished_confirmation_is_labelled_interim(tmp_path: Path) -> None:
                          range(100, 104))
     write_confirmation(results, tmp_path / "c.md", tmp_path / "h.csv")
     assert "**interim**" in (tmp_path / "c.md").read_text()
+
+
+def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
+        shared_data_dir: Path, tmp_path: Path) -> None:
+    # Prepare: a two-arm confirm grid; one of its cells runs for real (in process, 1 round)
+    from client_app.app import app as client_app
+    from server_app.app import run
+    from server_app.config import parse_run_config
+    from sim.confirmation import check_cells, config_hash, protocol_arms
+    from sim.inline_grid import InProcessGrid
+
+    raw = {"preset": {"name": "confirm-unit", "num-supernodes": 6, "backend": "inline"},
+           "base": {"dataset": "mnist", "num-server-rounds": 1, "clients-per-round": 4,
+                    "client-max-samples": 100, "test-max-samples": 200, "alpha": 10.0,
+                    "imbalance-factor": 1.0},
+           "variants": {"fedowen": {"strategy": "fedowen"},
+                        "fedavg-equal": {"valuation": "none", "selection": "random",
+                                         "aggregation": "uniform"}},
+           "grid": [{"name": "confirm", "kind": "ablation", "reference": "fedowen",
+                     "rows": "variant", "axes": {"seed": [100, 101],
+                                                 "variant": ["fedowen", "fedavg-equal"]}}]}
+    preset = parse_preset(raw)
+    arms = protocol_arms(preset)
+    cell = next(c for c in preset.cells() if c.point["variant"] == "fedowen")
+    out = tmp_path / "res" / cell.cell_id
+    cfg = {**cell.run_config, "output-dir": str(out), "data-dir": str(shared_data_dir)}
+    nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
+    # Execute
+    run(InProcessGrid(client_app, nodes, cfg), parse_run_config(cfg), out)
+    # Assert: one entry per arm (seeds together), full configs, defaults resolved
+    assert [(a["arm"], a["seeds"]) for a in arms] == [("fedowen", [100, 101]),
+                                                      ("fedavg-equal", [100, 101])]
+    fedowen = arms[0]
+    assert fedowen["run_config"]["norm_cap"] == "median"  # "auto" as it resolves today
+    assert fedowen["run_config"]["valuation"] == "owen-antithetic"
+    assert "seed" not in fedowen["run_config"] and len(fedowen["run_config"]) > 50
+    recorded = json.loads((out / "config.json").read_text())
+    assert config_hash(recorded) == fedowen["hash"] != arms[1]["hash"]
+    assert check_cells(arms, preset, tmp_path / "res") == []
+    # a cell that ran with another learning rate is caught
+    (out / "config.json").write_text(json.dumps({**recorded, "lr": 0.5}))
+    assert any("config hash" in p for p in check_cells(arms, preset, tmp_path / "res"))

@@ -204,6 +204,13 @@ def test_crashed_cell_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     assert fake.calls[1]["resume-from"] == fake.calls[1]["output-dir"]
     lines = (runner.results / STATE_FILE).read_text().splitlines()
     assert [json.loads(line)["event"] for line in lines] == ["error", "done"]
+    # each attempt recorded the code it ran: this checkout's commit
+    from sim.runner import code_state
+
+    code = json.loads((Path(fake.calls[1]["output-dir"]) / "code.json").read_text())
+    assert [(a["attempt"], a["resumed"]) for a in code] == [(1, False), (2, True)]
+    assert code[0]["commit"] == code_state()["commit"]
+    assert code[0]["commit"] is None or len(code[0]["commit"]) == 40
 
 
 def test_a_crashed_cell_of_a_strategy_without_checkpointed_state_starts_again(
