@@ -74,10 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--jobs {args.jobs} needs --backend inline (flwr runs share one "
                          "SuperLink and its Ray cluster)")
     data_dir = resolve_data_dir(args.data_dir)
-    if args.restore is not None:
-        results.mkdir(parents=True, exist_ok=True)
-        print(f"[experiments] restored {restore_cells(args.restore, results)} cells from "
-              f"{args.restore}", flush=True)
+    _restore(args, results)
     if backend == "inline":
         runner = Runner(preset, results, data_dir, run_fn=inline_run, link_factory=nullcontext,
                         jobs=args.jobs)
@@ -96,6 +93,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"[experiments] {preset.name}: {counts}. Report: python -m sim.experiments report "
           f"{args.preset or '--results ' + str(results)}", flush=True)
     return 0 if counts["failed"] == 0 else 1
+
+
+def _restore(args: argparse.Namespace, results: Path) -> None:
+    """``--restore`` (repeatable): unpack each archive's finished cells into ``results``."""
+    for archive in args.restore or []:
+        results.mkdir(parents=True, exist_ok=True)
+        print(f"[experiments] restored {restore_cells(archive, results)} cells from "
+              f"{archive}", flush=True)
 
 
 def cmd_run_on_cluster(args: argparse.Namespace) -> int:
@@ -117,6 +122,7 @@ def cmd_run_on_cluster(args: argparse.Namespace) -> int:
                          "out --backend flwr")
     args.backend = "inline"  # also names the default results dir, as for a local inline run
     preset, results = _load(args)
+    _restore(args, results)
     with ExitStack() as stack:
         try:
             session = stack.enter_context(connect(args.ray_address, cell_cpus=args.cell_cpus,
@@ -260,9 +266,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     report.add_argument("--archive", action="store_true",
                         help=f"also write {ARCHIVE}: the finished cells' records (run "
                              "--restore unpacks them)")
-    run.add_argument("--restore", type=Path, default=None, metavar="ARCHIVE",
+    run.add_argument("--restore", type=Path, action="append", default=None, metavar="ARCHIVE",
                      help=f"first unpack a report's {ARCHIVE} into the results dir (finished "
-                          "cells are not run again)")
+                          "cells are not run again); repeat for several archives")
     report.add_argument("--command-note", default=None,
                         help="the command that produced the results, quoted in the README")
     return p.parse_args(argv)

@@ -404,3 +404,22 @@ def test_archive_restores_finished_cells_only_and_keeps_existing_ones(tmp_path: 
     assert (tmp_path / "empty" / done / "rounds.jsonl").read_text() == \
         (runner.results / done / "rounds.jsonl").read_text()
     assert not (tmp_path / "empty" / crashed).exists()
+
+
+def test_restore_takes_several_archives(tmp_path: Path) -> None:
+    # arena2's command restores the arena's cells and the development grid's
+    from sim.experiments import _restore, archive_cells, parse_args
+
+    first, second = FakeFlwr([]), FakeFlwr([])
+    one = make_runner(tmp_path / "one", first)
+    two = make_runner(tmp_path / "two", second,
+                      small_preset(axes={"seed": [5], "valuation": ["owen"]}))
+    one.run()
+    two.run()
+    archives = [archive_cells(one.preset, one.results, tmp_path / "a.tar.gz"),
+                archive_cells(two.preset, two.results, tmp_path / "b.tar.gz")]
+    args = parse_args(["run", "p.toml", "--restore", str(archives[0]),
+                       "--restore", str(archives[1])])
+    assert args.restore == archives
+    _restore(args, tmp_path / "merged")
+    assert len(list((tmp_path / "merged").glob("*/summary.json"))) == 3
