@@ -15,7 +15,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEV="$ROOT/.device"
-WHEELS="flwr==1.41.0 cffi==2.1.1 click==8.5.1 cryptography==50.0.2 grpcio==1.85.1
+WHEELS="flwr==1.42.0 cffi==2.1.1 click==8.5.1 cryptography==50.0.2 grpcio==1.85.1
 grpcio-health-checking==1.81.1 iterators==0.0.2 protobuf==6.33.6 pycparser==3.12
 pycryptodome==3.24.1 tomli==2.5.0 tomli-w==1.2.0 typer==0.20.1"
 
