@@ -2,7 +2,7 @@
 
 This is the loopback rehearsal of ``docs/deployment.md``: the same binaries and flags as on
 separate machines, only every address is 127.0.0.1 and every port is free. The SuperLink
-serves its Control, Fleet and Runtime APIs on one TLS port (flwr 1.41) and admits only
+serves its Control, Fleet and Runtime APIs on one TLS port (flwr 1.41-1.42) and admits only
 SuperNodes whose public keys were registered with ``flwr supernode register``; each SuperNode
 runs its ClientApps in subprocesses from this venv (no runtime dependency installation).
 

@@ -1,6 +1,6 @@
 """Fleet gateway: the only SuperLink door the devices' network gets, and it opens on Fleet only.
 
-Flower 1.41 serves its Control API (``/v1/control/*``: list, register and unregister nodes,
+Flower 1.41-1.42 serve its Control API (``/v1/control/*``: list, register and unregister nodes,
 start and stop runs), Fleet API (``/v1/fleet/*``: what SuperNodes call) and Runtime API
 (``/v1/runtime/*``: what ServerApps and SuperExecs call) on one HTTPS port, and the Control API
 has no authentication outside Flower Enterprise (OIDC). Anyone who can reach that port with

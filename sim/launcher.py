@@ -83,7 +83,7 @@ class LocalSuperLink:
     def __enter__(self) -> LocalSuperLink:
         self.flwr_home.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        # flwr 1.41 serves the Control, Fleet and runtime APIs on one HTTP port.
+        # flwr 1.41-1.42 serve the Control, Fleet and runtime APIs on one HTTP port.
         self.ports = {"http": free_port()}
         cmd = [str(BIN / "flower-superlink"), "--insecure", "--simulation",
                "--isolation", "subprocess", "--disable-runtime-dependency-installation",

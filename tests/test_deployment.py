@@ -39,7 +39,7 @@ from sim.launcher import APP_DIR, BIN, flower_env, flwr_run
 DOCKER = APP_DIR / "docker"
 COMPOSE_FILES = sorted(DOCKER.glob("compose*.yml"))
 NUM_NODES = 3
-# What flwr 1.41 does with a key it does not know: the SuperLink answers activate-node with
+# What flwr 1.41-1.42 do with a key they do not know: the SuperLink answers activate-node with
 # HTTP 412 / ApiError 2004 and logs the line below; the SuperNode does not retry, it logs
 # "Exit Code: 305 ... [code: 2004] Failed to activate SuperNode." and exits with status 1.
 REFUSED_NODE_LOG = ("Exit Code: 305", "[code: 2004] Failed to activate SuperNode")
