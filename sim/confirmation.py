@@ -371,13 +371,21 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def _setting(grid: Grid, cell: Any) -> str:
+    """The cell's column label, exactly as the ablation report's rounds CSV writes it (the
+    report's hypotheses are keyed by that label)."""
+    from sim.ablation import _label
+
+    return _label({k: cell.point[k] for k in grid.column_keys})
+
+
 def protocol_arms(preset: Preset) -> list[dict[str, Any]]:
     """Every arm x setting of the preset's ``confirm`` grid: its hash, seeds and full
     resolved run config (docs/confirmation/arms.json)."""
     grid = preset.grid(CONFIRM_GRID)
     arms: dict[tuple[str, str], dict[str, Any]] = {}
     for cell in expand_grid(preset, grid):
-        setting = ", ".join(f"{k}={cell.point[k]}" for k in grid.column_keys) or "all"
+        setting = _setting(grid, cell)
         entry = arms.setdefault((str(cell.point[grid.rows]), setting), {
             "preset": preset.name, "arm": str(cell.point[grid.rows]), "setting": setting,
             "hash": config_hash(cell.run_config), "seeds": [],
@@ -400,7 +408,7 @@ def check_cells(arms: list[dict[str, Any]], preset: Preset, results: Path) -> li
     grid = preset.grid(CONFIRM_GRID)
     problems = []
     for cell in expand_grid(preset, grid):
-        setting = ", ".join(f"{k}={cell.point[k]}" for k in grid.column_keys) or "all"
+        setting = _setting(grid, cell)
         recorded = results / cell.cell_id / "config.json"
         if not recorded.exists():
             continue
