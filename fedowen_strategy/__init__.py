@@ -1,9 +1,10 @@
 """FedOwen: contribution-aware federated learning on Flower.
 
 ``fedowen_strategy.valuation`` (Shapley-value estimators over utility games) needs only
-numpy. ``FedOwen`` and ``ValuationSettings`` (the Flower strategy and its valuation settings)
-and ``CoalitionUtility`` (a ready utility for torch models) are imported lazily, so that
-importing the valuation library pulls in neither Flower nor torch.
+numpy. ``FedOwen`` (the Flower strategy), its settings ``ValuationSettings``,
+``SelectionParams`` and ``Guards`` (whose defaults are the app's) and ``CoalitionUtility`` (a
+ready utility for torch models) are imported lazily, so that importing the valuation library
+pulls in neither Flower nor torch.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-__all__ = ["CoalitionUtility", "FedOwen", "ValuationSettings"]
+__all__ = ["CoalitionUtility", "FedOwen", "Guards", "SelectionParams", "ValuationSettings"]
 _HOME = {"FedOwen": "fedowen_strategy.strategy",
          "ValuationSettings": "fedowen_strategy.contribution",
+         "SelectionParams": "fedowen_strategy.selection",
+         "Guards": "fedowen_strategy.guards",
          "CoalitionUtility": "fedowen_strategy.torch_utility"}
 
 

@@ -53,6 +53,9 @@ Utility = Callable[[NDArray[np.bool_]], NDArray[np.float64]]
 UtilityFactory = Callable[..., Utility]
 #: What a coalition utility measures on the evaluation set: accuracy or minus the loss.
 UTILITY_METRICS = ("accuracy", "neg-loss")
+#: The app's and the library's default (:class:`~fedowen_strategy.torch_utility.
+#: CoalitionUtility`): minus the loss ranks updates where accuracy ties (docs/defaults.md).
+DEFAULT_UTILITY_METRIC = "neg-loss"
 PHI_SCALES = ("normalised", "l1", "raw")
 #: The coalition game: ``average`` (a coalition's model is the num-examples average of its
 #: members' models) or ``delta`` (``global + sum_{i in S} p_i delta_i``, p = the aggregation's
@@ -62,17 +65,17 @@ GAMES = ("average", "delta")
 
 @dataclass(frozen=True)
 class ValuationSettings:
-    """How a round is valued and aggregated (see the module docstring for ``phi_scale``);
-    ``aggregation = "auto"`` resolves as in :func:`resolve_axes`."""
+    """How a round is valued and aggregated (defaults: the app's; see the module docstring
+    for ``phi_scale``); ``aggregation = "auto"`` resolves as in :func:`resolve_axes`."""
 
-    method: str = "owen"
+    method: str = "owen-antithetic"
     budget_m: int = 4
     params: Mapping[str, Any] = field(default_factory=dict)
     phi_scale: str = "l1"
     temperature: float = 1.0
     krum_malicious: int = 0
     aggregation: str = "auto"
-    game: str = "average"
+    game: str = "delta"
     uniform_mix: float = 0.0
     weight_cap: float = 1.0
 

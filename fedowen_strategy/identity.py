@@ -12,15 +12,30 @@ is bound to it; from then on
   authentication a node's id follows its registered key, so ids stay bound to keys.
 
 The book is part of the strategy's checkpoint, so bindings survive a resume.
+
+:class:`Roster` is the strategy's side of it: it asks new nodes for their client ids (one
+``query`` message each), refuses impostors' replies, orders the selectable nodes by client id
+and names the selected nodes that sent no reply.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from logging import INFO, WARNING
+
+from flwr.app import Message
+from flwr.common.logger import log as flwr_log
+
+from fedowen_strategy.nodes import client_order
+from fedowen_strategy.replies import client_id_of
 
 log = logging.getLogger(__name__)
+#: What a Flower ClientApp answers to a message type it registered no function for.
+NO_QUERY_HANDLER = "No query function registered"
+#: ``targets -> replies``: sends the identity query to the target nodes.
+Ask = Callable[[list[int]], Iterable[Message]]
 
 
 @dataclass
@@ -60,3 +75,94 @@ class IdentityBook:
             del self.client_of_node[owner]
         self.client_of_node[node] = client_id
         return None
+
+
+@dataclass
+class Roster:
+    """The strategy's view of who is who: the identity book, the nodes refused (they claimed
+    another connected node's id) and whether ClientApps answer the identity query at all."""
+
+    book: IdentityBook = field(default_factory=IdentityBook)
+    refused: set[int] = field(default_factory=set)
+    unanswered: bool = False
+
+    def identify(self, ask: Ask, nodes: list[int]) -> None:
+        """Ask nodes not heard from yet for their client ids.
+
+        While nobody has been named, one node is asked first: a ClientApp without a query
+        handler (Flower's quickstart registers only train and evaluate) answers with an error,
+        which is logged once, and no node is asked again. Client ids then come from the train
+        replies where a ClientApp sends one, else nodes are labelled by node id.
+        """
+        unknown = [node for node in nodes if node not in self.book.client_of_node]
+        if not unknown or self.unanswered:
+            return
+        if not self.book.client_of_node:  # probe one node before asking everyone
+            first = self._query(ask, unknown[:1], nodes)
+            if self.unanswered:
+                return
+            named = first + self._query(ask, unknown[1:], nodes)
+        else:
+            named = self._query(ask, unknown, nodes)
+        flwr_log(INFO, "Identified %d of %d new nodes by client id", named, len(unknown))
+
+    def _query(self, ask: Ask, targets: list[int], nodes: list[int]) -> int:
+        """Ask ``targets``; how many named themselves."""
+        if not targets:
+            return 0
+        named = 0
+        for reply in ask(targets):
+            if reply.has_error():
+                reason = (reply.error.reason or "").strip()
+                if NO_QUERY_HANDLER in reason and not self.unanswered:
+                    self.unanswered = True
+                    flwr_log(INFO, "The ClientApp answers no query (%s): clients are labelled "
+                             "by the client id their train replies carry, else by node id; no "
+                             "node is asked again", reason.splitlines()[-1][:120])
+                continue
+            node = reply.metadata.src_node_id
+            refused = self.book.claim(node, client_id_of(reply), nodes)
+            if refused:
+                flwr_log(WARNING, "identity refused: %s; node %d is not selected", refused,
+                         node)
+                self.refused.add(node)
+            else:
+                named += 1
+        return named
+
+    def selectable(self, nodes: list[int], banned: Collection[str]
+                   ) -> tuple[list[int], list[str]]:
+        """Selectable nodes and their client ids, ordered by client id (numbers numerically);
+        refused nodes and banned client ids are left out."""
+        keyed = [(self.book.client_of_node.get(node, f"node:{node}"), node) for node in nodes
+                 if node not in self.refused]
+        keyed = [(key, node) for key, node in keyed if key not in banned]
+        keyed.sort(key=lambda kn: client_order(kn[0]))
+        return [n for _, n in keyed], [k for k, _ in keyed]
+
+    def check(self, replies: Iterable[Message], connected: Collection[int]
+              ) -> tuple[list[Message], dict[str, str]]:
+        """Replies whose claimed id matches their node's binding, and the refused ones
+        (keyed ``node:<id>`` by the claiming node, so the victim is not blamed)."""
+        kept, refused = [], {}
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            reason = None if msg.has_error() else self.book.claim(
+                node, client_id_of(msg), connected)
+            if reason:
+                refused[f"node:{node}"] = reason
+                flwr_log(WARNING, "rejected a reply: %s", reason)
+            else:
+                kept.append(msg)
+        return kept, refused
+
+    def silent(self, replies: Iterable[Message], selected: Iterable[int]) -> dict[str, str]:
+        """Selected nodes that sent no reply (timed out, disconnected): counted as failed."""
+        replied = {msg.metadata.src_node_id for msg in replies}
+        silent = {}
+        for node in selected:
+            if node not in replied:
+                who = self.book.client_of_node.get(node, f"node:{node}")
+                silent[who] = "no reply within round-timeout (timed out or disconnected)"
+                flwr_log(WARNING, "client %s (node %d) sent no reply this round", who, node)
+        return silent

@@ -14,6 +14,12 @@ from logging import INFO, WARNING
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+#: Seconds to wait for a round's k nodes (the app's ``node-wait-timeout``).
+NODE_WAIT_TIMEOUT = 15.0
+#: Seconds a round waits for its replies (the app's ``round-timeout``; FedOwen's identity
+#: query waits as long).
+ROUND_TIMEOUT = 600.0
+
 
 def enough_nodes(need: int) -> int:
     """The one node-wait rule: a round asks for ``need`` nodes; after the timeout it goes on

@@ -17,12 +17,9 @@ from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-#: Key of the ConfigRecord in which a ClientApp names itself.
-CLIENT_RECORD_KEY = "client"
-#: Field of that record holding the stable client id (partition-id or a node-config id).
-CLIENT_ID_FIELD = "client-id"
-#: Field of that record naming the Ray node a simulated client ran on (absent outside Ray).
-RAY_NODE_FIELD = "ray-node"
+# the message protocol the ClientApp shares (the library's one import from the task module)
+from fedowen_task.protocol import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, RAY_NODE_FIELD
+
 #: Largest ``num-examples`` a reply may claim (exact in float64, no overflow in weights).
 MAX_EXAMPLES = 2**53
 
@@ -111,7 +108,8 @@ def _check_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
                 return f"array {key!r} holds NaN or Inf"
             ref_sq += float(np.sum(np.square(ref, dtype=np.float64)))
             upd_sq += float(np.sum(np.square(arr.astype(np.float64) - ref)))
-    if max_norm_ratio > 0 and np.sqrt(upd_sq) > max_norm_ratio * max(np.sqrt(ref_sq), 1e-12):
+    # a zero global model (e.g. initialised to zeros) has no scale to compare with
+    if max_norm_ratio > 0 and ref_sq > 0 and np.sqrt(upd_sq) > max_norm_ratio * np.sqrt(ref_sq):
         return (f"update norm {np.sqrt(upd_sq):.3g} exceeds {max_norm_ratio} x the global "
                 f"model's norm {np.sqrt(ref_sq):.3g}")
     return None
@@ -170,7 +168,8 @@ def parse_replies(
     non-integral or absurd ``num-examples``, undecodable arrays) rejects that reply only.
 
     ``max_norm_ratio`` > 0 also rejects updates whose distance to the global model exceeds
-    that multiple of the global model's norm (an "absurd norm"); 0 disables the check.
+    that multiple of the global model's norm (an "absurd norm"); 0 disables the check, and a
+    global model of norm 0 (nothing to compare with) skips it.
     """
     out = ParsedReplies()
     seen: set[str] = set()

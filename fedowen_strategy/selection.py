@@ -58,7 +58,7 @@ def update_memory(previous: float | None, phi: float, count: int, memory: str = 
 
 @dataclass(frozen=True)
 class SelectionParams:
-    """Constants of Algorithm 2.
+    """Constants of Algorithm 2 and the bandit's memory (defaults: the app's).
 
     Parameters
     ----------
@@ -71,12 +71,18 @@ class SelectionParams:
         (paper: "a small floor"; 0.01 of a round's l1 scale here, docs/defaults.md).
     low_gain_scale : float
         Factor on the bonus of clients below the floor (paper: 0.1).
+    memory, discount : str, float
+        What the bandit exploits per client: the running mean of its phi (``mean``, the
+        default), its latest phi (``latest``, Algorithm 2) or a discounted mean
+        (``discounted``, weight ``discount`` on the newest phi): :func:`update_memory`.
     """
 
     epsilon: float = 0.1
     c: float = 0.1
     tau: float = 0.01
     low_gain_scale: float = 0.1
+    memory: str = "mean"
+    discount: float = 0.3
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.epsilon <= 1.0:
@@ -87,6 +93,7 @@ class SelectionParams:
             raise ValueError(f"tau={self.tau!r} must be finite")
         if not 0.0 <= self.low_gain_scale <= 1.0:
             raise ValueError(f"low_gain_scale={self.low_gain_scale!r} must lie in [0, 1]")
+        update_memory(None, 0.0, 1, self.memory, self.discount)  # validates both
 
 
 def selection_scores(

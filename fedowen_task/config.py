@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -206,3 +207,15 @@ def parse_scalar(raw: str) -> Any:
         except ValueError:
             pass
     return raw
+
+
+def parse_params(text: str, key: str) -> dict[str, Any]:
+    """``"a=1 b-c=x"`` -> ``{"a": 1, "b_c": "x"}`` (values parsed as bool/int/float/str);
+    ``key`` names the run-config key in errors (``valuation-params``, ``strategy-params``)."""
+    params: dict[str, Any] = {}
+    for item in shlex.split(text):
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{key} item {item!r} is not key=value")
+        params[name.replace("-", "_")] = parse_scalar(raw)
+    return params

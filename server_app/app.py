@@ -32,7 +32,7 @@ from fedowen_strategy.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from fedowen_strategy.contribution import UtilityFactory, ValuationSettings
+from fedowen_strategy.contribution import UtilityFactory
 from fedowen_strategy.nodes import wait_for_nodes
 from fedowen_strategy.payouts import (
     ADVERSARIES_FILE,
@@ -120,23 +120,8 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    ) -> FedOwen:
     """The FedOwen strategy the run config describes (federated evaluation off: the
     ServerApp evaluates centrally); ``server_step`` serves ``norm-cap = "server"``."""
-    selection, aggregation = cfg.axes()
-    valuation = ValuationSettings(method=cfg.valuation, budget_m=cfg.budget_m,
-                                  params=cfg.estimator_params(), phi_scale=cfg.phi_scale,
-                                  temperature=cfg.temperature, krum_malicious=cfg.krum_malicious,
-                                  aggregation=aggregation, game=cfg.game,
-                                  uniform_mix=cfg.uniform_mix, weight_cap=cfg.weight_cap)
-    return FedOwen(clients_per_round=cfg.clients_per_round, fraction_evaluate=0.0,
-                   utility_factory=factory, valuation=valuation, selection=selection,
-                   selection_params=cfg.selection_params(), seed=cfg.seed,
-                   max_norm_ratio=cfg.max_norm_ratio, node_wait_timeout=cfg.node_wait_timeout,
-                   query_timeout=cfg.round_timeout,
-                   duplicate_tolerance=cfg.duplicate_tolerance,
-                   bandit_memory=cfg.bandit_memory, bandit_discount=cfg.bandit_discount,
-                   update_bound=cfg.update_bound,
-                   update_bound_multiple=cfg.update_bound_multiple,
-                   norm_cap=cfg.norm_cap_mode(), norm_cap_multiple=cfg.norm_cap_multiple,
-                   server_step=server_step, link_cosine=cfg.link_cosine,
+    return FedOwen(**cfg.fedowen_arguments(), fraction_evaluate=0.0, utility_factory=factory,
+                   server_step=server_step,
                    on_round=recorder.log_train if recorder else None)
 
 

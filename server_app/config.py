@@ -11,42 +11,37 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedowen_strategy.bounds import NORM_CAPS, UPDATE_BOUNDS, resolve_norm_cap
+from fedowen_strategy.bounds import NORM_CAPS, UPDATE_BOUNDS
 from fedowen_strategy.contribution import (
+    DEFAULT_UTILITY_METRIC,
     GAME_METHODS,
     GAMES,
     METHODS,
     NO_PHI,
     PHI_SCALES,
     UTILITY_METRICS,
+    ValuationSettings,
     resolve_axes,
     round_budget,
 )
+from fedowen_strategy.guards import Guards
+from fedowen_strategy.nodes import NODE_WAIT_TIMEOUT, ROUND_TIMEOUT
 from fedowen_strategy.selection import MEMORIES, SelectionParams
 from fedowen_strategy.valuation import ESTIMATORS, estimate_problems
-from fedowen_task.config import ConfigError, TaskConfig, one_of, parse_config, parse_scalar
+from fedowen_task.config import ConfigError, TaskConfig, one_of, parse_config, parse_params
 
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
+#: The library's defaults, which are the app's: every FedOwen key below defaults to them.
+_VALUATION, _SELECTION, _GUARDS = ValuationSettings(), SelectionParams(), Guards()
+
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
                               "device", "round-timeout", "node-wait-timeout", "torch-threads",
                               "download", "verbose"})
-
-
-def parse_params(text: str, key: str) -> dict[str, Any]:
-    """``"a=1 b-c=x"`` -> ``{"a": 1, "b_c": "x"}`` (values parsed as bool/int/float/str)."""
-    params: dict[str, Any] = {}
-    for item in shlex.split(text):
-        name, sep, raw = item.partition("=")
-        if not sep or not name:
-            raise ValueError(f"{key} item {item!r} is not key=value")
-        params[name.replace("-", "_")] = parse_scalar(raw)
-    return params
 
 
 @dataclass(frozen=True)
@@ -60,38 +55,38 @@ class RunConfig(TaskConfig):
     strategy: str = "fedowen"
     strategy_params: str = ""
     proximal_mu: float = 0.0
-    valuation: str = "owen-antithetic"
+    valuation: str = _VALUATION.method
     valuation_params: str = ""
     selection: str = "auto"
     aggregation: str = "auto"
-    budget_m: int = 4
+    budget_m: int = _VALUATION.budget_m
     owen_q: int = 2
-    utility_metric: str = "neg-loss"
-    game: str = "delta"
-    phi_scale: str = "l1"
-    temperature: float = 1.0
-    epsilon: float = 0.1
-    ucb_c: float = 0.1
-    tau: float = 0.01
-    max_norm_ratio: float = 10.0
+    utility_metric: str = DEFAULT_UTILITY_METRIC
+    game: str = _VALUATION.game
+    phi_scale: str = _VALUATION.phi_scale
+    temperature: float = _VALUATION.temperature
+    epsilon: float = _SELECTION.epsilon
+    ucb_c: float = _SELECTION.c
+    tau: float = _SELECTION.tau
+    max_norm_ratio: float = _GUARDS.max_norm_ratio
     # Robust update bounds (issue 14): see fedowen_strategy.bounds.
-    update_bound: str = "none"
-    update_bound_multiple: float = 3.0
+    update_bound: str = _GUARDS.update_bound
+    update_bound_multiple: float = _GUARDS.update_bound_multiple
     # Norm normalisation and Sybil links (issue 26): see fedowen_strategy.bounds / links.
-    norm_cap: str = "auto"
-    norm_cap_multiple: float = 2.0
-    link_cosine: float = 0.98
-    round_timeout: float = 600.0
+    norm_cap: str = _GUARDS.norm_cap
+    norm_cap_multiple: float = _GUARDS.norm_cap_multiple
+    link_cosine: float = _GUARDS.link_cosine
+    round_timeout: float = ROUND_TIMEOUT
     verbose: bool = False
-    node_wait_timeout: float = 15.0
-    duplicate_tolerance: float = 1e-6
-    uniform_mix: float = 0.0
-    weight_cap: float = 1.0
-    bandit_memory: str = "mean"
-    bandit_discount: float = 0.3
+    node_wait_timeout: float = NODE_WAIT_TIMEOUT
+    duplicate_tolerance: float = _GUARDS.duplicate_tolerance
+    uniform_mix: float = _VALUATION.uniform_mix
+    weight_cap: float = _VALUATION.weight_cap
+    bandit_memory: str = _SELECTION.memory
+    bandit_discount: float = _SELECTION.discount
     torch_threads: int = 1
     resume_from: str = ""
-    krum_malicious: int = 0
+    krum_malicious: int = _VALUATION.krum_malicious
     # Peer defences (issue 17): see fedowen_strategy.fltrust / foolsgold.
     fltrust_root_size: int = 0
     fltrust_root_epochs: int = 1
@@ -108,15 +103,41 @@ class RunConfig(TaskConfig):
         for a valuation method that computes contributions (FedOwen's defence), ``none`` for
         ``none`` and ``multikrum`` (plain FedAvg and Multi-Krum stay the baselines they are
         named after)."""
-        return resolve_norm_cap(self.norm_cap, self.valuation in NO_PHI)
+        return self.guards().norm_cap_for(self.valuation in NO_PHI)
+
+    def guards(self) -> Guards:
+        """The update guards these keys describe."""
+        return Guards(max_norm_ratio=self.max_norm_ratio, update_bound=self.update_bound,
+                      update_bound_multiple=self.update_bound_multiple, norm_cap=self.norm_cap,
+                      norm_cap_multiple=self.norm_cap_multiple, link_cosine=self.link_cosine,
+                      duplicate_tolerance=self.duplicate_tolerance)
+
+    def valuation_settings(self) -> ValuationSettings:
+        """The estimator and aggregation these keys describe."""
+        return ValuationSettings(method=self.valuation, budget_m=self.budget_m,
+                                 params=self.estimator_params(), phi_scale=self.phi_scale,
+                                 temperature=self.temperature,
+                                 krum_malicious=self.krum_malicious,
+                                 aggregation=self.axes()[1], game=self.game,
+                                 uniform_mix=self.uniform_mix, weight_cap=self.weight_cap)
+
+    def fedowen_arguments(self) -> dict[str, Any]:
+        """The one mapping of the run config onto :class:`fedowen_strategy.FedOwen`'s
+        settings (the library's types, whose defaults are these keys' defaults)."""
+        return {"clients_per_round": self.clients_per_round,
+                "valuation": self.valuation_settings(), "selection": self.axes()[0],
+                "selection_params": self.selection_params(), "guards": self.guards(),
+                "seed": self.seed, "node_wait_timeout": self.node_wait_timeout,
+                "query_timeout": self.round_timeout}
 
     def torch_device(self) -> str | None:
         """``device`` for torch's resolver: None for ``auto`` (the GPU when there is one)."""
         return None if self.device == "auto" else self.device
 
     def selection_params(self) -> SelectionParams:
-        """Algorithm 2's constants."""
-        return SelectionParams(epsilon=self.epsilon, c=self.ucb_c, tau=self.tau)
+        """Algorithm 2's constants and the bandit's memory."""
+        return SelectionParams(epsilon=self.epsilon, c=self.ucb_c, tau=self.tau,
+                               memory=self.bandit_memory, discount=self.bandit_discount)
 
     def estimator_params(self) -> dict[str, Any]:
         """Keyword parameters for the estimator, plus ``valuation-params``

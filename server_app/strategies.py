@@ -31,7 +31,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedowen_strategy.replies import client_id_of
 from fedowen_strategy.strategy import RoundHook
-from fedowen_task.config import did_you_mean
+from fedowen_task.config import did_you_mean, parse_params
 
 FLOWER = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "krum": "Krum",
           "multikrum": "MultiKrum", "fedadam": "FedAdam", "fedyogi": "FedYogi",
@@ -72,8 +72,6 @@ def strategy_class(name: str) -> type[Strategy]:
 
 def strategy_kwargs(cfg: Any, cls: type[Strategy], num_nodes: int) -> dict[str, Any]:
     """Constructor arguments from the run config, for ``num_nodes`` connected nodes."""
-    from server_app.config import parse_params
-
     k = cfg.clients_per_round
     kwargs: dict[str, Any] = {
         "fraction_train": min(1.0, k / max(num_nodes, 1)), "fraction_evaluate": 0.0,
@@ -91,8 +89,6 @@ def strategy_kwargs(cfg: Any, cls: type[Strategy], num_nodes: int) -> dict[str, 
 
 def strategy_problems(cfg: Any) -> list[str]:
     """What is wrong with ``strategy``, ``strategy-params``, ``proximal-mu`` and resuming."""
-    from server_app.config import parse_params
-
     if cfg.strategy == "fedowen":
         bad = []
         if cfg.strategy_params:

@@ -9,6 +9,7 @@ scale below FLAT keeps the raw values (all ~0) and the softmax weights are unifo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,11 @@ from fedowen_strategy.contribution import ValuationSettings, value_round
 
 GLOBAL = {"w": np.zeros(3, np.float32)}
 
+
+
+def average_game(**settings: Any) -> ValuationSettings:
+    """These tests' factories build the average game (the library's default is the delta)."""
+    return ValuationSettings(game="average", **settings)
 
 def factory_for(value: Callable[[np.ndarray], float]) -> Callable[..., Callable]:
     """A utility that scores the example-weighted average model with ``value``."""
@@ -43,7 +49,7 @@ def states(*rows: list[float]) -> list[dict[str, np.ndarray]]:
 @pytest.mark.parametrize("method", ["owen", "mc-shapley", "gtg-shapley", "banzhaf",
                                     "weighted-shap", "loo", "exact"])
 def test_single_returned_client_gets_all_weight(method: str) -> None:
-    val = value_round(states([1, 1, 1]), [5], GLOBAL, ValuationSettings(method=method),
+    val = value_round(states([1, 1, 1]), [5], GLOBAL, average_game(method=method),
                       factory_for(closeness), np.random.default_rng(0))
     assert val.weights.tolist() == [1.0]
     # the lone player's value is the whole gain: +1 on the l1 (default) and normalised scales
@@ -55,7 +61,7 @@ def test_paper_algorithm_credits_a_lone_client_only_on_its_mask_levels() -> None
     # with Q = 2 (q = 1/2, 1) the expected credit is (1/2 + 1) / 2 = 3/4 of the gain: the
     # grid bias the README describes. Averaged over seeds it converges there, not to 1.
     vals = [value_round(states([1, 1, 1]), [5], GLOBAL,
-                        ValuationSettings(method="owen-paper", budget_m=40,
+                        average_game(method="owen-paper", budget_m=40,
                                           phi_scale="normalised"),
                         factory_for(closeness), np.random.default_rng(s)).phi[0]
             for s in range(40)]
@@ -68,11 +74,11 @@ def test_identical_updates_aggregate_to_the_common_update() -> None:
     from fedowen_strategy.aggregation import weighted_average
 
     updates = states([1, 0, 1], [1, 0, 1], [1, 0, 1])
-    val = value_round(updates, [4, 4, 4], GLOBAL, ValuationSettings(method="owen"),
+    val = value_round(updates, [4, 4, 4], GLOBAL, average_game(method="owen"),
                       factory_for(closeness), np.random.default_rng(1))
     assert np.all(np.isfinite(val.weights)) and val.weights.sum() == pytest.approx(1.0)
     np.testing.assert_allclose(weighted_average(updates, val.weights)["w"], [1, 0, 1])
-    exact = value_round(updates, [4, 4, 4], GLOBAL, ValuationSettings(method="exact"),
+    exact = value_round(updates, [4, 4, 4], GLOBAL, average_game(method="exact"),
                         factory_for(closeness), np.random.default_rng(1))
     np.testing.assert_allclose(exact.phi, 1 / 3)
 
@@ -80,7 +86,7 @@ def test_identical_updates_aggregate_to_the_common_update() -> None:
 def test_flat_utility_gives_uniform_weights_without_nan() -> None:
     # nu(N) = nu(empty) = 0.5 for every coalition
     val = value_round(states([1, 2, 3], [0, 0, 0]), [3, 7], GLOBAL,
-                      ValuationSettings(method="owen"), factory_for(lambda w: 0.5),
+                      average_game(method="owen"), factory_for(lambda w: 0.5),
                       np.random.default_rng(2))
     assert val.nu_full == val.nu_empty == 0.5
     np.testing.assert_allclose(val.phi, 0.0, atol=1e-12)
@@ -91,7 +97,7 @@ def test_round_that_lowers_utility_sums_to_minus_one() -> None:
     # global w = 1 is perfect; both clients move away, one twice as far
     perfect = {"w": np.ones(3, np.float32)}
     val = value_round(states([0, 1, 1], [-1, 1, 1]), [1, 1], perfect,
-                      ValuationSettings(method="exact", phi_scale="normalised"),
+                      average_game(method="exact", phi_scale="normalised"),
                       factory_for(closeness),
                       np.random.default_rng(3))
     assert val.nu_full < val.nu_empty
@@ -102,17 +108,17 @@ def test_round_that_lowers_utility_sums_to_minus_one() -> None:
 
 def test_raw_scale_keeps_utility_units() -> None:
     val = value_round(states([1, 1, 1], [0.5, 0.5, 0.5]), [1, 1], GLOBAL,
-                      ValuationSettings(method="exact", phi_scale="raw"),
+                      average_game(method="exact", phi_scale="raw"),
                       factory_for(closeness), np.random.default_rng(4))
     assert val.phi.sum() == pytest.approx(val.nu_full - val.nu_empty)
 
 
 def test_fedavg_and_shapfed_need_no_utility() -> None:
     val = value_round(states([1, 1, 1], [0, 0, 2]), [1, 3], GLOBAL,
-                      ValuationSettings(method="none"), None, np.random.default_rng(5))
+                      average_game(method="none"), None, np.random.default_rng(5))
     np.testing.assert_allclose(val.weights, [0.25, 0.75])
     with pytest.raises(ValueError, match="needs a utility"):
-        value_round(states([1, 1, 1]), [1], GLOBAL, ValuationSettings(method="owen"), None,
+        value_round(states([1, 1, 1]), [1], GLOBAL, average_game(method="owen"), None,
                     np.random.default_rng(6))
 
 
@@ -121,7 +127,7 @@ def test_multikrum_drops_the_outliers_and_averages_the_rest() -> None:
     updates = states([1, 1, 1], [1.1, 1, 1], [1, 0.9, 1], [1, 1, 1.1], [50, -50, 50])
     # Execute
     val = value_round(updates, [1, 1, 1, 1, 1], GLOBAL,
-                      ValuationSettings(method="multikrum", krum_malicious=1), None,
+                      average_game(method="multikrum", krum_malicious=1), None,
                       np.random.default_rng(0))
     # Assert
     assert val.phi.tolist() == [1.0, 1.0, 1.0, 1.0, 0.0]

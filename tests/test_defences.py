@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedowen_strategy.bounds import cap_norms, lower_median, update_norm
 from fedowen_strategy.contribution import ValuationSettings, value_round
+from fedowen_strategy.guards import Guards
 from fedowen_strategy.links import cosine_matrix, link_groups, merge_groups
 from fedowen_strategy.replies import ClientUpdate, record_to_state, state_to_record
 from fedowen_strategy.strategy import FedOwen
@@ -64,7 +65,8 @@ def test_a_reply_fifty_times_an_honest_update_is_rescaled_and_weighs_no_more(
     rounds: list[dict[str, Any]] = []
     strategy = FedOwen(clients_per_round=6, utility_factory=delta_utility,
                        valuation=ValuationSettings(method="exact", game="delta"),
-                       norm_cap="median", seed=0,
+                       guards=Guards(norm_cap="median", norm_cap_multiple=1.0, link_cosine=0.0,
+                                     max_norm_ratio=0.0, duplicate_tolerance=0.0), seed=0,
                        on_round=lambda r, rec, rows: rounds.append(rec))
     init = state_to_record({"w": np.zeros(4, np.float32)})
     # Execute

@@ -10,10 +10,11 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedowen_strategy.aggregation import duplicate_groups
 from fedowen_strategy.contribution import ValuationSettings, value_round
+from fedowen_strategy.guards import Guards
 from fedowen_strategy.identity import IdentityBook
 from fedowen_strategy.records import read_rounds
 from fedowen_strategy.replies import record_to_state, state_to_record
-from tests.test_strategy import TARGET, run_toy
+from tests.test_strategy import BARE, TARGET, run_toy
 
 TARGET_4 = np.array([1.0, -2.0, 0.5, 3.0])
 
@@ -72,7 +73,7 @@ def test_impostor_is_refused_and_never_costs_the_victim(tmp_path: Any) -> None:
     rounds = read_rounds(tmp_path)
     assert all(r["returned"].count("c0") <= 1 for r in rounds[1:])
     assert strategy.counts.get("c0") == 2
-    assert len(strategy.refused) == 1 and "c5" not in strategy.counts
+    assert len(strategy.roster.refused) == 1 and "c5" not in strategy.counts
     assert sorted(strategy.client_of_node.values()) == ["c0", "c1", "c2", "c3", "c4"]
 
 
@@ -84,7 +85,7 @@ def test_copied_updates_share_one_weight(tmp_path: Any) -> None:
     assert record["duplicates"] == [["c0", "c3"]]
     w = record["weights"]
     assert w["c0"] == pytest.approx(w["c3"]) and w["c0"] + w["c3"] == pytest.approx(w["c1"])
-    assert strategy.duplicate_tolerance == 0.05
+    assert strategy.guards.duplicate_tolerance == 0.05
 
 
 def test_copies_are_linked_never_selected_again_and_forfeit_their_pay(tmp_path: Any) -> None:
@@ -154,13 +155,14 @@ def test_a_clientapp_without_a_query_handler_is_asked_once() -> None:
 
     rounds: list[dict[str, Any]] = []
     strategy = FedOwen(clients_per_round=4, valuation=ValuationSettings(method="none"),
-                       seed=0, on_round=lambda r, rec, rows: rounds.append(rec))
+                       guards=Guards(**BARE), seed=0,
+                       on_round=lambda r, rec, rows: rounds.append(rec))
     # Execute: 8 nodes, 5 rounds
     strategy.start(grid=InProcessGrid(quickstart, [{"partition-id": i} for i in range(8)]),
                    initial_arrays=state_to_record({"w": np.zeros(4, np.float32)}),
                    num_rounds=5)
     # Assert: one query in the whole run, every round trained 4 nodes labelled by node id
-    assert len(queries) == 1 and strategy.queries_unanswered
+    assert len(queries) == 1 and strategy.roster.unanswered
     assert [len(r["returned"]) for r in rounds] == [4] * 5
     assert all(c.startswith("node:") for r in rounds for c in r["returned"])
 
@@ -183,7 +185,8 @@ def test_a_quickstart_clientapp_under_fedowen_explores_every_node() -> None:
 
     rounds: list[dict[str, Any]] = []
     strategy = FedOwen(clients_per_round=4, utility_factory=delta_utility,
-                       valuation=ValuationSettings(method="exact", game="delta"), seed=0,
+                       valuation=ValuationSettings(method="exact", game="delta"),
+                       guards=Guards(**BARE), seed=0,
                        on_round=lambda r, rec, rows: rounds.append(rec))
     # Execute: 10 rounds
     strategy.start(grid=InProcessGrid(quickstart, [{"partition-id": i} for i in range(8)]),

@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 from fedowen_strategy.aggregation import example_weights
 from fedowen_strategy.contribution import ValuationSettings
+from fedowen_strategy.guards import Guards
 from fedowen_strategy.records import RunRecorder, read_rounds
 from fedowen_strategy.replies import record_to_state, state_to_record
 from fedowen_strategy.selection import SelectionParams
@@ -25,6 +26,10 @@ from sim.inline_grid import InProcessGrid
 
 TARGET = np.array([1.0, -2.0, 0.5, 3.0])
 BAD = {4, 5}
+#: The guards off: the toy tests measure valuation, selection and the message path alone
+#: (tests/test_defences.py measures the guards).
+BARE = {"max_norm_ratio": 0.0, "norm_cap": "none", "link_cosine": 0.0,
+        "duplicate_tolerance": 0.0}
 
 
 def toy_handler(msg: Message, ctx: Context) -> Message:
@@ -83,10 +88,13 @@ def run_toy(
 ) -> FedOwen:
     nodes = [{"partition-id": i, **(node_extra or {})} for i in range(6)]
     recorder = RunRecorder(tmp_path) if tmp_path is not None else None
+    guard_keys = [key for key in kwargs if key in Guards.__dataclass_fields__]
     strategy = FedOwen(
         clients_per_round=k,
         utility_factory=toy_utility,
-        valuation=ValuationSettings(method=method, budget_m=10, aggregation=aggregation),
+        valuation=ValuationSettings(method=method, budget_m=10, aggregation=aggregation,
+                                    game="average"),
+        guards=Guards(**{**BARE, **{key: kwargs.pop(key) for key in guard_keys}}),
         on_round=recorder.log_train if recorder else None,
         seed=3,
         **kwargs,
@@ -248,7 +256,8 @@ def test_drop_in_for_fedavg_arguments_metrics_and_logs() -> None:
     try:
         strategy = FedOwen(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=6,
                            utility_factory=toy_utility, train_metrics_aggr_fn=count_and_average,
-                           valuation=ValuationSettings(method="owen", budget_m=10))
+                           valuation=ValuationSettings(method="owen", budget_m=10,
+                                                       game="average"), guards=Guards(**BARE))
         result = strategy.start(grid=InProcessGrid(toy_handler, [{"partition-id": i}
                                                                  for i in range(6)]),
                                 initial_arrays=state_to_record({"w": np.zeros(4, np.float32)}),

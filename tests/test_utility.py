@@ -90,7 +90,8 @@ def test_lenet_accuracy_identical_to_naive_with_the_default_cpu_forward() -> Non
     # the naive per-coalition reference (eager model, batch 256), 600 images
     model, glob, clients, num_examples, x, y, rng = _setup("lenet", 8, 600, seed=4)
     masks = _masks(8, 10, rng)
-    utility = CoalitionGame(model, glob, clients, num_examples, x, y, device="cpu")
+    utility = CoalitionGame(model, glob, clients, num_examples, x, y, device="cpu",
+                            metric="accuracy")
     # Execute
     got = utility(masks)
     expected = naive_utility(model, glob, clients, num_examples, x, y, masks, "accuracy")

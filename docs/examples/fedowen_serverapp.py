@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from fedowen_strategy import FedOwen, ValuationSettings
+from fedowen_strategy import FedOwen
 from fedowen_strategy.torch_utility import CoalitionUtility
 
 app = ServerApp()
@@ -29,9 +29,11 @@ def server_data(n: int = 300) -> tuple[torch.Tensor, torch.Tensor]:
 
 def run(grid: Grid, num_rounds: int) -> Result:
     model, (x, y) = make_model(), server_data()
+    # the app's defaults: owen-antithetic at M = 4 on the delta game with neg-loss, Algorithm
+    # 2's selection, the norm cap and the Sybil links (ValuationSettings, SelectionParams and
+    # Guards change them)
     strategy = FedOwen(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=4,
-                       utility_factory=CoalitionUtility(model, x, y),
-                       valuation=ValuationSettings(method="owen", budget_m=4))
+                       utility_factory=CoalitionUtility(model, x, y))
 
     def accuracy(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())

@@ -6,10 +6,12 @@ needs torch, imported only when used).
 
     strategy = FedOwen(utility_factory=CoalitionUtility(model, x_eval, y_eval), ...)
 
-nu(S) is the accuracy (or minus the cross-entropy, ``metric="neg-loss"``) on the server's
-evaluation tensors of the num-examples-weighted average of the models in S; nu(empty) is the
-current global model's. Every round the factory builds a :class:`~.batched.CoalitionGame`,
-which evaluates coalitions in batches (see :mod:`fedowen_strategy.torch_utility.batched`).
+nu(S) is minus the cross-entropy (the app's ``utility-metric = "neg-loss"``; or the accuracy,
+``metric="accuracy"``) on the server's evaluation tensors of the coalition's model: in the
+delta game (the default) ``global + sum_{i in S} p_i delta_i``, in the average game the
+num-examples-weighted average of the models in S; nu(empty) is the current global model's.
+Every round the factory builds a :class:`~.batched.CoalitionGame`, which evaluates coalitions
+in batches (see :mod:`fedowen_strategy.torch_utility.batched`).
 What does not change between rounds is prepared once, on the first round: the network in
 the form its forwards run through (:func:`~.forward.prepare_net`, a ``torch.fx`` trace on the
 CPU) and the evaluation tensors on the device.
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedowen_strategy.contribution import DEFAULT_UTILITY_METRIC
 from fedowen_strategy.torch_utility.batched import METRICS, CoalitionGame, resolve_device
 from fedowen_strategy.torch_utility.forward import prepare_net
 
@@ -40,8 +43,8 @@ class CoalitionUtility:
         copy). Its ``state_dict`` keys must be the keys of the ArrayRecords the clients send.
     x_eval, y_eval : torch.Tensor
         The server-held evaluation set (inputs as the model takes them, integer labels).
-    metric : {"accuracy", "neg-loss"}
-        What nu(S) measures.
+    metric : {"neg-loss", "accuracy"}
+        What nu(S) measures (default: the app's, ``neg-loss``).
     device : str, torch.device or None
         ``None``: CUDA when available, else the CPU.
     **options
@@ -50,7 +53,7 @@ class CoalitionUtility:
     """
 
     def __init__(self, model: nn.Module, x_eval: torch.Tensor, y_eval: torch.Tensor, *,
-                 metric: str = "accuracy", device: str | torch.device | None = None,
+                 metric: str = DEFAULT_UTILITY_METRIC, device: str | torch.device | None = None,
                  **options: Any) -> None:
         if metric not in METRICS:
             raise ValueError(f"metric={metric!r} is not one of {METRICS}")

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from fedowen_strategy.contribution import DEFAULT_UTILITY_METRIC
 from fedowen_strategy.torch_utility.coalitions import (
     METRICS,
     MODES,
@@ -125,7 +126,7 @@ class CoalitionGame:
         x_eval: torch.Tensor,
         y_eval: torch.Tensor,
         *,
-        metric: str = "accuracy",
+        metric: str = DEFAULT_UTILITY_METRIC,
         device: str | torch.device | None = None,
         batch_size: int | None = None,
         chunk_size: int | None = None,

@@ -1,0 +1,174 @@
+"""What FedOwen does to a round's updates before it values them: bound, cap, group.
+
+:class:`Guards` holds the settings, with the app's defaults (the run-config keys of the same
+names); :func:`guard_round` applies them to one round, a pure function of the round's updates
+and the global model:
+
+1. ``update-bound`` (off by default): clip or reject updates far above the round's median norm
+   per example (:mod:`fedowen_strategy.bounds`);
+2. ``norm-cap`` (``auto``: the round's lower-median norm x 2 for a valuation method, nothing
+   for the FedAvg baselines): every update rescaled to at most the cap
+   (:func:`fedowen_strategy.bounds.cap_norms`);
+3. groups: exact copies (``duplicate-tolerance``; their ids are banned by the strategy) merged
+   with near-parallel updates (``link-cosine``), each group one player of the game
+   (:mod:`fedowen_strategy.links`).
+
+``max-norm-ratio`` (updates farther from the global model than that multiple of its norm are
+rejected) acts earlier, when the replies are parsed (:func:`fedowen_strategy.replies.
+parse_replies`); it lives here because it is a guard of the same kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedowen_strategy.aggregation import duplicate_groups
+from fedowen_strategy.bounds import (
+    NORM_CAPS,
+    bound_updates,
+    cap_norms,
+    lower_median,
+    resolve_norm_cap,
+    update_norm,
+)
+from fedowen_strategy.links import cosine_matrix, link_groups, merge_groups, upper_triangle
+from fedowen_strategy.replies import ClientUpdate
+
+#: Rounds of at most this many updates record their pairwise cosines.
+RECORD_COSINES_UP_TO = 32
+
+
+@dataclass(frozen=True)
+class Guards:
+    """The update guards (defaults: the app's).
+
+    Parameters
+    ----------
+    max_norm_ratio : float
+        Reject updates farther from the global model than this multiple of its norm (0: off).
+    update_bound : {"none", "clip", "reject"}
+        Bound every update by ``update_bound_multiple`` x the round's lower-median update
+        norm per example: clip it to that norm or reject it.
+    update_bound_multiple : float
+        The multiple of that median the bound allows (> 1).
+    norm_cap : {"auto", "none", "median", "server"}
+        Norm normalisation before valuation and aggregation: every update rescaled to at most
+        ``norm_cap_multiple`` x a reference norm, the round's lower-median update norm
+        (``median``) or the norm of one server step's update (``server``); ``auto`` is
+        ``median`` for a method that computes contributions and ``none`` for the others.
+    norm_cap_multiple : float
+        The multiple of the reference norm (> 0).
+    link_cosine : float
+        Updates with pairwise cosine above it are linked into one player of the game, their
+        phi and weight split among them (0: off). Applies to methods that compute
+        contributions.
+    duplicate_tolerance : float
+        Updates within this relative distance of each other are copies
+        (:func:`fedowen_strategy.aggregation.duplicate_groups`; 0: off): in the round they
+        are caught a group of copies gets one member's weight, and its client ids are banned
+        (never selected again, pay forfeited). Keep it at copy level: under one-class non-IID
+        data honest updates came within 0.0007 of each other (docs/results/duplicates/).
+    """
+
+    max_norm_ratio: float = 10.0
+    update_bound: str = "none"
+    update_bound_multiple: float = 3.0
+    norm_cap: str = "auto"
+    norm_cap_multiple: float = 2.0
+    link_cosine: float = 0.98
+    duplicate_tolerance: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if not self.max_norm_ratio >= 0:
+            raise ValueError(f"max_norm_ratio={self.max_norm_ratio!r} must be >= 0 (0 = off)")
+        bound_updates([], {}, self.update_bound, self.update_bound_multiple)  # validates both
+        if self.norm_cap not in NORM_CAPS or not self.norm_cap_multiple > 0:
+            raise ValueError(f"norm_cap={self.norm_cap!r} must be one of {NORM_CAPS} and "
+                             f"norm_cap_multiple={self.norm_cap_multiple!r} > 0")
+        link_groups(np.zeros((0, 0)), self.link_cosine)  # validates it
+        if not 0 <= self.duplicate_tolerance < 1:
+            raise ValueError(f"duplicate_tolerance={self.duplicate_tolerance!r} must lie in "
+                             "[0, 1) (0 = off)")
+
+    def norm_cap_for(self, no_phi: bool) -> str:
+        """``norm_cap`` with ``auto`` resolved for a method that computes contributions
+        (``no_phi`` False) or not."""
+        return resolve_norm_cap(self.norm_cap, no_phi)
+
+
+@dataclass
+class GuardedRound:
+    """A round's updates after the guards (in client-id order), and what the guards did.
+
+    ``groups`` index ``updates``: each is one player of the game. ``copies`` are the client
+    ids of exact copies (to ban), ``links`` those of near-parallel groups. ``record`` holds
+    the round record's fields: ``norm_cap`` and ``capped`` (when a cap applied), ``cosines``
+    (rounds of at most :data:`RECORD_COSINES_UP_TO` updates) and ``links``.
+    """
+
+    updates: list[ClientUpdate]
+    rejected: dict[str, str] = field(default_factory=dict)
+    clipped: dict[str, float] = field(default_factory=dict)
+    groups: list[list[int]] = field(default_factory=list)
+    copies: list[list[str]] = field(default_factory=list)
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDArray],
+                guards: Guards, *, norm_cap: str, value_players: bool,
+                order: Callable[[str], Any],
+                server_update: Callable[[], Mapping[str, NDArray]] | None = None
+                ) -> GuardedRound:
+    """Apply ``guards`` to one round's updates.
+
+    Parameters
+    ----------
+    norm_cap : str
+        The resolved norm cap (:meth:`Guards.norm_cap_for`).
+    value_players : bool
+        Whether the method values players (near-parallel updates are linked only then).
+    order : callable
+        Sort key of a client id: the updates are valued and averaged in this order, so the
+        estimator's sampled orders (and float sums) do not depend on arrival times.
+    server_update : callable, optional
+        One server step's state, the reference of ``norm_cap = "server"``.
+    """
+    bounded = bound_updates(updates, global_state, guards.update_bound,
+                            guards.update_bound_multiple)
+    out = GuardedRound(bounded.updates, dict(bounded.rejected), dict(bounded.clipped))
+    if norm_cap != "none" and out.updates:
+        if norm_cap == "server" and server_update is not None:
+            reference: float | None = update_norm(server_update(), global_state)
+        else:
+            reference = lower_median([update_norm(u.state, global_state) for u in out.updates])
+        cap = None if not reference else guards.norm_cap_multiple * reference
+        capped = cap_norms(out.updates, global_state, cap)
+        out.updates = capped.updates
+        out.record.update(norm_cap=cap, capped=capped.clipped)
+    out.updates.sort(key=lambda upd: order(upd.client_id))
+    if out.updates:
+        out.groups = _groups(out, global_state, guards, value_players)
+    return out
+
+
+def _groups(out: GuardedRound, global_state: Mapping[str, NDArray], guards: Guards,
+            value_players: bool) -> list[list[int]]:
+    """Copies merged with near-parallel updates; fills ``copies``, ``cosines``, ``links``."""
+    states = [u.state for u in out.updates]
+    ids = [u.client_id for u in out.updates]
+    copies = duplicate_groups(states, global_state, guards.duplicate_tolerance)
+    out.copies = [[ids[i] for i in g] for g in copies]
+    if not value_players or len(states) < 2:
+        return copies
+    cosines = cosine_matrix(states, global_state)
+    if len(states) <= RECORD_COSINES_UP_TO:  # the honest pairs' distribution (links)
+        out.record["cosines"] = upper_triangle(cosines)
+    near = link_groups(cosines, guards.link_cosine)
+    if near:
+        out.record["links"] = [[ids[i] for i in g] for g in near]
+    return merge_groups(len(states), copies, near)

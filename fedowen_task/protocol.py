@@ -1,0 +1,17 @@
+"""The message protocol a ClientApp and the server share (besides Flower's own records).
+
+A ClientApp names itself in a ConfigRecord :data:`CLIENT_RECORD_KEY` of every reply (train
+and query): :data:`CLIENT_ID_FIELD` holds its stable client id (``partition-id`` in
+simulation, a node-config ``client-id`` in deployment), and on a Ray cluster
+:data:`RAY_NODE_FIELD` the Ray node it ran on. The strategy reads them
+(:mod:`fedowen_strategy.replies`); the ClientApp writes them (:mod:`client_app.app`).
+"""
+
+from __future__ import annotations
+
+#: Key of the ConfigRecord in which a ClientApp names itself.
+CLIENT_RECORD_KEY = "client"
+#: Field of that record holding the stable client id (partition-id or a node-config id).
+CLIENT_ID_FIELD = "client-id"
+#: Field of that record naming the Ray node a simulated client ran on (absent outside Ray).
+RAY_NODE_FIELD = "ray-node"
