@@ -33,12 +33,11 @@ from client_app.adversary import (
     misbehave,
     sybil_master,
 )
-from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, RAY_NODE_FIELD
-from fedowen_strategy.shapfed import last_layer_key
 from fedowen_task.config import TaskConfig, parse_task_config
-from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
+from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
 from fedowen_task.partition import adversary_ids, federated_split
+from fedowen_task.protocol import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, RAY_NODE_FIELD
 from fedowen_task.training import evaluate, train
 
 log = logging.getLogger(__name__)
@@ -80,7 +79,7 @@ def _partition(cfg: TaskConfig, context: Context
                          "--node-config 'partition-id=0 num-partitions=N'") from err
     if not 0 <= pid < num:
         raise ValueError(f"partition-id={pid} must lie in [0, num-partitions={num})")
-    ds = load_dataset(cfg.dataset, _data_dir(cfg, context), download=cfg.download)
+    ds = _dataset(cfg, context)
     split = federated_split(ds, num_clients=num, alpha=cfg.alpha,
                             imbalance_factor=cfg.imbalance_factor, seed=cfg.seed,
                             scheme=cfg.partition_scheme, min_size=cfg.min_partition_size,
@@ -100,8 +99,13 @@ def _partition(cfg: TaskConfig, context: Context
     return x, y, name, bad
 
 
+def _dataset(cfg: TaskConfig, context: Context) -> DatasetArrays:
+    """The run's dataset (cached in-process by :func:`fedowen_task.data.load_dataset`)."""
+    return load_dataset(cfg.dataset, _data_dir(cfg, context), download=cfg.download)
+
+
 def _model(cfg: TaskConfig, msg: Message, context: Context) -> torch.nn.Module:
-    ds = load_dataset(cfg.dataset, _data_dir(cfg, context), download=cfg.download)
+    ds = _dataset(cfg, context)
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     return model
@@ -158,9 +162,8 @@ def train_handler(msg: Message, context: Context) -> Message:
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     stats = {"loss": float("nan")}
     if kind not in IDLE_KINDS:
-        if kind == "label-flip":
-            trained = model.state_dict()
-            y = flip_labels(y, int(trained[last_layer_key(trained)].shape[0]))
+        if kind == "label-flip":  # the model's classes are the dataset's
+            y = flip_labels(y, _dataset(cfg, context).num_classes)
         stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
                       batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
                       proximal_mu=float(mu), seed=seed)

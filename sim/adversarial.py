@@ -34,8 +34,7 @@ from fedowen_strategy.payouts import client_values, linked_clients, payouts
 from fedowen_task.config import TaskConfig
 from fedowen_task.partition import adversary_ids
 from sim.grid import Preset, expand_grid
-from sim.report import markdown_table
-from sim.results import CellResult, Stat
+from sim.results import CellResult, Stat, markdown_table
 
 COLS = ("adversary-kind", "adversary-fraction")
 DEFAULTS = {"adversary-kind": TaskConfig.adversary_kind,

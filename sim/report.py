@@ -28,8 +28,10 @@ from sim.results import (
     grid_points,
     grid_stats,
     load_results,
+    markdown_table,
     matches,
     paper_value,
+    point_label,
     sweep_drift,
 )
 
@@ -38,34 +40,10 @@ CSV_FIELDS = ("grid", "metric", "row_key", "row", "columns", "n", "expected", "m
               "values", "paper")
 
 
-def _fmt_point(point: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in point.items()) or "all"
-
-
-def markdown_table(stats: dict[tuple[Any, ...], Stat], rows: list[Any],
-                   cols: list[dict[str, Any]], row_key: str) -> str:
-    """A Markdown pivot (rows x column points) with the best mean of each column in bold."""
-    head = f"| {row_key} | " + " | ".join(_fmt_point(c) for c in cols) + " |"
-    lines = [head, "|" + "---|" * (len(cols) + 1)]
-    best = []
-    for col in cols:
-        means = [stats[(r, *col.values())].mean for r in rows]
-        finite = [m for m in means if not math.isnan(m)]
-        best.append(max(finite) if finite else math.nan)
-    for r in rows:
-        cells = []
-        for col, top in zip(cols, best, strict=True):
-            st = stats[(r, *col.values())]
-            text = st.text()
-            cells.append(f"**{text}**" if st.n and math.isclose(st.mean, top) else text)
-        lines.append(f"| {r} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def paper_table(grid: Grid, preset: Preset, stats: dict[tuple[Any, ...], Stat],
                 rows: list[Any], cols: list[dict[str, Any]]) -> str:
     """Ours (mean over seeds) beside the paper's number and the difference, per column."""
-    head = "| method | " + " | ".join(f"{_fmt_point(c)}: ours / paper / Δ" for c in cols) + " |"
+    head = "| method | " + " | ".join(f"{point_label(c)}: ours / paper / Δ" for c in cols) + " |"
     lines = [head, "|" + "---|" * (len(cols) + 1)]
     for r in rows:
         cells = []
@@ -91,10 +69,10 @@ def ranking_notes(stats: dict[tuple[Any, ...], Stat], rows: list[Any],
         place = [r for _, r in ranked].index(ours) + 1
         if place > 1:
             better = ", ".join(f"{r} ({m:.2f})" for m, r in ranked[:place - 1])
-            notes.append(f"{_fmt_point(col)}: {ours} ranks {place} of {len(ranked)} "
+            notes.append(f"{point_label(col)}: {ours} ranks {place} of {len(ranked)} "
                          f"({means[ours].mean:.2f}); better: {better}.")
         else:
-            notes.append(f"{_fmt_point(col)}: {ours} has the best mean "
+            notes.append(f"{point_label(col)}: {ours} has the best mean "
                          f"({means[ours].mean:.2f}) of {len(ranked)} methods with results.")
     return notes
 
@@ -120,7 +98,7 @@ def _csv_rows(grid: Grid, preset: Preset, metric: str, stats: dict[tuple[Any, ..
         col = dict(zip(col_keys, key[1:], strict=True))
         ref = paper_value(grid, {**preset.base, **grid.fixed, **col}, key[0])
         out.append({"grid": grid.name, "metric": metric, "row_key": grid.rows, "row": key[0],
-                    "columns": _fmt_point(col), "n": st.n, "expected": st.expected,
+                    "columns": point_label(col), "n": st.n, "expected": st.expected,
                     "mean": "" if not st.n else round(st.mean, 4),
                     "std": "" if math.isnan(st.std) else round(st.std, 4),
                     "values": " ".join(f"{v:.2f}" for v in st.values),
@@ -139,11 +117,11 @@ def split_tables(make: Callable[[list[dict[str, Any]]], str], cols: list[dict[st
     lines = []
     for key, members in groups.items():
         if split:
-            lines += [f"*{_fmt_point(dict(zip(split, key, strict=True)))}*", ""]
+            lines += [f"*{point_label(dict(zip(split, key, strict=True)))}*", ""]
         table = make(members)
         if split:  # the table's title says the split values; drop them from the header
             header, rest = table.split("\n", 1)
-            prefix = _fmt_point(dict(zip(split, key, strict=True))) + ", "
+            prefix = point_label(dict(zip(split, key, strict=True))) + ", "
             table = header.replace(prefix, "") + "\n" + rest
         lines += [table, ""]
     return lines

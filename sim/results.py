@@ -195,3 +195,27 @@ def paper_value(grid: Grid, cell_where: dict[str, Any], row: Any) -> float | Non
                 str(row) in ref.values:
             return ref.values[str(row)]
     return None
+
+
+def point_label(point: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.items()) or "all"
+
+
+def markdown_table(stats: dict[tuple[Any, ...], Stat], rows: list[Any],
+                   cols: list[dict[str, Any]], row_key: str) -> str:
+    """A Markdown pivot (rows x column points) with the best mean of each column in bold."""
+    head = f"| {row_key} | " + " | ".join(point_label(c) for c in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 1)]
+    best = []
+    for col in cols:
+        means = [stats[(r, *col.values())].mean for r in rows]
+        finite = [m for m in means if not math.isnan(m)]
+        best.append(max(finite) if finite else math.nan)
+    for r in rows:
+        cells = []
+        for col, top in zip(cols, best, strict=True):
+            st = stats[(r, *col.values())]
+            text = st.text()
+            cells.append(f"**{text}**" if st.n and math.isclose(st.mean, top) else text)
+        lines.append(f"| {r} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
