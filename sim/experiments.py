@@ -22,9 +22,9 @@ import logging
 import sys
 from pathlib import Path
 
+from deploy.launcher import APP_DIR
+from deploy.procs import exit_on_signals
 from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
-from sim.launcher import APP_DIR
-from sim.procs import exit_on_signals
 from sim.results import drift_summary, sweep_drift
 from sim.runner import PRESET_FILE, Runner, cell_status, read_state
 
@@ -64,9 +64,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from deploy.launcher import LocalSuperLink, flwr_run
     from fedowen_task.data import resolve_data_dir
     from sim.inline import inline_run
-    from sim.launcher import LocalSuperLink, flwr_run
 
     preset, results = _load(args)
     backend = args.backend or preset.backend

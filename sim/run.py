@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deploy.launcher import APP_DIR, LocalSuperLink, flwr_run
+from deploy.procs import Terminated, exit_on_signals
 from fedowen_strategy.checkpoint import CHECKPOINT_FILE
 from fedowen_strategy.contribution import METHODS
 from fedowen_task.config import parse_scalar
 from server_app.config import RunConfig, parse_run_config
 from server_app.strategies import NAMES as STRATEGY_NAMES
-from sim.launcher import APP_DIR, LocalSuperLink, flwr_run
-from sim.procs import Terminated, exit_on_signals
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'valuation=' + cfg['valuation'] if args.strategy == 'fedowen' else cfg['strategy']}; "
           f"data {cfg['data-dir']}; results in {out}", flush=True)
     # SIGTERM/SIGINT end the run through the `with`: SuperLink, SuperExec, flwr-simulation and
-    # Ray are stopped (sim.procs), not left running; the last line says how to go on.
+    # Ray are stopped (deploy.procs), not left running; the last line says how to go on.
     try:
         with exit_on_signals(), LocalSuperLink(args.flwr_home.resolve()) as link:
             outcome = flwr_run(link, cfg, num_supernodes=args.supernodes,

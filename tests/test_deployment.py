@@ -1,7 +1,7 @@
 """Deployment: a real loopback federation with TLS and SuperNode authentication; compose files.
 
 The end-to-end test starts ``flower-superlink`` (TLS, ``--enable-supernode-auth``, Control API
-on loopback) and the Fleet-only gateway (``sim.gateway``) that the devices reach, registers
+on loopback) and the Fleet-only gateway (``deploy.gateway``) that the devices reach, registers
 three SuperNode keys with ``flwr supernode register``, starts the three ``flower-supernode``s,
 runs FedOwen for two rounds with ``flwr run`` and reads the status back from ``flwr list``.
 A fourth SuperNode whose key was never registered must be refused, and an outsider holding
@@ -31,10 +31,10 @@ import pytest
 import tomli_w
 import yaml
 
+from deploy.gateway import allowed
+from deploy.launcher import APP_DIR, BIN, flower_env, flwr_run
+from deploy.rehearsal import SecureSuperLink, make_certs, node_config
 from fedowen_strategy.records import read_rounds
-from sim.deploy import SecureSuperLink, make_certs, node_config
-from sim.gateway import allowed
-from sim.launcher import APP_DIR, BIN, flower_env, flwr_run
 
 DOCKER = APP_DIR / "docker"
 COMPOSE_FILES = sorted(DOCKER.glob("compose*.yml"))
@@ -254,9 +254,9 @@ def test_compose_keeps_the_control_api_off_the_devices_network(name: str) -> Non
               if not str(p).startswith("127.0.0.1:")}
     assert public == {"fleet-gateway"}
     gateway = services["fleet-gateway"]
-    assert gateway["entrypoint"] == ["python", "-m", "sim.gateway"]
+    assert gateway["entrypoint"] == ["python", "-m", "deploy.gateway"]
     flags = {a for a in gateway["command"] if str(a).startswith("--")}
-    gateway_help = subprocess.run([str(BIN / "python"), "-m", "sim.gateway", "--help"],
+    gateway_help = subprocess.run([str(BIN / "python"), "-m", "deploy.gateway", "--help"],
                                   capture_output=True, text=True, cwd=APP_DIR, timeout=60,
                                   check=False).stdout
     assert all(flag in gateway_help for flag in flags), (flags, gateway_help)

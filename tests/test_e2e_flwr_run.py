@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from deploy.launcher import LocalSuperLink, flwr_run
 from fedowen_strategy.records import read_rounds
 from sim.inline import inline_run
-from sim.launcher import LocalSuperLink, flwr_run
 
 pytestmark = pytest.mark.e2e
 NODES = 8

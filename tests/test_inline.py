@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from deploy.launcher import APP_DIR
 from sim.inline import child_env
-from sim.launcher import APP_DIR
 
 
 @pytest.mark.parametrize(("config", "expected"), [({}, "1"), ({"torch-threads": 1}, "1"),

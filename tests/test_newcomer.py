@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from deploy.launcher import APP_DIR
+from deploy.procs import alive, descendants, send_signal
 from fedowen_strategy.records import read_rounds
-from sim.launcher import APP_DIR
-from sim.procs import alive, descendants, send_signal
 
 pytestmark = pytest.mark.e2e
 SMALL = "client-max-samples=50 test-max-samples=300"

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
+from deploy.launcher import APP_DIR, LocalSuperLink, flwr_run, free_port
 from fedowen_strategy.records import read_rounds
-from sim.launcher import APP_DIR, LocalSuperLink, flwr_run, free_port
 from sim.runner import STATE_FILE
 
 TIMING = ("valuation_seconds", "round_seconds", "elapsed_seconds")

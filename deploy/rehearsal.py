@@ -8,7 +8,7 @@ runs its ClientApps in subprocesses from this venv (no runtime dependency instal
 
 Every process is started in its own session and stopped by its pid (its process group, then
 any descendant that left the group) when the :class:`SecureSuperLink` context exits, also on
-errors and on SIGTERM/SIGINT (:mod:`sim.procs`). ``python -m sim.deploy`` runs the rehearsal
+errors and on SIGTERM/SIGINT (:mod:`deploy.procs`). ``python -m deploy.rehearsal`` runs the rehearsal
 from the command line.
 """
 
@@ -26,8 +26,8 @@ from typing import IO, Any
 
 import tomli_w
 
-from sim.launcher import APP_DIR, BIN, flower_env, flwr_run, free_port
-from sim.procs import exit_on_signals, stop_tree
+from deploy.launcher import APP_DIR, BIN, flower_env, flwr_run, free_port
+from deploy.procs import exit_on_signals, stop_tree
 
 MAKE_CERTS = APP_DIR / "scripts" / "make-certs.sh"
 
@@ -83,7 +83,7 @@ class SecureSuperLink:
     """A deployment SuperLink with TLS and SuperNode authentication (a context manager).
 
     The SuperLink listens on loopback ``port`` (the operator's Control API); SuperNodes reach
-    it through the Fleet-only gateway on ``fleet_port`` (:mod:`sim.gateway`), as on a server
+    it through the Fleet-only gateway on ``fleet_port`` (:mod:`deploy.gateway`), as on a server
     whose devices' network must not reach the Control API. Writes ``$FLWR_HOME/config.toml``
     with a ``[superlink.<name>]`` entry that trusts the CA, so ``flwr run``, ``flwr list`` and
     ``flwr supernode ...`` talk to it (the operator's address) over TLS.
@@ -103,7 +103,7 @@ class SecureSuperLink:
 
     @property
     def fleet_address(self) -> str:
-        """The devices' address: the Fleet-only gateway (:mod:`sim.gateway`)."""
+        """The devices' address: the Fleet-only gateway (:mod:`deploy.gateway`)."""
         return f"127.0.0.1:{self.fleet_port}"
 
     @property
@@ -120,7 +120,7 @@ class SecureSuperLink:
                "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
                "--port", str(self.port), "--database", str(self.flwr_home / "state.db")]
         self.fleet_port = self.fleet_port or free_port()
-        gateway = [str(BIN / "python"), "-m", "sim.gateway",
+        gateway = [str(BIN / "python"), "-m", "deploy.gateway",
                    "--listen", self.fleet_address, "--upstream", f"https://{self.address}",
                    "--ssl-certfile", str(c / "superlink.crt"),
                    "--ssl-keyfile", str(c / "superlink.key"), "--ca-certfile", str(c / "ca.crt")]
@@ -244,7 +244,7 @@ def rehearse(work_dir: Path, num_nodes: int, run_config: dict[str, Any],
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m sim.deploy --work-dir DIR --nodes 3 --set num-server-rounds=2``."""
+    """CLI: ``python -m deploy.rehearsal --work-dir DIR --nodes 3 --set num-server-rounds=2``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", type=Path, default=Path(".flwr-home/deploy"),
                         help="certificates, FLWR_HOME and logs go here")

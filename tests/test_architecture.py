@@ -1,0 +1,116 @@
+"""The rooms and who may import whom (issue 30; docs/architecture.md).
+
+Every import of the project's own modules counts, also those inside functions (a lazy import
+that closes a circle is still a circle):
+
+- no import circle among the project's modules;
+- the ClientApp imports nothing from the ServerApp or the strategy library (the two apps share
+  only the task module, ``fedowen_task``);
+- the strategy library takes only the message protocol from the task module;
+- nothing under ``sim/`` (the experiments) is imported by the product (``fedowen_strategy``,
+  ``fedowen_task``, ``client_app``, ``server_app``, ``deploy``) or run by ``docker/``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = ("fedowen_strategy", "fedowen_task", "client_app", "server_app", "deploy")
+ROOMS = (*PRODUCT, "sim")
+
+
+def module_files() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the rooms."""
+    out = {}
+    for room in ROOMS:
+        for path in (ROOT / room).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (at any depth of its code)."""
+    files = module_files()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            deps.update(found for name in names if (found := resolve(name)))
+        graph[module] = deps - {module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def room(module: str) -> str:
+    return module.split(".", 1)[0]
+
+
+def test_no_import_circle() -> None:
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_lazy_circle() -> None:
+    assert circles({"a.x": {"a.y"}, "a.y": {"a.x"}, "b": {"a.x"}}) == [["a.x", "a.y"]]
+
+
+def test_the_apps_share_only_the_task_module() -> None:
+    graph = import_graph()
+    client = {dep for m, deps in graph.items() if room(m) == "client_app" for dep in deps}
+    assert {room(d) for d in client} <= {"client_app", "fedowen_task"}, sorted(client)
+    library = {dep for m, deps in graph.items() if room(m) == "fedowen_strategy"
+               for dep in deps if room(dep) != "fedowen_strategy"}
+    assert library <= {"fedowen_task.protocol"}, sorted(library)
+
+
+def test_the_product_never_imports_the_experiments() -> None:
+    graph = import_graph()
+    leaks = sorted(f"{m} -> {d}" for m, deps in graph.items() if room(m) in PRODUCT
+                   for d in deps if room(d) == "sim")
+    assert leaks == []
+    docker = " ".join(p.read_text() for p in (ROOT / "docker").iterdir() if p.is_file())
+    assert not re.search(r"\bsim[./]", docker)
