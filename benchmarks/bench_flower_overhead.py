@@ -3,7 +3,8 @@ r"""Benchmark: a Flower + Ray round vs the same round run in-process, same confi
 Two ways to run the same ``--rounds`` FedOwen rounds (MNIST, ``--supernodes`` virtual clients,
 ``--clients-per-round`` per round, valuation ``--valuation``):
 
-* ``flower``: a real ``flwr run`` (:func:`deploy.launcher.flwr_run`) on a SuperLink of our own,
+* ``flower``: a real ``flwr run`` (:func:`fedowen_deploy.launcher.flwr_run`) on a SuperLink of
+  our own,
   simulation engine with Ray, ``client-resources-num-cpus=1`` (2 actors on 2 cores);
 * ``inprocess``: :func:`server_app.app.run` over :class:`sim.inline_grid.InProcessGrid`, which
   calls the real ClientApp ``train_handler`` one client after the other in one process.
@@ -43,7 +44,7 @@ from benchmarks._common import (
     summarise,
     write_outputs,
 )
-from deploy.launcher import LocalSuperLink, flwr_run
+from fedowen_deploy.launcher import LocalSuperLink, flwr_run
 from fedowen_task.data import resolve_data_dir
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import load_average, machine_info, markdown_table, write_outputs
-from deploy.launcher import APP_DIR
+from fedowen_deploy.launcher import APP_DIR
 from fedowen_strategy.records import read_rounds
 from sim.local_cluster import local_cluster
 

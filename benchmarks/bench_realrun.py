@@ -3,7 +3,7 @@ r"""Benchmark: valuation seconds inside a real ``flwr run`` and the inline backe
 In ONE run of this script, for the same config (MNIST, LeNet, ``--clients`` virtual clients,
 all of them each round, ``--valuation`` at budget n x M, ``--rounds`` rounds):
 
-* ``flwr``: a real ``flwr run`` (:func:`deploy.launcher.flwr_run` on a SuperLink of our own,
+* ``flwr``: a real ``flwr run`` (:func:`fedowen_deploy.launcher.flwr_run` on a SuperLink of our own,
   Ray, ``client-resources-num-cpus=1``); ``valuation_seconds`` per round from rounds.jsonl;
 * ``inline``: the inline backend (:func:`sim.inline.inline_run`: one child process, the real
   ServerApp and ClientApp over the in-process grid), read the same way;
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from benchmarks._common import load_average, machine_info, markdown_table, write_outputs
-from deploy.launcher import LocalSuperLink, flwr_run
+from fedowen_deploy.launcher import LocalSuperLink, flwr_run
 from fedowen_strategy.contribution import value_round
 from fedowen_strategy.records import read_rounds
 from fedowen_strategy.torch_utility import CoalitionUtility

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.launcher import APP_DIR, RunOutcome
-from deploy.procs import SIGNALS, stopping
+from fedowen_deploy.launcher import APP_DIR, RunOutcome
+from fedowen_deploy.procs import SIGNALS, stopping
 
 log = logging.getLogger(__name__)
 PROBE_SECONDS = 15.0  # a dead GCS makes ray.init retry for minutes: the probe gives up first
@@ -185,7 +185,7 @@ def _run_inline(cfg: dict[str, Any], num_supernodes: int, timeout: float, out: P
     """The cell's process, as :func:`sim.inline.inline_run` starts it, waited for by polling
     up to ``timeout`` seconds, ended with this worker if the worker is killed (a cancelled
     task); returns (status, log)."""
-    from deploy.procs import stop_tree
+    from fedowen_deploy.procs import stop_tree
     from sim.inline import COMPLETED, DIE_WITH_PARENT, child_env
 
     out.mkdir(parents=True, exist_ok=True)
@@ -325,7 +325,8 @@ def connect(address: str, *, cell_cpus: float = 1.0, cell_gpus: float = 0.0,
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(APP_DIR)}})
     # ray.init replaces SIGTERM's handler with its own (a crash report, then death): give the
-    # runner's back (deploy.procs.exit_on_signals), so a stopped sweep cancels its tasks cleanly
+    # runner's back (fedowen_deploy.procs.exit_on_signals), so a stopped sweep cancels its tasks
+    # cleanly
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
     task = ray.remote(run_cell_task).options(num_cpus=cell_cpus, num_gpus=cell_gpus,

@@ -22,8 +22,8 @@ import logging
 import sys
 from pathlib import Path
 
-from deploy.launcher import APP_DIR
-from deploy.procs import exit_on_signals
+from fedowen_deploy.launcher import APP_DIR
+from fedowen_deploy.procs import exit_on_signals
 from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
 from sim.results import drift_summary, sweep_drift
 from sim.runner import PRESET_FILE, Runner, cell_status, read_state
@@ -64,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from deploy.launcher import LocalSuperLink, flwr_run
+    from fedowen_deploy.launcher import LocalSuperLink, flwr_run
     from fedowen_task.data import resolve_data_dir
     from sim.inline import inline_run
 

@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from deploy.launcher import APP_DIR, RunOutcome
-from deploy.procs import follow, stop_tree, tracked
+from fedowen_deploy.launcher import APP_DIR, RunOutcome
+from fedowen_deploy.procs import follow, stop_tree, tracked
 
 log = logging.getLogger(__name__)
 COMPLETED = "finished:completed"

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy.launcher import APP_DIR, LocalSuperLink, flwr_run
-from deploy.procs import Terminated, exit_on_signals
+from fedowen_deploy.launcher import APP_DIR, LocalSuperLink, flwr_run
+from fedowen_deploy.procs import Terminated, exit_on_signals
 from fedowen_strategy.checkpoint import CHECKPOINT_FILE
 from fedowen_strategy.contribution import METHODS
 from fedowen_task.config import parse_scalar
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'valuation=' + cfg['valuation'] if args.strategy == 'fedowen' else cfg['strategy']}; "
           f"data {cfg['data-dir']}; results in {out}", flush=True)
     # SIGTERM/SIGINT end the run through the `with`: SuperLink, SuperExec, flwr-simulation and
-    # Ray are stopped (deploy.procs), not left running; the last line says how to go on.
+    # Ray are stopped (fedowen_deploy.procs), not left running; the last line says how to go on.
     try:
         with exit_on_signals(), LocalSuperLink(args.flwr_home.resolve()) as link:
             outcome = flwr_run(link, cfg, num_supernodes=args.supernodes,

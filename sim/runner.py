@@ -30,7 +30,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from deploy.procs import stopping
+from fedowen_deploy.procs import stopping
 from fedowen_strategy.records import ROUNDS_FILE, read_rounds
 from server_app.strategies import RESUMABLE
 from sim.grid import Cell, Preset, expand_grid
@@ -47,7 +47,7 @@ FRESH_START_FILES = ("rounds.jsonl", "ledger.csv", "config.json")
 CODE_FILE = "code.json"
 REPO = Path(__file__).resolve().parents[1]
 
-RunFn = Callable[..., Any]  # deploy.launcher.flwr_run's signature
+RunFn = Callable[..., Any]  # fedowen_deploy.launcher.flwr_run's signature
 LinkFactory = Callable[[Path], AbstractContextManager[Any]]
 _STATE_LOCK = threading.Lock()  # parallel cells append to one cells.jsonl
 
@@ -170,8 +170,8 @@ def _follow_rounds(path: Path, on_round: Callable[[dict[str, Any]], None],
 
 class Runner:
     """Runs a preset's cells resumably; ``run_fn`` and ``link_factory`` are injectable
-    (tests pass fakes; the CLI passes :func:`deploy.launcher.flwr_run` and
-    :class:`deploy.launcher.LocalSuperLink`, :func:`sim.inline.inline_run` and no link, or a
+    (tests pass fakes; the CLI passes :func:`fedowen_deploy.launcher.flwr_run` and
+    :class:`fedowen_deploy.launcher.LocalSuperLink`, :func:`sim.inline.inline_run` and no link, or a
     Ray cluster's :meth:`sim.cluster.ClusterSession.run_fn`). ``jobs`` > 1 runs that many cells
     at once (only for a ``run_fn`` that needs no shared SuperLink). ``follow_rounds``: one
     progress line per round as ``rounds.jsonl`` grows (off where the records arrive whole, as

@@ -8,7 +8,7 @@ that closes a circle is still a circle):
   only the task module, ``fedowen_task``);
 - the strategy library takes only the message protocol from the task module;
 - nothing under ``sim/`` (the experiments) is imported by the product (``fedowen_strategy``,
-  ``fedowen_task``, ``client_app``, ``server_app``, ``deploy``) or run by ``docker/``.
+  ``fedowen_task``, ``client_app``, ``server_app``, ``fedowen_deploy``) or run by ``docker/``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("fedowen_strategy", "fedowen_task", "client_app", "server_app", "deploy")
+PRODUCT = ("fedowen_strategy", "fedowen_task", "client_app", "server_app", "fedowen_deploy")
 ROOMS = (*PRODUCT, "sim")
 
 
@@ -114,3 +114,16 @@ def test_the_product_never_imports_the_experiments() -> None:
     assert leaks == []
     docker = " ".join(p.read_text() for p in (ROOT / "docker").iterdir() if p.is_file())
     assert not re.search(r"\bsim[./]", docker)
+
+
+def test_every_module_compose_runs_is_in_the_image() -> None:
+    # compose runs `python -m <module>` in the app image, which holds no FAB: the Dockerfile
+    # must copy the module (and the image's .dockerignore let it through)
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    ignore = (ROOT / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
+    modules = {m for p in (ROOT / "docker").glob("compose*.yml")
+               for m in re.findall(r"\[python, -m, ([\w.]+)\]", p.read_text())}
+    assert modules, "no compose service runs a module of this repository"
+    for module in modules:
+        path = module.replace(".", "/") + ".py"
+        assert (ROOT / path).is_file() and path in dockerfile and f"!{path}" in ignore, module

@@ -1,7 +1,8 @@
 """Deployment: a real loopback federation with TLS and SuperNode authentication; compose files.
 
 The end-to-end test starts ``flower-superlink`` (TLS, ``--enable-supernode-auth``, Control API
-on loopback) and the Fleet-only gateway (``deploy.gateway``) that the devices reach, registers
+on loopback) and the Fleet-only gateway (``fedowen_deploy.gateway``) that the devices reach,
+registers
 three SuperNode keys with ``flwr supernode register``, starts the three ``flower-supernode``s,
 runs FedOwen for two rounds with ``flwr run`` and reads the status back from ``flwr list``.
 A fourth SuperNode whose key was never registered must be refused, and an outsider holding
@@ -31,9 +32,9 @@ import pytest
 import tomli_w
 import yaml
 
-from deploy.gateway import allowed
-from deploy.launcher import APP_DIR, BIN, flower_env, flwr_run
-from deploy.rehearsal import SecureSuperLink, make_certs, node_config
+from fedowen_deploy.gateway import allowed
+from fedowen_deploy.launcher import APP_DIR, BIN, flower_env, flwr_run
+from fedowen_deploy.rehearsal import SecureSuperLink, make_certs, node_config
 from fedowen_strategy.records import read_rounds
 
 DOCKER = APP_DIR / "docker"
@@ -254,9 +255,9 @@ def test_compose_keeps_the_control_api_off_the_devices_network(name: str) -> Non
               if not str(p).startswith("127.0.0.1:")}
     assert public == {"fleet-gateway"}
     gateway = services["fleet-gateway"]
-    assert gateway["entrypoint"] == ["python", "-m", "deploy.gateway"]
+    assert gateway["entrypoint"] == ["python", "-m", "fedowen_deploy.gateway"]
     flags = {a for a in gateway["command"] if str(a).startswith("--")}
-    gateway_help = subprocess.run([str(BIN / "python"), "-m", "deploy.gateway", "--help"],
+    gateway_help = subprocess.run([str(BIN / "python"), "-m", "fedowen_deploy.gateway", "--help"],
                                   capture_output=True, text=True, cwd=APP_DIR, timeout=60,
                                   check=False).stdout
     assert all(flag in gateway_help for flag in flags), (flags, gateway_help)

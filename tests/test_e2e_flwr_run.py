@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from deploy.launcher import LocalSuperLink, flwr_run
+from fedowen_deploy.launcher import LocalSuperLink, flwr_run
 from fedowen_strategy.records import read_rounds
 from sim.inline import inline_run
 

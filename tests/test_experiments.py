@@ -362,7 +362,7 @@ def test_ledger_stats_by_hand_with_a_forfeited_sybil() -> None:
 @pytest.mark.e2e
 def test_real_flwr_run_preset_resumes_and_reports(tmp_path: Path, shared_data_dir: Path) -> None:
     """One tiny cell through a real ``flwr run`` (Ray); a second invocation skips it."""
-    from deploy.launcher import LocalSuperLink, flwr_run
+    from fedowen_deploy.launcher import LocalSuperLink, flwr_run
 
     # Prepare
     raw = {"preset": {"name": "e2e", "num-supernodes": 4, "cell-timeout": 600},

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.launcher import APP_DIR
+from fedowen_deploy.launcher import APP_DIR
 from sim.inline import child_env
 
 

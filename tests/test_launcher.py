@@ -1,4 +1,5 @@
-"""deploy.launcher.flwr_run reads a run's final status from ``flwr list``, over a fake ``flwr``.
+"""fedowen_deploy.launcher.flwr_run reads a run's final status from ``flwr list`` (a fake
+``flwr``).
 
 ``flwr run`` exits 0 even when the run failed, so the status must come from ``flwr list``.
 The fake ``flwr`` executable answers ``run`` as Flower does (the run id in its output) and
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import deploy.launcher
-from deploy.launcher import flwr_run
+import fedowen_deploy.launcher
+from fedowen_deploy.launcher import flwr_run
 
 RUN_ID = 1859953118041441032
 FAKE_FLWR = """#!{python}
@@ -57,7 +58,7 @@ def test_a_run_that_fails_at_once_is_reported_failed(tmp_path: Path,
     # Prepare: flwr run "succeeds" (exit 0, a run id), flwr list says the run failed
     bin_dir = fake_flwr(tmp_path / "bin", ["starting", "finished:failed"],
                         f"Successfully started run {RUN_ID}")
-    monkeypatch.setattr(deploy.launcher, "BIN", bin_dir)
+    monkeypatch.setattr(fedowen_deploy.launcher, "BIN", bin_dir)
     # Execute
     outcome = flwr_run(Link(tmp_path / "home"), {"num-server-rounds": 1}, num_supernodes=2,
                        timeout=30)
@@ -75,9 +76,9 @@ def test_a_completed_run_is_ok_and_an_unsubmitted_one_is_not(
     refused = fake_flwr(tmp_path / "refused", ["finished:completed"],
                         "[code: 15] Invalid run configuration.")
     # Execute
-    monkeypatch.setattr(deploy.launcher, "BIN", done)
+    monkeypatch.setattr(fedowen_deploy.launcher, "BIN", done)
     completed = flwr_run(Link(tmp_path / "home"), {}, num_supernodes=2, timeout=30)
-    monkeypatch.setattr(deploy.launcher, "BIN", refused)
+    monkeypatch.setattr(fedowen_deploy.launcher, "BIN", refused)
     unsubmitted = flwr_run(Link(tmp_path / "home"), {}, num_supernodes=2, timeout=30)
     # Assert
     assert completed.ok and completed.status == "finished:completed"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.launcher import APP_DIR
-from deploy.procs import alive, descendants, send_signal
+from fedowen_deploy.launcher import APP_DIR
+from fedowen_deploy.procs import alive, descendants, send_signal
 from fedowen_strategy.records import read_rounds
 
 pytestmark = pytest.mark.e2e

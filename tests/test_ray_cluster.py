@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from deploy.launcher import APP_DIR, LocalSuperLink, flwr_run, free_port
+from fedowen_deploy.launcher import APP_DIR, LocalSuperLink, flwr_run, free_port
 from fedowen_strategy.records import read_rounds
 from sim.runner import STATE_FILE
 

@@ -1,4 +1,5 @@
-"""SIGTERM to ``scripts/run.sh`` or ``python -m deploy.rehearsal`` stops every process they started.
+"""SIGTERM to ``scripts/run.sh`` or ``python -m fedowen_deploy.rehearsal`` stops every process
+they started.
 
 Each test starts the real command in its own session, waits until the deepest processes
 exist (Ray's for a simulation, the ServerApp for a deployment), records the whole process
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.launcher import APP_DIR, BIN
-from deploy.procs import alive, descendants, send_signal, stop_tree
+from fedowen_deploy.launcher import APP_DIR, BIN
+from fedowen_deploy.procs import alive, descendants, send_signal, stop_tree
 
 
 def _cmdline(pid: int) -> str:
@@ -105,7 +106,8 @@ def test_sigterm_to_run_sh_stops_superlink_superexec_simulation_and_ray(
 def test_sigterm_to_sim_deploy_stops_superlink_supernodes_and_serverapp(
         shared_data_dir: Path, tmp_path: Path) -> None:
     log = tmp_path / "deploy.log"
-    proc = _start([str(BIN / "python"), "-m", "deploy.rehearsal", "--work-dir", str(tmp_path / "w"),
+    proc = _start([str(BIN / "python"), "-m", "fedowen_deploy.rehearsal", "--work-dir",
+                   str(tmp_path / "w"),
                    "--nodes", "2", "--set", "num-server-rounds=50",
                    "--set", "clients-per-round=2", "--set", "client-max-samples=20",
                    "--set", "test-max-samples=100", "--set", f'data-dir="{shared_data_dir}"',

@@ -14,7 +14,7 @@ address the devices reach, terminates TLS with the SuperLink's certificate and f
 without reaching the SuperLink. Paths are matched against ``^/v1/fleet/[a-z-]+$`` so encoded
 or dot-segment tricks (``/v1/fleet/../control/list-nodes``) cannot leave the Fleet API.
 
-    python -m deploy.gateway --listen 0.0.0.0:8000 --upstream https://127.0.0.1:8001 \\
+    python -m fedowen_deploy.gateway --listen 0.0.0.0:8000 --upstream https://127.0.0.1:8001 \\
         --ssl-certfile superlink.crt --ssl-keyfile superlink.key --ca-certfile ca.crt
 """
 

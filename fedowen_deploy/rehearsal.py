@@ -8,8 +8,8 @@ runs its ClientApps in subprocesses from this venv (no runtime dependency instal
 
 Every process is started in its own session and stopped by its pid (its process group, then
 any descendant that left the group) when the :class:`SecureSuperLink` context exits, also on
-errors and on SIGTERM/SIGINT (:mod:`deploy.procs`). ``python -m deploy.rehearsal`` runs the rehearsal
-from the command line.
+errors and on SIGTERM/SIGINT (:mod:`fedowen_deploy.procs`). ``python -m
+fedowen_deploy.rehearsal`` runs the rehearsal from the command line.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import IO, Any
 
 import tomli_w
 
-from deploy.launcher import APP_DIR, BIN, flower_env, flwr_run, free_port
-from deploy.procs import exit_on_signals, stop_tree
+from fedowen_deploy.launcher import APP_DIR, BIN, flower_env, flwr_run, free_port
+from fedowen_deploy.procs import exit_on_signals, stop_tree
 
 MAKE_CERTS = APP_DIR / "scripts" / "make-certs.sh"
 
@@ -83,7 +83,8 @@ class SecureSuperLink:
     """A deployment SuperLink with TLS and SuperNode authentication (a context manager).
 
     The SuperLink listens on loopback ``port`` (the operator's Control API); SuperNodes reach
-    it through the Fleet-only gateway on ``fleet_port`` (:mod:`deploy.gateway`), as on a server
+    it through the Fleet-only gateway on ``fleet_port`` (:mod:`fedowen_deploy.gateway`), as on a
+    server
     whose devices' network must not reach the Control API. Writes ``$FLWR_HOME/config.toml``
     with a ``[superlink.<name>]`` entry that trusts the CA, so ``flwr run``, ``flwr list`` and
     ``flwr supernode ...`` talk to it (the operator's address) over TLS.
@@ -103,7 +104,7 @@ class SecureSuperLink:
 
     @property
     def fleet_address(self) -> str:
-        """The devices' address: the Fleet-only gateway (:mod:`deploy.gateway`)."""
+        """The devices' address: the Fleet-only gateway (:mod:`fedowen_deploy.gateway`)."""
         return f"127.0.0.1:{self.fleet_port}"
 
     @property
@@ -120,7 +121,7 @@ class SecureSuperLink:
                "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
                "--port", str(self.port), "--database", str(self.flwr_home / "state.db")]
         self.fleet_port = self.fleet_port or free_port()
-        gateway = [str(BIN / "python"), "-m", "deploy.gateway",
+        gateway = [str(BIN / "python"), "-m", "fedowen_deploy.gateway",
                    "--listen", self.fleet_address, "--upstream", f"https://{self.address}",
                    "--ssl-certfile", str(c / "superlink.crt"),
                    "--ssl-keyfile", str(c / "superlink.key"), "--ca-certfile", str(c / "ca.crt")]
@@ -244,7 +245,8 @@ def rehearse(work_dir: Path, num_nodes: int, run_config: dict[str, Any],
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m deploy.rehearsal --work-dir DIR --nodes 3 --set num-server-rounds=2``."""
+    """CLI: ``python -m fedowen_deploy.rehearsal --work-dir DIR --nodes 3 --set
+    num-server-rounds=2``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", type=Path, default=Path(".flwr-home/deploy"),
                         help="certificates, FLWR_HOME and logs go here")

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import tomli_w
 
-from deploy.procs import follow, stop_tree
+from fedowen_deploy.procs import follow, stop_tree
 
 log = logging.getLogger(__name__)
 BIN = Path(sys.executable).parent
@@ -159,7 +159,8 @@ def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
 
     ``stream_to`` (a text file object, e.g. ``sys.stdout``) receives the run's log as it comes.
     ``num_supernodes`` and ``cpus_per_client`` form the simulation federation config; leave
-    ``num_supernodes`` None for a deployment SuperLink (e.g. ``deploy.rehearsal.SecureSuperLink``).
+    ``num_supernodes`` None for a deployment SuperLink (e.g.
+    ``fedowen_deploy.rehearsal.SecureSuperLink``).
     """
     env = flower_env(superlink.flwr_home)
     cfg_file = superlink.flwr_home / f"run-config-{os.getpid()}-{time.time_ns()}.toml"
@@ -175,7 +176,7 @@ def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
     deadline = time.monotonic() + timeout
     try:
         lines, _ = follow(proc, stream_to, timeout)
-    finally:  # also on SIGTERM/SIGINT (deploy.procs.exit_on_signals): no `flwr run` left behind
+    finally:  # also on SIGTERM/SIGINT (procs.exit_on_signals): no `flwr run` left behind
         stop_tree(proc, grace=5)
         if proc.stdout is not None:
             proc.stdout.close()
