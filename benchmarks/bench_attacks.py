@@ -38,10 +38,10 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from client_app.app import train_handler
-from fedowen_strategy.records import read_rounds
 from fedowen_task.partition import adversary_ids
 from server_app.app import run
 from server_app.config import parse_run_config
+from server_app.store.records import read_rounds
 from sim.inline_grid import InProcessGrid, task_identity
 
 ATTACKS = ("clean", "random-9.5x", "scaled-20x", "label-flip", "noise")

@@ -58,7 +58,7 @@ def run_config(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 def round_times(out: Path) -> dict[str, Any]:
     """Per-round seconds, round-1 seconds, steady median and valuation seconds of a run."""
-    from fedowen_strategy.records import read_rounds
+    from server_app.store.records import read_rounds
 
     rounds = read_rounds(out)
     elapsed = [float(r["elapsed_seconds"]) for r in rounds]

@@ -27,7 +27,7 @@ from typing import Any
 
 from benchmarks._common import load_average, machine_info, markdown_table, write_outputs
 from fedowen_deploy.launcher import APP_DIR
-from fedowen_strategy.records import read_rounds
+from server_app.store.records import read_rounds
 from sim.local_cluster import local_cluster
 
 TIMING = ("valuation_seconds", "round_seconds", "elapsed_seconds")

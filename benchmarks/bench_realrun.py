@@ -43,12 +43,12 @@ import torch
 from benchmarks._common import load_average, machine_info, markdown_table, write_outputs
 from fedowen_deploy.launcher import LocalSuperLink, flwr_run
 from fedowen_strategy.contribution import value_round
-from fedowen_strategy.records import read_rounds
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.data import load_dataset, resolve_data_dir
 from fedowen_task.models import build_model, state_to_numpy
 from server_app.app import build_strategy, pick_device, server_sets
 from server_app.config import parse_run_config
+from server_app.store.records import read_rounds
 from sim.inline import inline_run
 
 

@@ -59,10 +59,10 @@ from benchmarks._common import load_average, machine_info, markdown_table, rotat
 from benchmarks.bench_ranking_battery import spearman
 from client_app.app import app as client_app
 from fedowen_strategy.contribution import RoundValuation, ValuationSettings, value_round
-from fedowen_strategy.records import read_rounds
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.data import resolve_data_dir
 from server_app.config import RunConfig, parse_run_config
+from server_app.store.records import read_rounds
 from sim.inline_grid import InProcessGrid, task_identity
 
 BEFORE = "owen M=4"

@@ -26,22 +26,9 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from fedowen_strategy.checkpoint import (
-    CHECKPOINT_FILE,
-    check_run_config,
-    load_checkpoint,
-    save_checkpoint,
-)
 from fedowen_strategy.contribution import UtilityFactory
 from fedowen_strategy.nodes import wait_for_nodes
-from fedowen_strategy.payouts import (
-    ADVERSARIES_FILE,
-    PAYOUTS_FILE,
-    Payout,
-    run_payouts,
-    write_payouts,
-)
-from fedowen_strategy.records import RunRecorder, read_rounds
+from fedowen_strategy.payouts import Payout
 from fedowen_strategy.replies import record_to_state
 from fedowen_strategy.strategy import FedOwen, ServerStep
 from fedowen_strategy.torch_utility import CoalitionUtility
@@ -55,6 +42,14 @@ from server_app.byzantine import ByzantineGrid
 from server_app.config import RunConfig, parse_run_config
 from server_app.peers import PerRound, peer_arguments, root_trainer
 from server_app.progress import PROGRESS, Progress, Unactionable, quiet, summary_lines
+from server_app.store.checkpoint import (
+    CHECKPOINT_FILE,
+    check_run_config,
+    load_checkpoint,
+    save_checkpoint,
+)
+from server_app.store.payouts import ADVERSARIES_FILE, PAYOUTS_FILE, run_payouts, write_payouts
+from server_app.store.records import RunRecorder, read_rounds
 from server_app.strategies import build_flower_strategy
 
 log = logging.getLogger(__name__)

@@ -87,7 +87,7 @@ class RunConfig(TaskConfig):
     torch_threads: int = 1
     resume_from: str = ""
     krum_malicious: int = _VALUATION.krum_malicious
-    # Peer defences (issue 17): see fedowen_strategy.fltrust / foolsgold.
+    # Peer defences (issue 17): see fedowen_strategy.peers.fltrust / foolsgold.
     fltrust_root_size: int = 0
     fltrust_root_epochs: int = 1
     fltrust_server_lr: float = 1.0

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from fedowen_strategy.payouts import Payout, run_payouts
-from fedowen_strategy.records import read_rounds
+from fedowen_strategy.payouts import Payout
 from fedowen_strategy.replies import short_label
+from server_app.store.payouts import run_payouts
+from server_app.store.records import read_rounds
 
 PLOTS_DIR = "plots"
 

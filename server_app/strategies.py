@@ -2,8 +2,8 @@
 
 ``strategy = fedowen | fedavg | fedavgm | fedprox | krum | multikrum | fedadam | fedyogi |
 fedtrimmedavg | fedmedian | fltrust | foolsgold | module:Class``. ``fltrust`` and
-``foolsgold`` are this project's peers (:mod:`fedowen_strategy.fltrust`,
-:mod:`fedowen_strategy.foolsgold`), thin subclasses of Flower's FedAvg built the same way;
+``foolsgold`` are this project's peers (:mod:`fedowen_strategy.peers.fltrust`,
+:mod:`fedowen_strategy.peers.foolsgold`), thin subclasses of Flower's FedAvg built the same way;
 FLTrust's server update (training on the root set) comes from the ServerApp
 (:mod:`server_app.peers`). A Flower strategy is Flower's class itself, constructed from the
 run config (k = ``clients-per-round`` via ``fraction_train = k / connected nodes`` and
@@ -37,8 +37,8 @@ FLOWER = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "krum"
           "multikrum": "MultiKrum", "fedadam": "FedAdam", "fedyogi": "FedYogi",
           "fedtrimmedavg": "FedTrimmedAvg", "fedmedian": "FedMedian"}
 #: This project's peer defences: name -> (module, class).
-PEERS = {"fltrust": ("fedowen_strategy.fltrust", "FLTrust"),
-         "foolsgold": ("fedowen_strategy.foolsgold", "FoolsGold")}
+PEERS = {"fltrust": ("fedowen_strategy.peers.fltrust", "FLTrust"),
+         "foolsgold": ("fedowen_strategy.peers.foolsgold", "FoolsGold")}
 NAMES = ("fedowen", *FLOWER, *PEERS)
 #: Strategies whose only state between rounds is the global model (resume-from works;
 #: FedAvgM's server momentum, FoolsGold's history and module:Class are not checkpointed).

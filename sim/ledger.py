@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedowen_strategy.payouts import PAYOUTS_FILE, run_payouts, write_payouts
 from fedowen_task.partition import adversary_ids
 from server_app.run_plots import plot_payouts
+from server_app.store.payouts import PAYOUTS_FILE, run_payouts, write_payouts
 
 PNG_FILE = "payouts.png"
 

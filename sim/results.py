@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from fedowen_strategy.records import read_rounds
 from server_app.config import parse_run_config
+from server_app.store.records import read_rounds
 from sim.grid import RUNNER_KEYS, Cell, Grid, Preset, expand_grid
 
 #: Recorded config keys that differ between runs of one cell by design.

@@ -20,10 +20,10 @@ from typing import Any
 
 from fedowen_deploy.launcher import APP_DIR, LocalSuperLink, flwr_run
 from fedowen_deploy.procs import Terminated, exit_on_signals
-from fedowen_strategy.checkpoint import CHECKPOINT_FILE
 from fedowen_strategy.contribution import METHODS
 from fedowen_task.config import parse_scalar
 from server_app.config import RunConfig, parse_run_config
+from server_app.store.checkpoint import CHECKPOINT_FILE
 from server_app.strategies import NAMES as STRATEGY_NAMES
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedowen_deploy.procs import stopping
-from fedowen_strategy.records import ROUNDS_FILE, read_rounds
+from server_app.store.records import ROUNDS_FILE, read_rounds
 from server_app.strategies import RESUMABLE
 from sim.grid import Cell, Preset, expand_grid
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedowen_strategy.records import read_rounds
 from fedowen_task.data import load_dataset
 from fedowen_task.partition import federated_split
+from server_app.store.records import read_rounds
 
 #: Config keys that differ between runs of one setting without changing it.
 _NOT_SETTING = ("seed", "output_dir", "data_dir", "resume_from")

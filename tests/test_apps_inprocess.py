@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from client_app.app import app as client_app
-from fedowen_strategy.records import read_rounds
 from server_app.app import run
 from server_app.config import parse_run_config
+from server_app.store.records import read_rounds
 from sim.inline_grid import InProcessGrid
 
 

@@ -35,7 +35,7 @@ import yaml
 from fedowen_deploy.gateway import allowed
 from fedowen_deploy.launcher import APP_DIR, BIN, flower_env, flwr_run
 from fedowen_deploy.rehearsal import SecureSuperLink, make_certs, node_config
-from fedowen_strategy.records import read_rounds
+from server_app.store.records import read_rounds
 
 DOCKER = APP_DIR / "docker"
 COMPOSE_FILES = sorted(DOCKER.glob("compose*.yml"))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from fedowen_deploy.launcher import LocalSuperLink, flwr_run
-from fedowen_strategy.records import read_rounds
+from server_app.store.records import read_rounds
 from sim.inline import inline_run
 
 pytestmark = pytest.mark.e2e

@@ -12,8 +12,8 @@ from fedowen_strategy.aggregation import duplicate_groups
 from fedowen_strategy.contribution import ValuationSettings, value_round
 from fedowen_strategy.guards import Guards
 from fedowen_strategy.identity import IdentityBook
-from fedowen_strategy.records import read_rounds
 from fedowen_strategy.replies import record_to_state, state_to_record
+from server_app.store.records import read_rounds
 from tests.test_strategy import BARE, TARGET, run_toy
 
 TARGET_4 = np.array([1.0, -2.0, 0.5, 3.0])
@@ -89,7 +89,7 @@ def test_copied_updates_share_one_weight(tmp_path: Any) -> None:
 
 
 def test_copies_are_linked_never_selected_again_and_forfeit_their_pay(tmp_path: Any) -> None:
-    from fedowen_strategy.payouts import run_payouts
+    from server_app.store.payouts import run_payouts
 
     # Execute: node 3 returns node 0's update; every selectable client is selected each round
     strategy = run_toy("owen", rounds=3, k=6, tmp_path=tmp_path, node_extra={"copy-of": 3},

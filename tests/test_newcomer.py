@@ -17,7 +17,7 @@ import pytest
 
 from fedowen_deploy.launcher import APP_DIR
 from fedowen_deploy.procs import alive, descendants, send_signal
-from fedowen_strategy.records import read_rounds
+from server_app.store.records import read_rounds
 
 pytestmark = pytest.mark.e2e
 SMALL = "client-max-samples=50 test-max-samples=300"

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedowen_strategy.payouts import payouts, run_payouts
-from fedowen_strategy.records import RunRecorder
+from fedowen_strategy.payouts import payouts
+from server_app.store.payouts import run_payouts
+from server_app.store.records import RunRecorder
 from sim.ledger import main as ledger_main
 from tests.test_strategy import run_toy
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedowen_strategy.fltrust import FLTrust, fltrust_aggregate, trust_scores
-from fedowen_strategy.foolsgold import foolsgold_scores
-from fedowen_strategy.records import RunRecorder, read_rounds
+from fedowen_strategy.peers.fltrust import FLTrust, fltrust_aggregate, trust_scores
+from fedowen_strategy.peers.foolsgold import foolsgold_scores
 from fedowen_strategy.replies import record_to_state, state_to_record
 from server_app.config import parse_run_config
+from server_app.store.records import RunRecorder, read_rounds
 from server_app.strategies import build_flower_strategy
 from sim.inline_grid import InProcessGrid
 

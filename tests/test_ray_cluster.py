@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from fedowen_deploy.launcher import APP_DIR, LocalSuperLink, flwr_run, free_port
-from fedowen_strategy.records import read_rounds
+from server_app.store.records import read_rounds
 from sim.runner import STATE_FILE
 
 TIMING = ("valuation_seconds", "round_seconds", "elapsed_seconds")

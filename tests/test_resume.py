@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedowen_strategy.checkpoint import (
+from server_app.store.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointError,
     check_run_config,
     load_checkpoint,
     save_checkpoint,
 )
-from fedowen_strategy.records import read_rounds
+from server_app.store.records import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,10 +18,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from fedowen_strategy.aggregation import example_weights
 from fedowen_strategy.contribution import ValuationSettings
 from fedowen_strategy.guards import Guards
-from fedowen_strategy.records import RunRecorder, read_rounds
 from fedowen_strategy.replies import record_to_state, state_to_record
 from fedowen_strategy.selection import SelectionParams
 from fedowen_strategy.strategy import FedOwen
+from server_app.store.records import RunRecorder, read_rounds
 from sim.inline_grid import InProcessGrid
 
 TARGET = np.array([1.0, -2.0, 0.5, 3.0])
