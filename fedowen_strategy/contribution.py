@@ -98,6 +98,22 @@ class ValuationSettings:
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature!r} must be > 0 (paper: 1)")
 
+    def check_utility(self, utility_factory: UtilityFactory | None) -> ValuationSettings:
+        """These settings, once it is sure a game-based method has a utility to value.
+
+        Raises
+        ------
+        ValueError
+            Naming the ready utility for torch models and the methods that need none.
+        """
+        if self.method in GAME_METHODS and utility_factory is None:
+            raise ValueError(
+                f"valuation={self.method!r} values coalitions of updates and needs "
+                "utility_factory: pass fedowen_strategy.torch_utility.CoalitionUtility(model, "
+                "x_eval, y_eval) or your own, or choose valuation 'shapfed-wa', 'none' or "
+                "'multikrum'")
+        return self
+
 
 @dataclass(frozen=True)
 class RoundValuation:

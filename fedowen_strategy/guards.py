@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
+from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from fedowen_strategy.aggregation import duplicate_groups
@@ -95,10 +97,20 @@ class Guards:
             raise ValueError(f"duplicate_tolerance={self.duplicate_tolerance!r} must lie in "
                              "[0, 1) (0 = off)")
 
-    def norm_cap_for(self, no_phi: bool) -> str:
+    def norm_cap_for(self, no_phi: bool, server_step: bool = True) -> str:
         """``norm_cap`` with ``auto`` resolved for a method that computes contributions
-        (``no_phi`` False) or not."""
-        return resolve_norm_cap(self.norm_cap, no_phi)
+        (``no_phi`` False) or not; ``server_step``: whether a server step is at hand.
+
+        Raises
+        ------
+        ValueError
+            When the cap is ``server`` and there is no server step.
+        """
+        mode = resolve_norm_cap(self.norm_cap, no_phi)
+        if mode == "server" and not server_step:
+            raise ValueError("norm_cap='server' needs server_step (one server training step on "
+                             "the evaluation set); or use norm_cap='median'")
+        return mode
 
 
 @dataclass
@@ -121,7 +133,7 @@ class GuardedRound:
 
 def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDArray],
                 guards: Guards, *, norm_cap: str, value_players: bool,
-                order: Callable[[str], Any],
+                order: Callable[[str], Any], server_round: int = 0,
                 server_update: Callable[[], Mapping[str, NDArray]] | None = None
                 ) -> GuardedRound:
     """Apply ``guards`` to one round's updates.
@@ -132,6 +144,8 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
         The resolved norm cap (:meth:`Guards.norm_cap_for`).
     value_players : bool
         Whether the method values players (near-parallel updates are linked only then).
+    server_round : int
+        For the log lines.
     order : callable
         Sort key of a client id: the updates are valued and averaged in this order, so the
         estimator's sampled orders (and float sums) do not depend on arrival times.
@@ -153,6 +167,12 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     out.updates.sort(key=lambda upd: order(upd.client_id))
     if out.updates:
         out.groups = _groups(out, global_state, guards, value_players)
+    if out.copies:
+        log(WARNING, "round %d: copies share one weight and are linked (not selected again, no "
+            "payout): %s", server_round, out.copies)
+    if "links" in out.record:
+        log(INFO, "round %d: near-parallel updates play as one (cosine > %g): %s", server_round,
+            guards.link_cosine, out.record["links"])
     return out
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 
 from flwr.app import Message
 from flwr.common.logger import log as flwr_log
@@ -130,14 +130,20 @@ class Roster:
                 named += 1
         return named
 
-    def selectable(self, nodes: list[int], banned: Collection[str]
+    def selectable(self, nodes: list[int], banned: Collection[str], server_round: int = 0
                    ) -> tuple[list[int], list[str]]:
         """Selectable nodes and their client ids, ordered by client id (numbers numerically);
-        refused nodes and banned client ids are left out."""
+        refused nodes and banned client ids are left out (with an error when none is left)."""
         keyed = [(self.book.client_of_node.get(node, f"node:{node}"), node) for node in nodes
                  if node not in self.refused]
         keyed = [(key, node) for key, node in keyed if key not in banned]
         keyed.sort(key=lambda kn: client_order(kn[0]))
+        if not keyed:
+            flwr_log(ERROR, "round %d: none of the %d connected nodes may be selected (%d "
+                     "refused ids, %d client ids linked as copies of each other): the round "
+                     "trains nobody and keeps the global model. Clients that share data and seed "
+                     "return copies; give them distinct data, or set duplicate-tolerance = 0",
+                     server_round, len(nodes), len(self.refused), len(banned))
         return [n for _, n in keyed], [k for k, _ in keyed]
 
     def check(self, replies: Iterable[Message], connected: Collection[int]

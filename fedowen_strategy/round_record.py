@@ -8,8 +8,12 @@ rows to its ``on_round`` hook (the ServerApp writes them to ``rounds.jsonl`` and
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from logging import WARNING
 from typing import Any
+
+from flwr.app import MetricRecord, RecordDict
+from flwr.common.logger import log
 
 from fedowen_strategy.contribution import RoundValuation
 from fedowen_strategy.replies import ParsedReplies
@@ -63,3 +67,15 @@ def round_metrics(client_metrics: Mapping[str, Any], parsed: ParsedReplies,
                 metrics[f"phi/{upd.client_id}"] = float(phi)
             metrics[f"weight/{upd.client_id}"] = float(weight)
     return metrics
+
+
+def client_metrics(aggregate: Callable[[list[RecordDict], str], MetricRecord],
+                   weight_key: str, contents: list[RecordDict]) -> MetricRecord:
+    """The clients' metrics aggregated by the strategy's ``train_metrics_aggr_fn``; replies
+    whose metrics cannot be aggregated (e.g. a list where others send a number) cost only
+    the round's client metrics."""
+    try:
+        return aggregate(contents, weight_key)
+    except (TypeError, ValueError, KeyError) as err:
+        log(WARNING, "client metrics not aggregated this round: %s", err)
+        return MetricRecord()

@@ -28,7 +28,8 @@ below it, and keeps its whole bonus.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -178,3 +179,32 @@ def select_uniform(n: int, k: int, rng: np.random.Generator) -> NDArray[np.int64
     if not 1 <= k <= n:
         raise ValueError(f"cannot select k={k} clients out of {n}; need 1 <= k <= {n}")
     return np.sort(rng.choice(n, size=k, replace=False))
+
+
+@dataclass
+class Bandit:
+    """Algorithm 2's state over a run: each client's remembered phi and times valued, and the
+    selection's random stream; ``mode`` ``random`` samples uniformly (FedAvg's selection)."""
+
+    params: SelectionParams
+    rng: np.random.Generator
+    mode: str = "adaptive"
+    phi: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def choose(self, keys: Sequence[str], server_round: int, k: int
+               ) -> tuple[NDArray[np.int64], bool]:
+        """Indices into ``keys`` of ``k`` clients, and whether the bandit explored."""
+        if self.mode == "random":
+            return select_uniform(len(keys), k, self.rng), True
+        phi = np.array([self.phi.get(key, 0.0) for key in keys])
+        counts = np.array([self.counts.get(key, 0) for key in keys])
+        return select_clients(phi, counts, server_round, k, self.params, self.rng)
+
+    def observe(self, client_ids: Sequence[str], phi: Sequence[float] | NDArray[np.float64]
+                ) -> None:
+        """Remember a round's values (:func:`update_memory`)."""
+        for cid, value in zip(client_ids, phi, strict=True):
+            count = self.counts[cid] = self.counts.get(cid, 0) + 1
+            self.phi[cid] = update_memory(self.phi.get(cid), float(value), count,
+                                          self.params.memory, self.params.discount)

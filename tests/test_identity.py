@@ -72,8 +72,8 @@ def test_impostor_is_refused_and_never_costs_the_victim(tmp_path: Any) -> None:
     # selected (refused at identification), and not in the ledger
     rounds = read_rounds(tmp_path)
     assert all(r["returned"].count("c0") <= 1 for r in rounds[1:])
-    assert strategy.counts.get("c0") == 2
-    assert len(strategy.roster.refused) == 1 and "c5" not in strategy.counts
+    assert strategy.bandit.counts.get("c0") == 2
+    assert len(strategy.roster.refused) == 1 and "c5" not in strategy.bandit.counts
     assert sorted(strategy.client_of_node.values()) == ["c0", "c1", "c2", "c3", "c4"]
 
 

@@ -148,8 +148,8 @@ def test_state_is_keyed_by_client_id_and_counts_only_returns() -> None:
     # Prepare: client 2 crashes every round
     strategy = run_toy("owen", rounds=2, node_extra={"crash-id": 2})
     # Assert: the crashed client is never counted nor valued; others counted twice
-    assert "c2" not in strategy.counts and "c2" not in strategy.phi
-    assert all(strategy.counts[f"c{i}"] == 2 for i in (0, 1, 3, 4, 5))
+    assert "c2" not in strategy.bandit.counts and "c2" not in strategy.bandit.phi
+    assert all(strategy.bandit.counts[f"c{i}"] == 2 for i in (0, 1, 3, 4, 5))
     # every node named itself before round 1, the crashing one too
     assert set(strategy.client_of_node.values()) == {f"c{i}" for i in range(6)}
 
@@ -158,7 +158,7 @@ def test_silent_client_costs_nothing_but_its_update(tmp_path: Any) -> None:
     strategy = run_toy("owen", rounds=2, tmp_path=tmp_path, node_extra={"silent-id": 3})
     rounds = read_rounds(tmp_path)
     assert all(len(r["returned"]) == 5 and "c3" not in r["returned"] for r in rounds[1:])
-    assert "c3" not in strategy.counts and "c3" not in strategy.phi
+    assert "c3" not in strategy.bandit.counts and "c3" not in strategy.bandit.phi
     # the timed-out client is counted as failed (under the id its node named at the query)
     assert all(list(r["failed"]) == ["c3"] for r in rounds[1:])
     assert "no reply" in rounds[1]["failed"]["c3"]
@@ -206,7 +206,7 @@ def test_no_single_reply_can_end_a_run(kind: str, tmp_path: Any) -> None:
     assert [r["round"] for r in rounds] == [0, 1, 2]
     assert all(len(r["returned"]) == 5 and "c2" not in r["returned"] for r in rounds[1:])
     assert all(len(r["rejected"]) == 1 for r in rounds[1:]), rounds[1]["rejected"]
-    assert "c2" not in strategy.counts
+    assert "c2" not in strategy.bandit.counts
 
 
 def test_malformed_update_is_rejected_and_round_goes_on(tmp_path: Any) -> None:
@@ -222,15 +222,15 @@ def test_adaptive_selection_prefers_good_clients_over_rounds() -> None:
         "owen", rounds=12, k=2, selection_params=SelectionParams(epsilon=0.0, c=0.05, tau=0.0)
     )
     # Assert: bad clients (negative phi, below tau) are chosen rarely once valued
-    good = sum(strategy.counts.get(f"c{i}", 0) for i in range(4))
-    bad = sum(strategy.counts.get(f"c{i}", 0) for i in BAD)
+    good = sum(strategy.bandit.counts.get(f"c{i}", 0) for i in range(4))
+    bad = sum(strategy.bandit.counts.get(f"c{i}", 0) for i in BAD)
     assert good > 3 * bad
 
 
 def test_same_seed_same_run() -> None:
     a = run_toy("owen", rounds=3, k=3)
     b = run_toy("owen", rounds=3, k=3)
-    assert a.counts == b.counts and a.phi == pytest.approx(b.phi)
+    assert a.bandit.counts == b.bandit.counts and a.bandit.phi == pytest.approx(b.bandit.phi)
 
 
 def test_game_valuation_without_utility_fails_at_construction() -> None:
