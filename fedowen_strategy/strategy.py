@@ -239,11 +239,14 @@ class FedOwen(FedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
-        """FedAvg's aggregation of the clients' evaluation metrics; replies it cannot combine
-        cost this round's evaluation metrics only."""
+        """FedAvg's aggregation of the clients' evaluation metrics (handed to ``on_round`` as
+        the record's ``client_eval``); replies it cannot combine cost them only."""
         try:
-            return super().aggregate_evaluate(server_round, replies)
+            metrics = super().aggregate_evaluate(server_round, replies)
         except (TypeError, ValueError, KeyError, InconsistentMessageReplies) as err:
             log(WARNING, "round %d: client evaluation metrics not aggregated: %s",
                 server_round, err)
             return None
+        if metrics and self.on_round is not None:  # the round's record: client_eval
+            self.on_round(server_round + self.round_offset, {"client_eval": dict(metrics)}, [])
+        return metrics

@@ -115,7 +115,7 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    ) -> FedOwen:
     """The FedOwen strategy the run config describes (federated evaluation off: the
     ServerApp evaluates centrally); ``server_step`` serves ``norm-cap = "server"``."""
-    return FedOwen(**cfg.fedowen_arguments(), fraction_evaluate=0.0, utility_factory=factory,
+    return FedOwen(**cfg.fedowen_arguments(), utility_factory=factory,
                    server_step=server_step,
                    on_round=recorder.log_train if recorder else None)
 

@@ -50,6 +50,7 @@ class RunConfig(TaskConfig):
 
     num_server_rounds: int = 100
     clients_per_round: int = 10
+    fraction_evaluate: float = 0.0
     output_dir: str = ""
     test_max_samples: int = 0
     strategy: str = "fedowen"
@@ -125,6 +126,7 @@ class RunConfig(TaskConfig):
         """The one mapping of the run config onto :class:`fedowen_strategy.FedOwen`'s
         settings (the library's types, whose defaults are these keys' defaults)."""
         return {"clients_per_round": self.clients_per_round,
+                "fraction_evaluate": self.fraction_evaluate,
                 "valuation": self.valuation_settings(), "selection": self.axes()[0],
                 "selection_params": self.selection_params(), "guards": self.guards(),
                 "seed": self.seed, "node_wait_timeout": self.node_wait_timeout,
@@ -167,6 +169,8 @@ class RunConfig(TaskConfig):
         checks = [
             (self.num_server_rounds >= 1, "num-server-rounds must be >= 1"),
             (self.clients_per_round >= 1, "clients-per-round must be >= 1"),
+            (0 <= self.fraction_evaluate <= 1,
+             f"fraction-evaluate={self.fraction_evaluate} must lie in [0, 1] (0 = off)"),
             (self.budget_m >= 1 and self.owen_q >= 1, "budget-m and owen-q must be >= 1"),
             (self.temperature > 0, f"temperature={self.temperature} must be > 0"),
             (self.round_timeout > 0, "round-timeout must be > 0"),

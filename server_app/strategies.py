@@ -12,8 +12,9 @@ run config (k = ``clients-per-round`` via ``fraction_train = k / connected nodes
 ``strategy-params = "name=value ..."``, checked against the class's constructor), wrapped
 by :class:`Recorded` so every round lands in ``rounds.jsonl`` (selected, returned and failed
 clients, ``aggregation_seconds``; the peers add the per-client ``weights`` they applied) like
-FedOwen's. Federated evaluation is off for every strategy: the
-ServerApp evaluates the global model centrally after each round.
+FedOwen's. Federated evaluation follows ``fraction-evaluate`` (off by default; its aggregated
+metrics land in the round's record as ``client_eval``); the ServerApp evaluates the global
+model centrally after each round either way.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def strategy_kwargs(cfg: Any, cls: type[Strategy], num_nodes: int) -> dict[str, 
     """Constructor arguments from the run config, for ``num_nodes`` connected nodes."""
     k = cfg.clients_per_round
     kwargs: dict[str, Any] = {
-        "fraction_train": min(1.0, k / max(num_nodes, 1)), "fraction_evaluate": 0.0,
+        "fraction_train": min(1.0, k / max(num_nodes, 1)),
+        "fraction_evaluate": cfg.fraction_evaluate,
         "min_train_nodes": k, "min_evaluate_nodes": 0, "min_available_nodes": k,
         "proximal_mu": cfg.proximal_mu, "num_malicious_nodes": cfg.krum_malicious,
         "num_nodes_to_select": max(1, k - cfg.krum_malicious),
@@ -136,6 +138,13 @@ class Recorded(Strategy):
             server_round + self.round_offset, arrays, config, grid))
         self._selected_nodes = [m.metadata.dst_node_id for m in messages]
         return messages
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        metrics = super().aggregate_evaluate(server_round, replies)  # type: ignore[safe-super]
+        if metrics and self.on_round is not None:
+            self.on_round(server_round + self.round_offset, {"client_eval": dict(metrics)}, [])
+        return metrics
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:

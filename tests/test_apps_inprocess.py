@@ -169,6 +169,24 @@ def test_federated_evaluation_reaches_the_clientapp(shared_data_dir: Path,
     assert 0.0 <= metrics["eval-accuracy"] <= 1.0 and metrics["eval-loss"] > 0.0
 
 
+@pytest.mark.parametrize("strategy", ["fedowen", "fedavg"])
+def test_fraction_evaluate_records_the_clients_evaluation(shared_data_dir: Path, tmp_path: Path,
+                                                          strategy: str) -> None:
+    # Prepare: the app with federated evaluation on (every node evaluates every round)
+    run_config = small_run_config(shared_data_dir, tmp_path, **{
+        "strategy": strategy, "num-server-rounds": 2, "fraction-evaluate": 1.0})
+    grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": 4}
+                                      for i in range(4)], run_config)
+    # Execute
+    run(grid, parse_run_config(run_config), tmp_path)
+    # Assert: each round's record holds the clients' weighted evaluation of its model, beside
+    # the central one
+    rounds = read_rounds(tmp_path)[1:]
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        assert 0.0 <= r["client_eval"]["eval-accuracy"] <= 1.0 and "test_accuracy" in r
+
+
 def test_one_client_per_round_runs_on_one_node(shared_data_dir: Path, tmp_path: Path) -> None:
     # A one-device federation: k = 1 and one node (the node-wait rule once, in
     # fedowen_strategy.nodes: k nodes, or half of them after the timeout)
