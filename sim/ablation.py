@@ -94,7 +94,7 @@ class AblationData:
         for cell in self.of(row, col):
             value = cell.final_accuracy() if metric == "final" else cell.last_k_accuracy()
             if value is not None:
-                out[int(cell.cell.run_config.get("seed", 0))] = value
+                out[cell.cell.config.seed] = value
         return out
 
     def interval(self, row: Any, col: dict[str, Any], metric: str) -> Interval:
@@ -233,7 +233,7 @@ def write_rounds_csv(data: AblationData, path: Path) -> Path:
                         secs, own = rec.get("round_seconds"), server_seconds(rec)
                         writer.writerow({
                             "variant": row, "column": _label(col),
-                            "seed": cell.cell.run_config.get("seed", 0),
+                            "seed": cell.cell.config.seed,
                             "round": rec["round"],
                             "test_accuracy": "" if acc is None else round(100 * acc, 2),
                             "max_weight": round(weights[rec["round"]], 4)

@@ -33,7 +33,7 @@ from fedowen_strategy.contribution import NO_PHI
 from fedowen_strategy.payouts import client_values, linked_clients, payouts
 from fedowen_task.config import TaskConfig
 from fedowen_task.partition import adversary_ids
-from sim.grid import Preset, expand_grid
+from sim.grid import Preset, app_config, expand_grid
 from sim.results import CellResult, Stat, markdown_table
 
 COLS = ("adversary-kind", "adversary-fraction")
@@ -55,8 +55,8 @@ def _extra_axes(grids: list[Any], row_key: str) -> tuple[str, ...]:
 def _values_phi(cfg: dict[str, Any]) -> bool:
     """Whether the cell's phi is a contribution estimate (not FedAvg's, Multi-Krum's or a peer
     strategy's placeholder)."""
-    return (cfg.get("strategy", "fedowen") == "fedowen"
-            and cfg.get("valuation", "owen") not in NO_PHI)
+    app = app_config(cfg)
+    return app.strategy == "fedowen" and app.valuation not in NO_PHI
 
 
 def rank_percentiles(phi: dict[str, float]) -> dict[str, float]:
@@ -96,9 +96,8 @@ def round_stats(rec: dict[str, Any], adv: frozenset[str]) -> dict[str, float]:
 
 def cell_adversaries(result: CellResult, num_partitions: int) -> frozenset[str]:
     """The cell's adversarial partition ids, as the strings the records use."""
-    cfg = result.cell.run_config
-    ids = adversary_ids(num_partitions, float(cfg.get("adversary-fraction", 0.0)),
-                        int(cfg.get("seed", 0)))
+    cfg = result.cell.config
+    ids = adversary_ids(num_partitions, cfg.adversary_fraction, cfg.seed)
     return frozenset(str(i) for i in ids)
 
 
@@ -284,7 +283,7 @@ def write_adversary_rounds(groups: dict[tuple[Any, ...], list[CellResult]], num_
             for m in members:
                 series = cell_series(m, num_partitions)
                 for i, rnd in enumerate(series["round"]):
-                    writer.writerow([*key, m.cell.run_config.get("seed", 0), int(rnd),
+                    writer.writerow([*key, m.cell.config.seed, int(rnd),
                                      *("" if not np.isfinite(series[k][i]) else
                                        round(float(series[k][i]), 4) for k in keys)])
     return path

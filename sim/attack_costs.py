@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from sim.adversarial import cell_adversaries, ledger_stats
-from sim.grid import load_preset
+from sim.grid import app_config, load_preset
 from sim.results import CellResult, load_results
 from sim.stats import Interval, mean_interval
 
@@ -47,11 +47,12 @@ def _key(cfg: dict[str, Any], drop: Sequence[str]) -> str:
 
 
 def attacked(cfg: dict[str, Any]) -> bool:
-    return float(cfg.get("adversary-fraction", 0.0)) > 0
+    return app_config(cfg).adversary_fraction > 0
 
 
 def attack_name(cfg: dict[str, Any]) -> str:
-    return f"{cfg['adversary-kind']} {100 * float(cfg['adversary-fraction']):.0f}%"
+    app = app_config(cfg)
+    return f"{app.adversary_kind} {100 * app.adversary_fraction:.0f}%"
 
 
 def collapsed(result: CellResult) -> bool:
@@ -93,8 +94,8 @@ def seed_rows(res: dict[str, CellResult], num_partitions: int,
         acc, ref = r.last_k_accuracy(), pair.last_k_accuracy()
         rows.append({
             "setting": " ".join(f"{k}={cfg.get(k)}" for k in SETTING_KEYS),
-            "defence": variant_of.get(cid, cfg.get("strategy", "fedowen")),
-            "attack": attack_name(cfg), "seed": int(cfg.get("seed", 0)), "cell": cid,
+            "defence": variant_of.get(cid, app_config(cfg).strategy),
+            "attack": attack_name(cfg), "seed": app_config(cfg).seed, "cell": cid,
             "clean_cell": pair.cell.cell_id, "accuracy": acc, "clean_accuracy": ref,
             "loss": (ref - acc) if acc is not None and ref is not None else math.nan,
             "collapsed": collapsed(r), "weight_ratio": weight_ratio(r, adv),

@@ -58,7 +58,7 @@ def tuning_scores(grid: Grid, preset: Preset, res: dict[str, CellResult], col: d
             if matches_point(r.cell, {**col, **row}):
                 value = r.last_k_accuracy(LAST_K, key=VAL)
                 if value is not None:
-                    found[int(r.cell.run_config.get("seed", 0))] = value
+                    found[r.cell.config.seed] = value
     return scores
 
 
@@ -135,7 +135,7 @@ def _round_rows(grid: Grid, planned: list[Any], res: dict[str, CellResult]
     for cell in planned:
         rounds, acc = res[cell.cell_id].curve(VAL)
         base = {k: cell.point.get(k) for k in grid.column_keys}
-        base.update({grid.rows: cell.point.get(grid.rows), "seed": cell.run_config.get("seed", 0)})
+        base.update({grid.rows: cell.point.get(grid.rows), "seed": cell.config.seed})
         rows += [{**base, "round": int(r), "val_accuracy": f"{a:.2f}"}
                  for r, a in zip(rounds, acc, strict=True)]
     return rows
@@ -391,7 +391,7 @@ def protocol_arms(preset: Preset) -> list[dict[str, Any]]:
             "hash": config_hash(cell.run_config), "seeds": [],
             "num_supernodes": preset.num_supernodes,
             "run_config": resolved_arm(cell.run_config)})
-        entry["seeds"].append(int(cell.run_config.get("seed", 0)))
+        entry["seeds"].append(cell.config.seed)
         if config_hash(cell.run_config) != entry["hash"]:
             raise ValueError(f"{preset.name}: arm {entry['arm']} at {setting} differs between "
                              "seeds in more than the seed")

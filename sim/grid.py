@@ -38,11 +38,13 @@ import hashlib
 import itertools
 import json
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from server_app.config import parse_run_config
+from server_app.config import RunConfig, parse_run_config
 
 PRESET_KEYS = {"name", "description", "num-supernodes", "cpus-per-client", "cell-timeout",
                "reductions", "backend"}
@@ -103,6 +105,23 @@ class Cell:
         """Short human-readable description of the point, e.g. ``valuation=owen alpha=0.01``."""
         return " ".join(f"{k}={v}" for k, v in self.point.items())
 
+    @property
+    def config(self) -> RunConfig:
+        """The cell's run config as the app reads it (every key, defaults the app's)."""
+        return app_config(self.run_config)
+
+
+def app_config(run_config: Mapping[str, Any]) -> RunConfig:
+    """``run_config`` (kebab-case keys, as a preset or a cell holds it) through the app's own
+    type, so experiment code never restates a key's default."""
+    return _parsed(json.dumps({k: v for k, v in run_config.items() if k not in RUNNER_KEYS},
+                              sort_keys=True))
+
+
+@lru_cache(maxsize=4096)
+def _parsed(text: str) -> RunConfig:
+    return parse_run_config(json.loads(text))
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -126,7 +145,7 @@ class Preset:
         for grid in self.grids:
             for cell in expand_grid(self, grid):
                 seen.setdefault(cell.cell_id, cell)
-        return sorted(seen.values(), key=lambda c: int(c.run_config.get("seed", 0)))
+        return sorted(seen.values(), key=lambda c: c.config.seed)
 
     def grid(self, name: str) -> Grid:
         """The grid called ``name``."""

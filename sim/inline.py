@@ -24,6 +24,7 @@ from typing import Any
 
 from fedowen_deploy.launcher import APP_DIR, RunOutcome
 from fedowen_deploy.procs import follow, stop_tree, tracked
+from sim.grid import app_config
 
 log = logging.getLogger(__name__)
 COMPLETED = "finished:completed"
@@ -65,9 +66,9 @@ def run_cell(run_config: dict[str, Any], num_supernodes: int) -> dict[str, Any]:
 
 def child_env(run_config: dict[str, Any]) -> dict[str, str]:
     """The cell process's environment: this one, the app first on ``PYTHONPATH``, and OpenMP /
-    MKL threads from ``torch-threads`` (default 1; 0 leaves them as they are)."""
+    MKL threads from ``torch-threads`` (the app's default 1; 0 leaves them as they are)."""
     env = {**os.environ, "PYTHONPATH": str(APP_DIR) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    threads = int(run_config.get("torch-threads", 1))
+    threads = app_config(run_config).torch_threads
     if threads > 0:  # set before torch loads: its OpenMP pool is sized at import
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedowen_task.partition import adversary_ids
+from server_app.config import RunConfig
 from server_app.run_plots import plot_payouts
 from server_app.store.payouts import PAYOUTS_FILE, run_payouts, write_payouts
 
@@ -24,10 +25,10 @@ PNG_FILE = "payouts.png"
 
 def adversaries_from_config(run_dir: Path, num_partitions: int) -> list[str]:
     """Adversary ids of an older run (no ``adversaries.json``) from its ``config.json``."""
-    cfg = json.loads((run_dir / "config.json").read_text())
-    fraction = float(cfg.get("adversary_fraction", 0.0))
-    return [str(i) for i in sorted(adversary_ids(num_partitions, fraction,
-                                                 int(cfg.get("seed", 0))))]
+    recorded = json.loads((run_dir / "config.json").read_text())  # the app's fields, as written
+    cfg = RunConfig(**{k: v for k, v in recorded.items() if k in RunConfig.__dataclass_fields__})
+    return [str(i) for i in sorted(adversary_ids(num_partitions, cfg.adversary_fraction,
+                                                 cfg.seed))]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

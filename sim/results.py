@@ -36,7 +36,7 @@ class CellResult:
 
     @property
     def total_rounds(self) -> int:
-        return int(self.cell.run_config.get("num-server-rounds", 100))
+        return self.cell.config.num_server_rounds
 
     @property
     def finished(self) -> bool:
@@ -162,7 +162,7 @@ def matches_point(cell: Cell, where: dict[str, Any]) -> bool:
 def planned_seeds(cells: list[Cell], where: dict[str, Any]) -> int:
     """How many seeds a grid's ``cells`` plan at ``where`` (grid-point keys, e.g. a row and a
     column): the distinct seeds of its cells there (1 for a grid without a seed axis)."""
-    return len({c.run_config.get("seed", 0) for c in cells if matches_point(c, where)}) or 1
+    return len({c.config.seed for c in cells if matches_point(c, where)}) or 1
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -193,7 +193,7 @@ class Runner:
         out = (self.results / cell.cell_id).resolve()
         cfg = {**cell.run_config, "output-dir": str(out), "data-dir": str(self.data_dir)}
         if ((out / CHECKPOINT).exists() and not (out / SUMMARY_FILE).exists()
-                and cfg.get("strategy", "fedowen") in RESUMABLE):
+                and cell.config.strategy in RESUMABLE):
             cfg["resume-from"] = str(out)  # others (FedAvgM, FoolsGold) start again
         return cfg
 
