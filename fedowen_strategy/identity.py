@@ -25,11 +25,11 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
 
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 from flwr.common.logger import log as flwr_log
 
 from fedowen_strategy.nodes import client_order
-from fedowen_strategy.replies import client_id_of
+from fedowen_strategy.replies import ParsedReplies, client_id_of
 
 log = logging.getLogger(__name__)
 #: What a Flower ClientApp answers to a message type it registered no function for.
@@ -161,6 +161,18 @@ class Roster:
             else:
                 kept.append(msg)
         return kept, refused
+
+    def intake(self, replies: list[Message], selected: Iterable[int],
+               connected: Collection[int], parse: Callable[[list[Message]], ParsedReplies]
+               ) -> tuple[ParsedReplies, dict[int, RecordDict]]:
+        """A round's replies, parsed by ``parse`` once impostors are refused, with the selected
+        nodes that sent nothing counted as failed; and the accepted replies' contents by node."""
+        silent = self.silent(replies, selected)
+        kept, impostors = self.check(replies, connected)
+        parsed = parse(kept)
+        parsed.rejected.update(impostors)
+        parsed.failed.update(silent)
+        return parsed, {r.metadata.src_node_id: r.content for r in kept if not r.has_error()}
 
     def silent(self, replies: Iterable[Message], selected: Iterable[int]) -> dict[str, str]:
         """Selected nodes that sent no reply (timed out, disconnected): counted as failed."""

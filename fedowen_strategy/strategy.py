@@ -13,6 +13,7 @@ config and seed select the same clients in every run), the update guards
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from logging import INFO, WARNING
 from typing import Any
 
@@ -191,14 +192,10 @@ class FedOwen(FedAvg):
             raise RuntimeError("aggregate_train called before configure_train")
         global_state, answers = replies.record_to_state(self._global), list(answers)
         extra = {"ray_nodes": ray} if (ray := replies.ray_nodes(answers)) else {}
-        silent = self.roster.silent(answers, self._selected_nodes)
-        answers, impostors = self.roster.check(answers, self._connected)
-        contents = {r.metadata.src_node_id: r.content for r in answers if not r.has_error()}
-        parsed = replies.parse_replies(answers, global_state, arrays_key=self.arrayrecord_key,
-                               weight_key=self.weighted_by_key,
-                               max_norm_ratio=self.guards.max_norm_ratio)
-        parsed.rejected.update(impostors)
-        parsed.failed.update(silent)
+        parse = partial(replies.parse_replies, reference=global_state,
+                        arrays_key=self.arrayrecord_key, weight_key=self.weighted_by_key,
+                        max_norm_ratio=self.guards.max_norm_ratio)
+        parsed, contents = self.roster.intake(answers, self._selected_nodes, self._connected, parse)
         step = self.server_step
         guarded = guard_round(parsed.updates, global_state, self.guards, norm_cap=self.norm_cap,
                               value_players=self.valuation.method not in NO_PHI,
