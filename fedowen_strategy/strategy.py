@@ -38,6 +38,7 @@ from fedowen_strategy.identity import IdentityBook, Roster
 from fedowen_strategy.selection import Bandit, SelectionParams
 
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
+EvaluateHook = Callable[[int, dict[str, Any]], None]
 #: ``(global_state, server_round) -> state``: one server training step (``norm-cap = server``).
 ServerStep = Callable[[dict[str, Any], int], dict[str, Any]]
 MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
@@ -69,8 +70,9 @@ class FedOwen(FedAvg):
         enough_nodes`) and for new nodes to name themselves.
     server_step : callable, optional
         ``(global_state, round) -> state``, the reference of ``norm_cap = "server"``.
-    on_round : callable, optional
-        ``(round, record, ledger_rows)`` after every aggregation (the ServerApp's store).
+    on_round, on_evaluate : callable, optional
+        ``(round, record, ledger_rows)`` after every aggregation (the ServerApp's store);
+        ``(round, metrics)`` after every federated evaluation (``fraction_evaluate > 0``).
     """
 
     def __init__(self, *, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
@@ -85,8 +87,8 @@ class FedOwen(FedAvg):
                  selection_params: SelectionParams | None = None, guards: Guards | None = None,
                  seed: int = 0, node_wait_timeout: float = nodes.NODE_WAIT_TIMEOUT,
                  query_timeout: float = nodes.ROUND_TIMEOUT,
-                 server_step: ServerStep | None = None, on_round: RoundHook | None = None
-                 ) -> None:
+                 server_step: ServerStep | None = None, on_round: RoundHook | None = None,
+                 on_evaluate: EvaluateHook | None = None) -> None:
         if clients_per_round is not None and clients_per_round < 1:
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1 (or None "
                              "to derive k from fraction_train)")
@@ -106,7 +108,7 @@ class FedOwen(FedAvg):
                                          self.valuation.aggregation)
         self.selection_params = selection_params or SelectionParams()
         self.node_wait_timeout, self.query_timeout = node_wait_timeout, query_timeout
-        self.server_step, self.on_round = server_step, on_round
+        self.server_step, self.on_round, self.on_evaluate = server_step, on_round, on_evaluate
         sel_seq, val_seq = np.random.SeedSequence(seed).spawn(2)
         self.bandit = Bandit(self.selection_params, np.random.default_rng(sel_seq),
                              self.selection)
@@ -236,14 +238,14 @@ class FedOwen(FedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
-        """FedAvg's aggregation of the clients' evaluation metrics (handed to ``on_round`` as
-        the record's ``client_eval``); replies it cannot combine cost them only."""
+        """FedAvg's aggregation of the clients' evaluation metrics (handed to ``on_evaluate``);
+        replies it cannot combine cost them only."""
         try:
             metrics = super().aggregate_evaluate(server_round, replies)
         except (TypeError, ValueError, KeyError, InconsistentMessageReplies) as err:
             log(WARNING, "round %d: client evaluation metrics not aggregated: %s",
                 server_round, err)
             return None
-        if metrics and self.on_round is not None:  # the round's record: client_eval
-            self.on_round(server_round + self.round_offset, {"client_eval": dict(metrics)}, [])
+        if metrics and self.on_evaluate is not None:
+            self.on_evaluate(server_round + self.round_offset, dict(metrics))
         return metrics

@@ -30,7 +30,7 @@ from fedowen_strategy.contribution import UtilityFactory
 from fedowen_strategy.nodes import wait_for_nodes
 from fedowen_strategy.payouts import Payout
 from fedowen_strategy.replies import record_to_state
-from fedowen_strategy.strategy import FedOwen, ServerStep
+from fedowen_strategy.strategy import EvaluateHook, FedOwen, ServerStep
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_strategy.torch_utility.batched import resolve_device
 from fedowen_task.config import SERVER_SIDE_KINDS
@@ -110,6 +110,12 @@ def validation_set(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...
             torch.tensor(ds.y_train[val_idx], dtype=torch.long))
 
 
+def client_evaluation(recorder: RunRecorder) -> EvaluateHook:
+    """Federated evaluation's aggregated metrics into the round's record (``client_eval``)."""
+    return lambda server_round, metrics: recorder.log_train(
+        server_round, {"client_eval": metrics}, [])
+
+
 def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    recorder: RunRecorder | None, server_step: ServerStep | None = None
                    ) -> FedOwen:
@@ -117,7 +123,8 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
     ServerApp evaluates centrally); ``server_step`` serves ``norm-cap = "server"``."""
     return FedOwen(**cfg.fedowen_arguments(), utility_factory=factory,
                    server_step=server_step,
-                   on_round=recorder.log_train if recorder else None)
+                   on_round=recorder.log_train if recorder else None,
+                   on_evaluate=client_evaluation(recorder) if recorder else None)
 
 
 def _resume(cfg: RunConfig, recorder: RunRecorder, strategy: Strategy,
@@ -150,6 +157,7 @@ def make_strategy(cfg: RunConfig, num_nodes: int, model: torch.nn.Module,
     if cfg.strategy != "fedowen":
         random.seed(cfg.seed)  # Flower's strategies sample nodes with the global random
         return build_flower_strategy(cfg, num_nodes, recorder.log_train,
+                                     client_evaluation(recorder),
                                      **peer_arguments(cfg, model, sets, device))
     factory = CoalitionUtility(model, sets[0], sets[1], metric=cfg.utility_metric,
                                device=device)

@@ -31,7 +31,7 @@ from flwr.serverapp import strategy as flwr_strategies
 from flwr.serverapp.strategy import Strategy
 
 from fedowen_strategy.replies import client_id_of
-from fedowen_strategy.strategy import RoundHook
+from fedowen_strategy.strategy import EvaluateHook, RoundHook
 from fedowen_task.config import did_you_mean, parse_params
 
 FLOWER = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "krum": "Krum",
@@ -129,6 +129,7 @@ class Recorded(Strategy):
     bases of a subclass of the Flower class."""
 
     on_round: RoundHook | None = None
+    on_evaluate: EvaluateHook | None = None
     round_offset: int = 0
     strategy_name: str = ""
 
@@ -142,8 +143,8 @@ class Recorded(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
         metrics = super().aggregate_evaluate(server_round, replies)  # type: ignore[safe-super]
-        if metrics and self.on_round is not None:
-            self.on_round(server_round + self.round_offset, {"client_eval": dict(metrics)}, [])
+        if metrics and self.on_evaluate is not None:
+            self.on_evaluate(server_round + self.round_offset, dict(metrics))
         return metrics
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
@@ -169,6 +170,7 @@ class Recorded(Strategy):
 
 
 def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
+                          on_evaluate: EvaluateHook | None = None,
                           **extra: Any) -> Strategy:
     """Flower's strategy (or a peer) ``cfg.strategy``, recording rounds through ``on_round``;
     ``extra`` are constructor arguments the run config cannot hold (FLTrust's
@@ -177,5 +179,6 @@ def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
     recorded = type(f"Recorded{cls.__name__}", (Recorded, cls), {})
     strategy = recorded(**strategy_kwargs(cfg, cls, num_nodes), **extra)
     strategy.on_round = on_round  # a resume sets ``round_offset`` (server_app.app._resume)
+    strategy.on_evaluate = on_evaluate
     strategy.strategy_name = cfg.strategy
     return strategy
