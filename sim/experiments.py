@@ -17,8 +17,11 @@ rules and :mod:`sim.cluster` for cells as Ray tasks on a running cluster (``--ra
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,7 +29,7 @@ from fedowen_deploy.launcher import APP_DIR
 from fedowen_deploy.procs import exit_on_signals
 from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
 from sim.results import drift_summary, sweep_drift
-from sim.runner import PRESET_FILE, Runner, cell_status, read_state
+from sim.runner import CODE_FILE, PRESET_FILE, Runner, cell_status, read_state
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +186,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         source = str(path.relative_to(APP_DIR) if path.is_relative_to(APP_DIR) else path)
     files = write_report(preset, results, out, command=args.command_note, source=source)
     if args.archive:
-        files.append(archive_cells(preset, results, out / ARCHIVE))
+        files.append(keep_archive(preset, results, out))
     print(f"[experiments] report of {results} written to {out}: "
           + ", ".join(sorted(p.name for p in files)))
     return 0
@@ -191,6 +194,67 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 ARCHIVE = "cells.tar.gz"
 ARCHIVED = ("rounds.jsonl", "summary.json", "config.json")
+#: The largest cell archive a report keeps beside itself (issue 30: results archives over 1 MB
+#: are no longer added to git). A larger one goes to the archive store (:func:`archive_store`)
+#: and the report keeps :data:`MANIFEST`: the cells, the commits they ran at and the archive's
+#: name and SHA-256, from which ``run --restore`` finds it, or the cells are rebuilt.
+ARCHIVE_LIMIT = 1 << 20
+MANIFEST = "cells-manifest.json"
+
+
+def archive_store() -> Path:
+    """Where archives too large for git are kept: ``$FEDOWEN_ARCHIVES``, else
+    ``~/.cache/fedowen/archives``."""
+    return Path(os.environ.get("FEDOWEN_ARCHIVES") or Path.home() / ".cache" / "fedowen"
+                / "archives")
+
+
+def keep_archive(preset: Preset, results: Path, out: Path) -> Path:
+    """The report's archive: ``out/cells.tar.gz`` up to :data:`ARCHIVE_LIMIT`; a larger one
+    moves to :func:`archive_store` and ``out/cells-manifest.json`` names it (and the
+    ``cells.tar.gz`` beside the report is removed, so git no longer carries a copy)."""
+    path = archive_cells(preset, results, out / ARCHIVE)
+    if path.stat().st_size <= ARCHIVE_LIMIT:
+        (out / MANIFEST).unlink(missing_ok=True)
+        return path
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    stored = archive_store() / f"{preset.name}-{digest[:12]}.tar.gz"
+    stored.parent.mkdir(parents=True, exist_ok=True)
+    size = path.stat().st_size
+    shutil.move(str(path), stored)
+    cells = []
+    for cell in preset.cells():
+        code = results / cell.cell_id / CODE_FILE
+        if (results / cell.cell_id / "summary.json").exists():
+            attempts = json.loads(code.read_text()) if code.exists() else []
+            cells.append({"cell": cell.cell_id, "grid": cell.grid, "point": cell.point,
+                          "commits": sorted({a["commit"] for a in attempts if a.get("commit")})})
+    manifest = {"preset": preset.name, "archive": stored.name, "sha256": digest, "bytes": size,
+                "store": "$FEDOWEN_ARCHIVES or ~/.cache/fedowen/archives",
+                "rebuild": f"python -m sim.experiments run conf/{preset.name}.toml, each cell at "
+                           "the commit it lists (runs are bit-identical at a commit)",
+                "cells": cells}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return out / MANIFEST
+
+
+def stored_archive(manifest: Path) -> Path:
+    """The archive a report's manifest names, from :func:`archive_store`, checked against its
+    SHA-256.
+
+    Raises
+    ------
+    SystemExit
+        When it is not there (or differs), saying where to put it or how to rebuild the cells.
+    """
+    meta = json.loads(manifest.read_text())
+    path = archive_store() / meta["archive"]
+    if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
+        raise SystemExit(f"--restore {manifest}: its archive {meta['archive']} (sha256 "
+                         f"{meta['sha256'][:12]}...) is not in {archive_store()}: copy it "
+                         f"there (FEDOWEN_ARCHIVES sets the folder), or rebuild the cells: "
+                         f"{meta['rebuild']}")
+    return path
 
 
 def archive_cells(preset: Preset, results: Path, path: Path) -> Path:
@@ -209,12 +273,16 @@ def archive_cells(preset: Preset, results: Path, path: Path) -> Path:
 
 
 def restore_cells(archive: Path, results: Path) -> int:
-    """Unpack an :func:`archive_cells` file into ``results`` without overwriting a cell that is
-    already there; returns how many cells were restored."""
+    """Unpack an :func:`archive_cells` file (or the one a :data:`MANIFEST` names) into
+    ``results`` without overwriting a cell that is already there; returns how many cells were
+    restored."""
     import tarfile
 
     if not archive.is_file():
-        raise SystemExit(f"--restore {archive}: no such file (a report's {ARCHIVE})")
+        raise SystemExit(f"--restore {archive}: no such file (a report's {ARCHIVE} or "
+                         f"{MANIFEST})")
+    if archive.name == MANIFEST:
+        archive = stored_archive(archive)
     restored = set()
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar.getmembers():
@@ -265,7 +333,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="report dir (default docs/results/<preset name>)")
     report.add_argument("--archive", action="store_true",
                         help=f"also write {ARCHIVE}: the finished cells' records (run "
-                             "--restore unpacks them)")
+                             "--restore unpacks them); over 1 MB it goes to $FEDOWEN_ARCHIVES "
+                             f"(~/.cache/fedowen/archives) and the report keeps {MANIFEST}")
     run.add_argument("--restore", type=Path, action="append", default=None, metavar="ARCHIVE",
                      help=f"first unpack a report's {ARCHIVE} into the results dir (finished "
                           "cells are not run again); repeat for several archives")
