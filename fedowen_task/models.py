@@ -29,9 +29,12 @@ MODELS = ("lenet", "resnet18", "cnn")
 class LeNet5(nn.Module):
     """LeNet-5 for 28x28 inputs: conv(5x5, pad 2) -> pool -> conv(5x5) -> pool -> 120 -> 84 -> C."""
 
+    #: The first convolution's padding: 2 keeps a 28x28 input's 5x5 maps after two pools.
+    STEM_PADDING = 2
+
     def __init__(self, in_channels: int, num_classes: int) -> None:
         super().__init__()
-        self.stem = nn.Conv2d(in_channels, 6, kernel_size=5, padding=2)
+        self.stem = nn.Conv2d(in_channels, 6, kernel_size=5, padding=self.STEM_PADDING)
         self.conv2 = nn.Conv2d(6, 16, kernel_size=5)
         self.fc1 = nn.Linear(16 * 5 * 5, 120)
         self.fc2 = nn.Linear(120, 84)
@@ -46,29 +49,16 @@ class LeNet5(nn.Module):
         return self.fc3(h)
 
 
-class SmallCNN(nn.Module):
+class SmallCNN(LeNet5):
     """A small CNN for 32x32 inputs (PyTorch's CIFAR-10 tutorial network, Flower's quickstart):
-    conv(5x5) -> pool -> conv(5x5) -> pool -> 120 -> 84 -> C, 62k parameters for CIFAR-10.
+    LeNet-5 without the stem's padding, conv(5x5) -> pool -> conv(5x5) -> pool -> 120 -> 84 ->
+    C, 62k parameters for CIFAR-10.
 
     For CPU experiments on CIFAR-10 where ResNet-18 (11.2M parameters) is too slow to value
     thousands of coalitions (benchmarks/record_app_games.py); select it with ``model = "cnn"``.
     """
 
-    def __init__(self, in_channels: int, num_classes: int) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(in_channels, 6, kernel_size=5)
-        self.conv2 = nn.Conv2d(6, 16, kernel_size=5)
-        self.fc1 = nn.Linear(16 * 5 * 5, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.max_pool2d(F.relu(self.stem(x)), 2)
-        h = F.max_pool2d(F.relu(self.conv2(h)), 2)
-        h = torch.flatten(h, 1)
-        h = F.relu(self.fc1(h))
-        h = F.relu(self.fc2(h))
-        return self.fc3(h)
+    STEM_PADDING = 0
 
 
 class BasicBlock(nn.Module):
