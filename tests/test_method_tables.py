@@ -38,13 +38,18 @@ def listed_in_error(key: str, value: str) -> list[str]:
     return line.split(" is not one of ", 1)[1].split(" (did you mean", 1)[0].split(", ")
 
 
+def run_help(capsys: pytest.CaptureFixture[str]) -> str:
+    """``python -m sim.run --help``'s text without whitespace (argparse wraps, never reorders)."""
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    return re.sub(r"\s+", "", capsys.readouterr().out)
+
+
 def test_validation_help_and_docs_name_the_same_valuation_methods(
         capsys: pytest.CaptureFixture[str]) -> None:
     # Execute: the validation's message, sim.run's --help, the report's table
     in_error = listed_in_error("valuation", "owen-antithetc")
-    with pytest.raises(SystemExit):
-        parse_args(["--help"])
-    help_text = re.sub(r"\s+", "", capsys.readouterr().out)
+    help_text = run_help(capsys)
     table = section(ROOT / "docs" / "report.md", "## Valuation methods").split("---|---\n", 1)[1]
     rows = table.split("\n\n", 1)[0].splitlines()
     documented = [name for row in rows for name in re.findall(r"`([^`]+)`", row.split(" | ")[0])]
@@ -58,9 +63,7 @@ def test_validation_help_and_docs_name_the_same_strategies(
         capsys: pytest.CaptureFixture[str]) -> None:
     # Execute
     in_error = listed_in_error("strategy", "fedavgg")
-    with pytest.raises(SystemExit):
-        parse_args(["--help"])
-    help_text = re.sub(r"\s+", "", capsys.readouterr().out)
+    help_text = run_help(capsys)
     readme = section(ROOT / "README.md", "### Swapping the strategy")
     flower_sentence = readme.split("or `module:Class`", 1)[0]
     # Assert: the README's list of Flower's classes is the table's, in its order, and every
