@@ -34,11 +34,10 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import MetricRecord, RecordDict
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from fedowen_strategy.peers import State, UpdateWeighted, flat_delta
+from fedowen_strategy.peers import State, UpdateWeighted, flat_delta, takes_fedavg_arguments
 
 #: ``(global state, server round) -> the global model trained on the root set``.
 ServerUpdate = Callable[[dict[str, NDArray], int], Mapping[str, NDArray]]
@@ -89,23 +88,10 @@ class FLTrust(UpdateWeighted):
 
     name = "fltrust"
 
+    @takes_fedavg_arguments
     def __init__(self, server_update: ServerUpdate, *, server_lr: float = 1.0,
-                 fraction_train: float = 1.0,
-                 fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
-                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
-                 weighted_by_key: str = "num-examples", arrayrecord_key: str = "arrays",
-                 configrecord_key: str = "config",
-                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord]
-                 | None = None,
-                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord]
-                 | None = None) -> None:
-        super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
-                         min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=min_available_nodes,
-                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
-                         configrecord_key=configrecord_key,
-                         train_metrics_aggr_fn=train_metrics_aggr_fn,
-                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
+                 **fedavg: Any) -> None:
+        super().__init__(**fedavg)
         if not (math.isfinite(server_lr) and server_lr > 0):
             raise ValueError(f"server_lr={server_lr} must be a finite number > 0 (FLTrust's "
                              "global learning rate; 1 applies the aggregate as it is)")

@@ -22,16 +22,14 @@ float32: 4 bytes x parameters x clients ever selected (24 MB for LeNet-5 and 100
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import MetricRecord, RecordDict
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from fedowen_strategy.peers import State, UpdateWeighted
+from fedowen_strategy.peers import State, UpdateWeighted, takes_fedavg_arguments
 
 _ROUNDING = 1e-9
 
@@ -75,24 +73,11 @@ class FoolsGold(UpdateWeighted):
 
     name = "foolsgold"
 
-    def __init__(self, kappa: float = 1.0, *, fraction_train: float = 1.0,
-                 fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
-                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
-                 weighted_by_key: str = "num-examples", arrayrecord_key: str = "arrays",
-                 configrecord_key: str = "config",
-                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord]
-                 | None = None,
-                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord]
-                 | None = None) -> None:
+    @takes_fedavg_arguments
+    def __init__(self, kappa: float = 1.0, **fedavg: Any) -> None:
         if not kappa > 0:
             raise ValueError(f"kappa={kappa!r} must be > 0 (FoolsGold's confidence)")
-        super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
-                         min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=min_available_nodes,
-                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
-                         configrecord_key=configrecord_key,
-                         train_metrics_aggr_fn=train_metrics_aggr_fn,
-                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
+        super().__init__(**fedavg)
         self.kappa = kappa
         self.history: dict[str, NDArray[np.float32]] = {}
 
