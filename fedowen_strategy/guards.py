@@ -39,6 +39,7 @@ from fedowen_strategy.bounds import (
     update_norm,
 )
 from fedowen_strategy.links import cosine_matrix, link_groups, merge_groups, upper_triangle
+from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate
 
 #: Rounds of at most this many updates record their pairwise cosines.
@@ -132,8 +133,7 @@ class GuardedRound:
 
 
 def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDArray],
-                guards: Guards, *, norm_cap: str, value_players: bool,
-                order: Callable[[str], Any], server_round: int = 0,
+                guards: Guards, *, norm_cap: str, value_players: bool, server_round: int = 0,
                 server_update: Callable[[], Mapping[str, NDArray]] | None = None
                 ) -> GuardedRound:
     """Apply ``guards`` to one round's updates.
@@ -146,9 +146,6 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
         Whether the method values players (near-parallel updates are linked only then).
     server_round : int
         For the log lines.
-    order : callable
-        Sort key of a client id: the updates are valued and averaged in this order, so the
-        estimator's sampled orders (and float sums) do not depend on arrival times.
     server_update : callable, optional
         One server step's state, the reference of ``norm_cap = "server"``.
     """
@@ -164,7 +161,9 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
         capped = cap_norms(out.updates, global_state, cap)
         out.updates = capped.updates
         out.record.update(norm_cap=cap, capped=capped.clipped)
-    out.updates.sort(key=lambda upd: order(upd.client_id))
+    # valued and averaged in client-id order, so the estimator's sampled orders (and float
+    # sums) do not depend on arrival times
+    out.updates.sort(key=lambda upd: client_order(upd.client_id))
     if out.updates:
         out.groups = _groups(out, global_state, guards, value_players)
     if out.copies:

@@ -201,7 +201,7 @@ class FedOwen(FedAvg):
         step = self.server_step
         guarded = guard_round(parsed.updates, global_state, self.guards, norm_cap=self.norm_cap,
                               value_players=self.valuation.method not in NO_PHI,
-                              order=nodes.client_order, server_round=server_round,
+                              server_round=server_round,
                               server_update=None if step is None else (
                                   lambda: step(global_state, server_round)))
         parsed.updates, parsed.clipped = guarded.updates, guarded.clipped
