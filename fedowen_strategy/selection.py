@@ -28,8 +28,9 @@ below it, and keeps its whole bonus.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -174,6 +175,15 @@ def select_clients(
     return np.sort(np.concatenate([positive, extra])), False
 
 
+def round_size(num_clients: int, clients_per_round: int | None, fraction_train: float,
+               min_train: int) -> int:
+    """k for a round with ``num_clients`` selectable clients: ``clients_per_round``, else
+    Flower FedAvg's rule ``max(int(n * fraction_train), min_train)``; never more than n."""
+    if clients_per_round is not None:
+        return min(clients_per_round, num_clients)
+    return min(max(int(num_clients * fraction_train), min_train), num_clients)
+
+
 def select_uniform(n: int, k: int, rng: np.random.Generator) -> NDArray[np.int64]:
     """Plain uniform selection (FedAvg, and the paper's random-selection ablation)."""
     if not 1 <= k <= n:
@@ -208,3 +218,14 @@ class Bandit:
             count = self.counts[cid] = self.counts.get(cid, 0) + 1
             self.phi[cid] = update_memory(self.phi.get(cid), float(value), count,
                                           self.params.memory, self.params.discount)
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able state for a checkpoint."""
+        return {"phi": dict(self.phi), "counts": dict(self.counts),
+                "select_rng": self.rng.bit_generator.state}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state`."""
+        self.phi = {str(k): float(v) for k, v in state["phi"].items()}
+        self.counts = {str(k): int(v) for k, v in state["counts"].items()}
+        self.rng.bit_generator.state = state["select_rng"]

@@ -4,10 +4,9 @@ Paper: "FedOwen: Contribution-aware federated learning with Owen sampling" (shar
 class is glue over pure parts: the bandit of Algorithm 2 (:mod:`~fedowen_strategy.selection`),
 the identity roster (:mod:`~fedowen_strategy.identity`: clients are keyed by the stable id
 each ClientApp sends, asked for with a ``query`` message, and selected in id order, so a run
-config and seed select the same clients in every run), the update guards
-(:mod:`~fedowen_strategy.guards`), the round's valuation and softmax weights
-(:mod:`~fedowen_strategy.contribution`) and the round record
-(:mod:`~fedowen_strategy.round_record`).
+config and seed select the same clients in every run) and one aggregation round
+(:func:`~fedowen_strategy.round_step.aggregate_round`: the update guards, the valuation, the
+softmax weights and the round record).
 """
 
 from __future__ import annotations
@@ -25,17 +24,12 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
 
 from fedowen_strategy import nodes, replies, round_record
-from fedowen_strategy.aggregation import weighted_average
-from fedowen_strategy.contribution import (
-    NO_PHI,
-    UtilityFactory,
-    ValuationSettings,
-    resolve_axes,
-    value_round,
-)
-from fedowen_strategy.guards import Guards, guard_round
+from fedowen_strategy.contribution import NO_PHI, UtilityFactory, ValuationSettings, resolve_axes
+from fedowen_strategy.fedavg_args import takes_fedavg_arguments
+from fedowen_strategy.guards import Guards
 from fedowen_strategy.identity import IdentityBook, Roster
-from fedowen_strategy.selection import Bandit, SelectionParams
+from fedowen_strategy.round_step import aggregate_round
+from fedowen_strategy.selection import Bandit, SelectionParams, round_size
 
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
 EvaluateHook = Callable[[int, dict[str, Any]], None]
@@ -75,20 +69,15 @@ class FedOwen(FedAvg):
         ``(round, metrics)`` after every federated evaluation (``fraction_evaluate > 0``).
     """
 
-    def __init__(self, *, fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
-                 min_train_nodes: int = 2, min_evaluate_nodes: int = 2,
-                 min_available_nodes: int = 2, weighted_by_key: str = "num-examples",
-                 arrayrecord_key: str = "arrays", configrecord_key: str = "config",
-                 train_metrics_aggr_fn: MetricsAggr | None = None,
-                 evaluate_metrics_aggr_fn: MetricsAggr | None = None,
-                 clients_per_round: int | None = None,
+    @takes_fedavg_arguments
+    def __init__(self, *, clients_per_round: int | None = None,
                  utility_factory: UtilityFactory | None = None,
                  valuation: ValuationSettings | None = None, selection: str = "auto",
                  selection_params: SelectionParams | None = None, guards: Guards | None = None,
                  seed: int = 0, node_wait_timeout: float = nodes.NODE_WAIT_TIMEOUT,
                  query_timeout: float = nodes.ROUND_TIMEOUT,
                  server_step: ServerStep | None = None, on_round: RoundHook | None = None,
-                 on_evaluate: EvaluateHook | None = None) -> None:
+                 on_evaluate: EvaluateHook | None = None, **fedavg: Any) -> None:
         if clients_per_round is not None and clients_per_round < 1:
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1 (or None "
                              "to derive k from fraction_train)")
@@ -96,13 +85,9 @@ class FedOwen(FedAvg):
         self.guards = guards or Guards()
         self.norm_cap = self.guards.norm_cap_for(self.valuation.method in NO_PHI,
                                                  server_step is not None)
-        super().__init__(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate,
-                         min_train_nodes=min_train_nodes, min_evaluate_nodes=min_evaluate_nodes,
-                         min_available_nodes=clients_per_round or min_available_nodes,
-                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
-                         configrecord_key=configrecord_key,
-                         train_metrics_aggr_fn=train_metrics_aggr_fn,
-                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
+        if clients_per_round:  # wait for k nodes
+            fedavg["min_available_nodes"] = clients_per_round
+        super().__init__(**fedavg)
         self.clients_per_round, self.utility_factory = clients_per_round, utility_factory
         self.selection, _ = resolve_axes(self.valuation.method, selection,
                                          self.valuation.aggregation)
@@ -123,21 +108,18 @@ class FedOwen(FedAvg):
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint (the global model is saved beside it)."""
-        return {"phi": dict(self.bandit.phi), "counts": dict(self.bandit.counts),
+        return {**self.bandit.state(),
                 "client_of_node": {str(k): v for k, v in self.client_of_node.items()},
                 "linked": sorted(self.linked, key=nodes.client_order),
-                "select_rng": self.bandit.rng.bit_generator.state,
                 "value_rng": self.value_rng.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a checkpoint's state. To continue after ``r`` completed rounds also set
         ``round_offset = r``: the next ``start``'s round 1 is then round ``r + 1``."""
-        self.bandit.phi = {str(k): float(v) for k, v in state["phi"].items()}
-        self.bandit.counts = {str(k): int(v) for k, v in state["counts"].items()}
+        self.bandit.load(state)
         self.roster.book = IdentityBook({int(k): str(v)
                                          for k, v in state["client_of_node"].items()})
         self.linked = {str(c) for c in state.get("linked", [])}  # older checkpoints: none
-        self.bandit.rng.bit_generator.state = state["select_rng"]
         self.value_rng.bit_generator.state = state["value_rng"]
 
     @property
@@ -170,7 +152,8 @@ class FedOwen(FedAvg):
         if not selectable:
             self._selected, self._selected_nodes = [], []
             return []
-        chosen, explored = self.bandit.choose(keys, server_round, self._k(len(keys)))
+        chosen, explored = self.bandit.choose(keys, server_round, round_size(
+            len(keys), self.clients_per_round, self.fraction_train, self.min_train_nodes))
         self._selected = [keys[i] for i in chosen]
         self._selected_nodes = [selectable[i] for i in chosen]
         log(INFO, "configure_train: round %d, %s %d of %d clients: %s", server_round,
@@ -180,12 +163,6 @@ class FedOwen(FedAvg):
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._construct_messages(record, self._selected_nodes, MessageType.TRAIN)
 
-    def _k(self, num_nodes: int) -> int:
-        """k: ``clients_per_round``, else FedAvg's rule from ``fraction_train``."""
-        if self.clients_per_round is not None:
-            return min(self.clients_per_round, num_nodes)
-        return min(max(int(num_nodes * self.fraction_train), self.min_train_nodes), num_nodes)
-
     def aggregate_train(self, server_round: int, answers: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Check and guard the replies, value the updates, aggregate with softmax(phi / T)."""
@@ -193,48 +170,28 @@ class FedOwen(FedAvg):
         if self._global is None:
             raise RuntimeError("aggregate_train called before configure_train")
         global_state, answers = replies.record_to_state(self._global), list(answers)
-        extra = {"ray_nodes": ray} if (ray := replies.ray_nodes(answers)) else {}
         parse = partial(replies.parse_replies, reference=global_state,
                         arrays_key=self.arrayrecord_key, weight_key=self.weighted_by_key,
                         max_norm_ratio=self.guards.max_norm_ratio)
         parsed, contents = self.roster.intake(answers, self._selected_nodes, self._connected, parse)
         step = self.server_step
-        guarded = guard_round(parsed.updates, global_state, self.guards, norm_cap=self.norm_cap,
-                              value_players=self.valuation.method not in NO_PHI,
-                              server_round=server_round,
-                              server_update=None if step is None else (
-                                  lambda: step(global_state, server_round)))
-        parsed.updates, parsed.clipped = guarded.updates, guarded.clipped
-        parsed.rejected.update(guarded.rejected)
-        extra.update(guarded.record)
-        self.linked.update(c for g in guarded.copies for c in g)
-        if not parsed.updates:
-            log(WARNING, "round %d: no usable update (%d failed, %d rejected); global model "
-                "kept", server_round, len(parsed.failed), len(parsed.rejected))
-            record = round_record.round_record(self._selected, parsed, self.valuation.method, [],
-                                               extra, None)
-            return None, self._report(server_round, record, [],
-                                      round_record.round_metrics({}, parsed, None))
-        states = [u.state for u in parsed.updates]
-        val = value_round(states, [u.num_examples for u in parsed.updates], global_state,
-                          self.valuation, self.utility_factory, self.value_rng, guarded.groups)
-        self.bandit.observe([u.client_id for u in parsed.updates], val.phi)
-        log(INFO, "aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
-            server_round, len(states), self.valuation.method, val.seconds, val.n_evals)
-        clients = round_record.client_metrics(self.train_metrics_aggr_fn, self.weighted_by_key,
-                                 [contents[u.node_id] for u in parsed.updates])
-        record = round_record.round_record(self._selected, parsed, self.valuation.method,
-                                           guarded.copies, extra, val)
-        rows = round_record.ledger_rows(server_round, parsed, val)
-        metrics = round_record.round_metrics(clients, parsed, val)
-        return (replies.state_to_record(weighted_average(states, val.weights)),
-                self._report(server_round, record, rows, metrics))
-
-    def _report(self, server_round: int, record: dict[str, Any], rows: list[dict[str, Any]],
-                metrics: dict[str, Any]) -> MetricRecord:
+        out = aggregate_round(
+            parsed, global_state, selected=self._selected, valuation=self.valuation,
+            guards=self.guards, norm_cap=self.norm_cap, utility_factory=self.utility_factory,
+            rng=self.value_rng, server_round=server_round,
+            extra={"ray_nodes": ray} if (ray := replies.ray_nodes(answers)) else {},
+            server_update=None if step is None else lambda: step(global_state, server_round))
+        self.linked.update(c for g in out.copies for c in g)
+        clients: dict[str, Any] = {}
+        if out.valuation is not None:
+            self.bandit.observe([u.client_id for u in out.parsed.updates], out.valuation.phi)
+            clients = dict(round_record.client_metrics(
+                self.train_metrics_aggr_fn, self.weighted_by_key,
+                [contents[u.node_id] for u in out.parsed.updates]))
         if self.on_round is not None:
-            self.on_round(server_round, record, rows)
-        return MetricRecord(metrics)
+            self.on_round(server_round, out.record, out.rows)
+        metrics = MetricRecord(round_record.round_metrics(clients, out.parsed, out.valuation))
+        return None if out.state is None else replies.state_to_record(out.state), metrics
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:

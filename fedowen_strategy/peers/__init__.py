@@ -12,12 +12,11 @@ the peer's own fields), which the ServerApp's recorder merges into ``rounds.json
 
 from __future__ import annotations
 
-import inspect
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from logging import INFO, WARNING
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -54,23 +53,6 @@ def apply_delta(reference: State, delta: NDArray[np.float64], keys: Sequence[str
         out[key] = (ref.astype(np.float64) + part).astype(ref.dtype)
         start += ref.size
     return out
-
-
-Init = TypeVar("Init", bound=Callable[..., None])
-
-
-def takes_fedavg_arguments(init: Init) -> Init:
-    """Decorate a peer's ``__init__(self, ..., **fedavg)`` so that its signature lists Flower's
-    ``FedAvg`` keyword arguments in place of ``**fedavg``: the strategy factory
-    (:func:`server_app.strategies.strategy_kwargs`) passes a class only what its signature
-    takes, and a reader sees every argument."""
-    own = [p for p in inspect.signature(init).parameters.values()
-           if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    flower = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-              for name, p in inspect.signature(FedAvg.__init__).parameters.items()
-              if name != "self"]
-    setattr(init, "__signature__", inspect.Signature([*own, *flower]))  # noqa: B010
-    return init
 
 
 class UpdateWeighted(FedAvg):

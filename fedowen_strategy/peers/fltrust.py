@@ -37,7 +37,8 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from fedowen_strategy.peers import State, UpdateWeighted, flat_delta, takes_fedavg_arguments
+from fedowen_strategy.fedavg_args import takes_fedavg_arguments
+from fedowen_strategy.peers import State, UpdateWeighted, flat_delta
 
 #: ``(global state, server round) -> the global model trained on the root set``.
 ServerUpdate = Callable[[dict[str, NDArray], int], Mapping[str, NDArray]]

@@ -29,7 +29,8 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from fedowen_strategy.peers import State, UpdateWeighted, takes_fedavg_arguments
+from fedowen_strategy.fedavg_args import takes_fedavg_arguments
+from fedowen_strategy.peers import State, UpdateWeighted
 
 _ROUNDING = 1e-9
 

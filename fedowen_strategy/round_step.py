@@ -1,0 +1,96 @@
+"""One aggregation round of FedOwen as a pure function: guard, value, average, record.
+
+:class:`~fedowen_strategy.strategy.FedOwen` parses the replies, hands them to
+:func:`aggregate_round` and keeps what the round taught it (the bandit's phi, the ids caught
+sending copies). Everything here is a function of its arguments and the valuation stream
+``rng``, so a reader can run a round by hand: a list of
+:class:`~fedowen_strategy.replies.ClientUpdate` and a global model are all it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common.logger import log
+from numpy.typing import NDArray
+
+from fedowen_strategy import round_record
+from fedowen_strategy.aggregation import weighted_average
+from fedowen_strategy.contribution import (
+    NO_PHI,
+    RoundValuation,
+    UtilityFactory,
+    ValuationSettings,
+    value_round,
+)
+from fedowen_strategy.guards import Guards, guard_round
+from fedowen_strategy.replies import ParsedReplies
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round decided.
+
+    ``state`` is the new global model (``None`` keeps the old one: no usable update);
+    ``parsed`` the replies after the guards (in client-id order, aligned with ``valuation``);
+    ``copies`` the client ids of exact copies (to ban); ``record`` and ``rows`` the round
+    record and ledger rows (:mod:`fedowen_strategy.round_record`).
+    """
+
+    state: dict[str, NDArray] | None
+    parsed: ParsedReplies
+    copies: list[list[str]]
+    valuation: RoundValuation | None
+    record: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+
+def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], *,
+                    selected: Sequence[str], valuation: ValuationSettings, guards: Guards,
+                    norm_cap: str, utility_factory: UtilityFactory | None,
+                    rng: np.random.Generator, server_round: int,
+                    extra: Mapping[str, Any] | None = None,
+                    server_update: Callable[[], Mapping[str, NDArray]] | None = None
+                    ) -> RoundOutcome:
+    """Guard the parsed replies (:func:`~fedowen_strategy.guards.guard_round`), value them
+    (:func:`~fedowen_strategy.contribution.value_round`) and average them with the valuation's
+    weights.
+
+    Parameters
+    ----------
+    selected : sequence of str
+        The client ids asked to train (for the record).
+    norm_cap : str
+        The resolved norm cap (:meth:`~fedowen_strategy.guards.Guards.norm_cap_for`).
+    rng : numpy.random.Generator
+        The valuation stream.
+    extra : mapping, optional
+        Fields added to the round record (e.g. ``ray_nodes``).
+    server_update : callable, optional
+        One server step's state, the reference of ``norm_cap = "server"``.
+    """
+    guarded = guard_round(parsed.updates, global_state, guards, norm_cap=norm_cap,
+                          value_players=valuation.method not in NO_PHI,
+                          server_round=server_round, server_update=server_update)
+    parsed = dataclasses.replace(parsed, updates=guarded.updates, clipped=guarded.clipped,
+                                 rejected={**parsed.rejected, **guarded.rejected})
+    fields = {**(extra or {}), **guarded.record}
+    if not parsed.updates:
+        log(WARNING, "round %d: no usable update (%d failed, %d rejected); global model kept",
+            server_round, len(parsed.failed), len(parsed.rejected))
+        record = round_record.round_record(selected, parsed, valuation.method, [], fields, None)
+        return RoundOutcome(None, parsed, guarded.copies, None, record, [])
+    states = [u.state for u in parsed.updates]
+    val = value_round(states, [u.num_examples for u in parsed.updates], global_state,
+                      valuation, utility_factory, rng, guarded.groups)
+    log(INFO, "aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
+        server_round, len(states), valuation.method, val.seconds, val.n_evals)
+    record = round_record.round_record(selected, parsed, valuation.method, guarded.copies,
+                                       fields, val)
+    return RoundOutcome(weighted_average(states, val.weights), parsed, guarded.copies, val,
+                        record, round_record.ledger_rows(server_round, parsed, val))

@@ -1,0 +1,96 @@
+"""One aggregation round as a pure function (:func:`fedowen_strategy.round_step.aggregate_round`),
+run by hand: no grid, no strategy, a list of updates and a global model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedowen_strategy.contribution import ValuationSettings
+from fedowen_strategy.guards import Guards
+from fedowen_strategy.replies import ClientUpdate, ParsedReplies
+from fedowen_strategy.round_step import aggregate_round
+
+TARGET = np.array([1.0, -2.0, 0.5, 3.0])
+
+
+def delta_game(global_state: Mapping[str, np.ndarray], states: Sequence[Mapping[str, Any]],
+               examples: Sequence[int], shares: Sequence[float] = ()) -> Any:
+    """Minus the distance of ``global + sum p_i d_i`` to TARGET."""
+    g = global_state["w"]
+    d = np.stack([s["w"] - g for s in states])
+    p = np.asarray(shares)
+    return lambda masks: np.array([-np.linalg.norm(g + (p * m) @ d - TARGET) for m in masks])
+
+
+def round_of(boost: float, ids: Sequence[str]) -> ParsedReplies:
+    """Honest clients step halfway to TARGET with a twist of their own; the first sends
+    ``boost`` times its step."""
+    updates = [ClientUpdate(100 + i, cid, {"w": (1.0 if i else boost)
+                                           * (0.5 * TARGET + 0.05 * np.eye(4)[i % 4])}, 10, 1.0)
+               for i, cid in enumerate(ids)]
+    return ParsedReplies(updates=updates, failed={"c9": "node gone"})
+
+
+def run(parsed: ParsedReplies, **guards: Any) -> Any:
+    return aggregate_round(
+        parsed, {"w": np.zeros(4)}, selected=["c0", "c1", "c2", "c3", "c4", "c9"],
+        valuation=ValuationSettings(method="exact", game="delta"), guards=Guards(**guards),
+        norm_cap="median", utility_factory=delta_game, rng=np.random.default_rng(0),
+        server_round=3, extra={"ray_nodes": {"n1": ["c0"]}})
+
+
+def test_a_hand_built_round_caps_the_booster_values_and_averages_in_client_order() -> None:
+    # Prepare: five replies arriving out of id order; c0 sends 50 x its step
+    parsed = round_of(50.0, ["c0", "c3", "c1", "c4", "c2"])
+    arrived = list(parsed.updates)
+    # Execute
+    out = run(parsed, link_cosine=0.0)
+    # Assert: valued and averaged in client-id order; the booster rescaled to the default cap
+    # (the round's lower-median norm x 2) before it was valued
+    ids = [u.client_id for u in out.parsed.updates]
+    assert ids == ["c0", "c1", "c2", "c3", "c4"]
+    honest = sorted(np.linalg.norm(u.state["w"]) for u in arrived if u.client_id != "c0")
+    lower_median = sorted([*honest, 50 * honest[0]])[2]
+    assert out.record["norm_cap"] == pytest.approx(2 * lower_median)
+    assert np.linalg.norm(out.parsed.updates[0].state["w"]) == pytest.approx(
+        out.record["norm_cap"])
+    assert list(out.record["capped"]) == ["c0"]
+    weights = dict(zip(ids, out.valuation.weights, strict=True))
+    expected = sum(w * u.state["w"] for w, u in zip(out.valuation.weights, out.parsed.updates,
+                                                    strict=True))
+    np.testing.assert_allclose(out.state["w"], expected)
+    # the record and ledger: what the ServerApp writes
+    assert out.record["returned"] == ids and out.record["failed"] == {"c9": "node gone"}
+    assert out.record["ray_nodes"] == {"n1": ["c0"]}
+    assert [row["client_id"] for row in out.rows] == ids and out.rows[0]["round"] == 3
+    assert out.rows[0]["weight"] == pytest.approx(weights["c0"])
+    # the input is left as it came (the function is pure)
+    assert parsed.updates == arrived and parsed.clipped == {}
+
+
+def test_copies_are_reported_for_the_ban_and_share_one_weight() -> None:
+    # Prepare: three honest replies, then the same round with c1's update sent again as c4
+    alone = run(round_of(1.0, ["c0", "c1", "c2"]), link_cosine=0.0)
+    parsed = round_of(1.0, ["c0", "c1", "c2"])
+    parsed.updates.append(ClientUpdate(104, "c4", {"w": parsed.updates[1].state["w"].copy()},
+                                       10, 1.0))
+    # Execute
+    out = run(parsed, link_cosine=0.0)
+    # Assert: the pair is one player; together the copies weigh what c1 weighed alone
+    assert out.copies == [["c1", "c4"]]
+    weights = dict(zip([u.client_id for u in out.parsed.updates], out.valuation.weights,
+                       strict=True))
+    assert weights["c1"] == pytest.approx(weights["c4"])
+    assert weights["c1"] + weights["c4"] == pytest.approx(alone.valuation.weights[1])
+    np.testing.assert_allclose(out.state["w"], alone.state["w"])
+
+
+def test_a_round_without_usable_updates_keeps_the_global_model() -> None:
+    # the one selected client failed: nothing to value
+    out = run(ParsedReplies(failed={"c0": "timed out"}))
+    assert out.state is None and out.valuation is None and out.rows == []
+    assert out.record["returned"] == [] and out.record["failed"] == {"c0": "timed out"}
