@@ -62,11 +62,10 @@ def tuning_scores(grid: Grid, preset: Preset, res: dict[str, CellResult], col: d
     return scores
 
 
-def pick(scores: dict[Any, dict[int, float]]) -> Any:
+def pick(scores: dict[Any, dict[int, float]], seeds: set[int]) -> Any:
     """The candidate with the best mean over seeds (the first listed on a tie); ``None``
-    until every candidate has the same seeds, all of them."""
-    seeds = [set(v) for v in scores.values()]
-    if not seeds or not seeds[0] or any(s != seeds[0] for s in seeds):
+    until every candidate has every one of the grid's tuning ``seeds``."""
+    if not scores or not seeds or any(set(v) != seeds for v in scores.values()):
         return None
     means = {name: sum(v.values()) / len(v) for name, v in scores.items()}
     best = max(means.values())
@@ -87,7 +86,7 @@ def tuning_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: 
     score_rows: list[dict[str, Any]] = []
     for col in cols:
         scores = tuning_scores(grid, preset, res, col)
-        chosen = pick(scores)
+        chosen = pick(scores, {c.config.seed for c in planned})
         seeds = sorted({s for v in scores.values() for s in v})
         if col:
             md += [f"### {', '.join(f'{k}={v}' for k, v in col.items())}", ""]
