@@ -120,6 +120,11 @@ def test_no_earlier_result_or_preset_used_the_tuning_or_confirmation_seeds() -> 
                     handle = tar.extractfile(member)
                     assert handle is not None
                     used.add(int(json.load(handle)["seed"]))
+    # archives too large for git: their manifest lists every cell's grid point
+    for manifest in (root / "docs" / "results").glob("*/cells-manifest.json"):
+        if not manifest.parent.name.startswith(PRESET_PREFIX):
+            used |= {int(c["point"]["seed"]) for c in json.loads(manifest.read_text())["cells"]
+                     if "seed" in c["point"]}
     presets = list((root / "conf").glob("*.toml"))
     for preset in presets:
         used |= _seeds_in(tomllib.loads(preset.read_text()))
@@ -132,6 +137,33 @@ def test_no_earlier_result_or_preset_used_the_tuning_or_confirmation_seeds() -> 
         for grid in doc["grid"]:
             if grid.get("kind") == "tuning":
                 assert set(grid["axes"]["seed"]) == set(TUNING_SEEDS), preset.name
+
+
+def test_the_confirmation_arms_carry_the_committed_tuning_picks() -> None:
+    # Every confirm grid's recipe (the preset's [base] lr and momentum), fedavgm and fedprox arms
+    # are the candidates its committed tuning report picked, value for value
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    checked = 0
+    for path in sorted((root / "conf" / "confirm").glob("*.toml")):
+        doc = tomllib.loads(path.read_text())
+        if not any(g["name"] == "confirm" for g in doc["grid"]):
+            continue
+        report = root / "docs" / "results" / doc["preset"]["name"]
+        for grid, arm in (("tune-recipe", None), ("tune-fedavgm", "fedavgm"),
+                          ("tune-fedprox", "fedprox")):
+            with (report / f"{grid}-validation.csv").open() as fh:
+                picked = {r["variant"] for r in csv.DictReader(fh) if r["picked"] == "True"}
+            assert len(picked) == 1, (path.name, grid, picked)
+            chosen = doc["variants"][picked.pop()]
+            if arm is None:
+                assert (doc["base"]["lr"], doc["base"]["momentum"]) == (
+                    chosen["lr"], chosen["momentum"]), path.name
+            else:
+                assert doc["variants"][arm] == chosen, (path.name, arm)
+        checked += 1
+    assert checked >= 4
 
 
 ARM_LEVELS = {"fedowen": 80.0, "fedavg-equal": 78.0, "fedavgm": 79.0, "fedprox": 81.0,
