@@ -179,6 +179,8 @@ def plot_validation(grid: Grid, preset: Preset, res: dict[str, CellResult], path
 #: ``ablation`` grid with this reference in every conf/confirm/<dataset>.toml).
 REFERENCE = "fedowen"
 CONFIRM_GRID = "confirm"
+#: Departures from the protocol, by hand, beside it (docs/confirmation/deviations.md).
+DEVIATIONS = "deviations.md"
 #: Primary hypotheses, per dataset x setting: FedOwen beats each; a tuple is "the better of"
 #: (the one with the higher mean endpoint on the confirmation seeds: the harder comparison).
 PRIMARY: tuple[tuple[str, ...], ...] = (("fedavg-equal",), ("fedavgm", "fedprox"), ("fltrust",))
@@ -323,6 +325,13 @@ def tuning_summary(results_root: Path) -> list[str]:
     return [*md, ""]
 
 
+def deviations(path: Path) -> list[str]:
+    """The report's "Deviations" section: every departure from the protocol, with its reason,
+    as ``docs/confirmation/deviations.md`` lists them (written by hand when one happens)."""
+    body = path.read_text().strip() if path.exists() else ""
+    return ["## Deviations", "", body or "None: every cell so far ran as the protocol says.", ""]
+
+
 def write_confirmation(results_root: Path, out_md: Path, out_csv: Path) -> list[Path]:
     """``docs/confirmation.md`` and its hypotheses CSV, regenerated from the committed CSVs
     under ``results_root`` (byte-identical for the same CSVs)."""
@@ -332,7 +341,8 @@ def write_confirmation(results_root: Path, out_md: Path, out_csv: Path) -> list[
           "The protocol, committed before the first confirmation cell: "
           "[confirmation/PROTOCOL.md](confirmation/PROTOCOL.md). Regenerate this page from the "
           "committed per-round CSVs with `python -m sim.confirmation report`.", "",
-          hypotheses_md, *tuning_summary(results_root), "## Accuracy per round", ""]
+          hypotheses_md, *deviations(out_md.parent / "confirmation" / DEVIATIONS),
+          *tuning_summary(results_root), "## Accuracy per round", ""]
     for png in plots:
         rel = png.relative_to(out_md.parent)
         md += [f"### {png.parent.name.removeprefix(PRESET_PREFIX)}", "", f"![{rel}]({rel})", ""]

@@ -234,7 +234,34 @@ def test_an_unfinished_confirmation_is_labelled_interim(tmp_path: Path) -> None:
     write_confirm_rounds(results / "confirm-mnist" / "confirm-rounds.csv", ["alpha=0.1"],
                          range(100, 104))
     write_confirmation(results, tmp_path / "c.md", tmp_path / "h.csv")
-    assert "**interim**" in (tmp_path / "c.md").read_text()
+    text = (tmp_path / "c.md").read_text()
+    assert "**interim**" in text
+    assert "## Deviations\n\nNone" in text
+    # a departure written beside the protocol is carried into the report
+    (tmp_path / "confirmation").mkdir()
+    (tmp_path / "confirmation" / "deviations.md").write_text("- Seed 103 of X: node lost.\n")
+    write_confirmation(results, tmp_path / "c.md", tmp_path / "h.csv")
+    assert "## Deviations\n\n- Seed 103 of X: node lost.\n" in (tmp_path / "c.md").read_text()
+
+
+def test_the_committed_confirmation_report_regenerates_byte_identical(tmp_path: Path) -> None:
+    # docs/confirmation.md and its hypotheses CSV from the committed CSVs alone: the
+    # confirm-<dataset> reports are copied into a scratch docs/ and the page written there
+    import shutil
+
+    from sim.confirmation import PRESET_PREFIX, write_confirmation
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    if not (docs / "confirmation.md").exists():
+        pytest.skip("no confirmation report committed yet")
+    for report in (docs / "results").glob(f"{PRESET_PREFIX}*"):
+        shutil.copytree(report, tmp_path / "results" / report.name,
+                        ignore=shutil.ignore_patterns("*.tar.gz", "*.json"))
+    shutil.copytree(docs / "confirmation", tmp_path / "confirmation")
+    write_confirmation(tmp_path / "results", tmp_path / "confirmation.md", tmp_path / "h.csv")
+    assert (tmp_path / "confirmation.md").read_bytes() == (docs / "confirmation.md").read_bytes()
+    assert (tmp_path / "h.csv").read_bytes() == (
+        docs / "confirmation" / "hypotheses.csv").read_bytes()
 
 
 def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
