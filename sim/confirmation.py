@@ -265,22 +265,72 @@ def hypothesis_rows(comparisons: list[Comparison]) -> list[dict[str, Any]]:
              "decision": c.decision} for c in comparisons]
 
 
-def confirmation_report(results_root: Path, seeds: int = len(CONFIRMATION_SEEDS)
+def expected_settings(arms_file: Path) -> set[tuple[str, str]]:
+    """Every (dataset, setting) the protocol plans, from its ``arms.json``; empty without one."""
+    if not arms_file.exists():
+        return set()
+    return {(a["preset"].removeprefix(PRESET_PREFIX), a["setting"])
+            for a in json.loads(arms_file.read_text())}
+
+
+def verdict(decisions: list[str]) -> str:
+    """One dataset's verdict from its primary decisions (PROTOCOL.md section 6): *confirmed*
+    only when every one is, *reversed* when any is, else *partly* or *not confirmed*."""
+    confirmed = decisions.count("confirmed")
+    if "reversed" in decisions:
+        return f"reversed ({confirmed} of {len(decisions)} primaries confirmed)"
+    if decisions and confirmed == len(decisions):
+        return "confirmed"
+    return "partly confirmed" if confirmed else "not confirmed"
+
+
+def dataset_verdicts(comparisons: list[Comparison], expected: set[tuple[str, str]],
+                     complete: bool) -> list[str]:
+    """The per-dataset section: each setting's three primary decisions and the verdict."""
+    md = ["## Per dataset", "",
+          "FedOwen's advantage per dataset (PROTOCOL.md section 6): *confirmed* only where all "
+          "three primaries are confirmed in every setting." + ("" if complete else
+          " **Interim**: the verdicts below are not the confirmation's."), "",
+          "| dataset | setting | vs equal-weight FedAvg | vs tuned FedAvgM / FedProx | vs FLTrust "
+          "| verdict |", "|---|---|---|---|---|---|"]
+    primary = [c for c in comparisons if c.family == "primary"]
+    for dataset in sorted({c.dataset for c in primary}):
+        rows = [c for c in primary if c.dataset == dataset]
+        settings = sorted({c.setting for c in rows})
+        missing = sorted(s for d, s in expected if d == dataset and s not in settings)
+        ruling = verdict([c.decision for c in rows])
+        if missing:
+            ruling = f"pending ({', '.join(missing)} not run yet)"
+        for i, setting in enumerate(settings):
+            cells = [f"{c.decision} ({c.against})" if len(PRIMARY[k]) > 1 else c.decision
+                     for k, c in enumerate(c for c in rows if c.setting == setting)]
+            md.append(f"| {dataset} | {setting} | {' | '.join(cells)} | "
+                      f"{ruling if i == 0 else ''} |")
+    return [*md, ""]
+
+
+def confirmation_report(results_root: Path, seeds: int = len(CONFIRMATION_SEEDS),
+                        expected: set[tuple[str, str]] | None = None
                         ) -> tuple[str, list[dict[str, Any]]]:
-    """docs/confirmation.md's hypotheses section and rows, from the committed per-round CSVs
-    ``<results_root>/confirm-<dataset>/confirm-rounds.csv`` alone."""
+    """docs/confirmation.md's hypotheses and per-dataset sections and its rows, from the
+    committed per-round CSVs ``<results_root>/confirm-<dataset>/confirm-rounds.csv`` alone;
+    ``expected``: every (dataset, setting) the protocol plans (complete only when all ran)."""
     sources = sorted(results_root.glob(f"{PRESET_PREFIX}*/{CONFIRM_GRID}-rounds.csv"))
     endpoints = {p.parent.name.removeprefix(PRESET_PREFIX): read_endpoints(p) for p in sources}
     comparisons = compare(endpoints)
-    complete = bool(comparisons) and all(c.test.diff.n == seeds for c in comparisons)
+    ran = {(c.dataset, c.setting) for c in comparisons}
+    complete = (bool(comparisons) and all(c.test.diff.n == seeds for c in comparisons)
+                and (expected or set()) <= ran)
     md = ["## Hypotheses", "",
           f"FedOwen's endpoint (test accuracy, mean of rounds {ENDPOINT_ROUNDS[0]}-"
           f"{ENDPOINT_ROUNDS[-1]}) minus the other arm's, paired by seed: mean and 95% CI, "
           "two-sided paired t-test (the decision's) and Wilcoxon signed-rank beside it; Holm "
           f"over every primary together and over every secondary together; level {LEVEL}.",
           "", "Status: " + ("complete." if complete else
-                            f"**interim**: not every comparison has its {seeds} seeds yet; the "
-                            "decisions below are not the confirmation's."), ""]
+                            f"**interim**: {len(ran)} of {len(expected or ran)} settings have "
+                            f"results, and not every comparison may have its {seeds} seeds "
+                            "yet; Holm runs over the hypotheses present, so the decisions below "
+                            "are not the confirmation's."), ""]
     for family in ("primary", "secondary"):
         rows = [c for c in comparisons if c.family == family]
         md += [f"### {family.capitalize()}", "",
@@ -294,6 +344,7 @@ def confirmation_report(results_root: Path, seeds: int = len(CONFIRMATION_SEEDS)
                       f"{_p(c.test.p_t)} | {_p(c.test.p_wilcoxon)} | {_p(c.p_holm)} | "
                       f"{c.decision} |")
         md.append("")
+    md += dataset_verdicts(comparisons, expected or set(), complete)
     return "\n".join(md), hypothesis_rows(comparisons)
 
 
@@ -335,7 +386,8 @@ def deviations(path: Path) -> list[str]:
 def write_confirmation(results_root: Path, out_md: Path, out_csv: Path) -> list[Path]:
     """``docs/confirmation.md`` and its hypotheses CSV, regenerated from the committed CSVs
     under ``results_root`` (byte-identical for the same CSVs)."""
-    hypotheses_md, rows = confirmation_report(results_root)
+    hypotheses_md, rows = confirmation_report(
+        results_root, expected=expected_settings(out_md.parent / "confirmation" / "arms.json"))
     plots = sorted(results_root.glob(f"{PRESET_PREFIX}*/{CONFIRM_GRID}-accuracy.png"))
     md = ["# The pre-registered confirmation", "",
           "The protocol, committed before the first confirmation cell: "

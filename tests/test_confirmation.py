@@ -227,6 +227,37 @@ def test_the_confirmation_report_decides_by_holm_and_regenerates_byte_identical(
     assert [float(r["p_holm"]) for r in primary] == pytest.approx(holm(raw), abs=1e-4)
 
 
+def test_the_per_dataset_verdict_follows_the_protocols_rule() -> None:
+    from sim.confirmation import verdict
+
+    assert verdict(["confirmed"] * 6) == "confirmed"
+    assert verdict(["confirmed", "not confirmed", "confirmed"]) == "partly confirmed"
+    assert verdict(["not confirmed"] * 3) == "not confirmed"
+    assert verdict(["confirmed", "reversed", "confirmed"]) == (
+        "reversed (2 of 3 primaries confirmed)")
+
+
+def test_a_confirmation_missing_a_planned_setting_is_interim_and_its_dataset_pending(
+        tmp_path: Path) -> None:
+    # Prepare: every seed of MNIST alpha=0.1, but the protocol also plans alpha=0.01
+    from sim.confirmation import CONFIRMATION_SEEDS, write_confirmation
+
+    results = tmp_path / "results"
+    write_confirm_rounds(results / "confirm-mnist" / "confirm-rounds.csv", ["alpha=0.1"],
+                         CONFIRMATION_SEEDS)
+    (tmp_path / "confirmation").mkdir()
+    (tmp_path / "confirmation" / "arms.json").write_text(json.dumps(
+        [{"preset": "confirm-mnist", "setting": s, "arm": "fedowen"}
+         for s in ("alpha=0.1", "alpha=0.01")]))
+    # Execute
+    write_confirmation(results, tmp_path / "confirmation.md", tmp_path / "h.csv")
+    # Assert
+    text = (tmp_path / "confirmation.md").read_text()
+    assert "**interim**: 1 of 2 settings" in text
+    assert "| mnist | alpha=0.1 | confirmed | reversed (fedprox) | reversed | pending " \
+           "(alpha=0.01 not run yet) |" in text
+
+
 def test_an_unfinished_confirmation_is_labelled_interim(tmp_path: Path) -> None:
     from sim.confirmation import write_confirmation
 
