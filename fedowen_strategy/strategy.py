@@ -48,7 +48,8 @@ class FedOwen(FedAvg):
     Parameters
     ----------
     clients_per_round : int or None
-        k; ``None``: FedAvg's rule from ``fraction_train``.
+        k; ``None``: FedAvg's rule from ``fraction_train``. When set, it is also FedAvg's
+        ``min_available_nodes`` (the strategy waits for k nodes).
     utility_factory : callable or None
         ``(global_state, client_states, num_examples[, shares]) -> utility(masks)``; needed by
         every game-based method (torch: :class:`~fedowen_strategy.torch_utility.
