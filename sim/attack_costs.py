@@ -200,15 +200,68 @@ def write(preset_path: Path, results: Path, out: Path) -> list[Path]:
     return paths
 
 
+def read_rows(path: Path, defence: str | None = None) -> list[dict[str, Any]]:
+    """A committed ``attack-costs.csv``'s rows (``defence``'s only, when given), typed as
+    :func:`seed_rows` makes them."""
+    with path.open() as fh:
+        return [{**r, "loss": float(r["loss"]), "collapsed": r["collapsed"] == "True",
+                 "weight_ratio": float(r["weight_ratio"]),
+                 "payout_ratio": float(r["payout_ratio"])}
+                for r in csv.DictReader(fh) if defence in (None, r["defence"])]
+
+
+def _verdict(s: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """What the acceptance reads: held, any collapse, every seed's payout ratio <= 1."""
+    return bool(s["held"]), s["collapsed"] > 0, not s["payout_max"] > 1.0
+
+
+def seed_agreement(fresh: list[dict[str, Any]], development: list[dict[str, Any]]) -> str:
+    """Markdown: per setting both grids ran and attack, the development seeds' reading beside
+    the fresh seeds' (loss ± CI, held, collapses, largest payout ratio), and whether the two
+    agree on all three verdicts."""
+    dev = {(s["setting"], s["attack"]): s for s in summarise(development)}
+    lines = ["| setting | attack | development seeds: loss, held, collapsed, payout max "
+             "| fresh seeds: loss, held, collapsed, payout max | agree |",
+             "|---|---|---|---|---|"]
+    for s in summarise(fresh):
+        d = dev.get((s["setting"], s["attack"]))
+        if d is None:
+            continue
+        cols = [f"{x['loss'].text(signed=True)} (n={x['n']}), {'held' if x['held'] else 'not held'}"
+                f", {x['collapsed']}, {x['payout_max']:.2f}" for x in (d, s)]
+        same = _verdict(d) == _verdict(s)
+        lines.append(f"| {s['setting']} | {s['attack']} | {cols[0]} | {cols[1]} | "
+                     f"{'yes' if same else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("preset", type=Path)
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--out", type=Path, default=None,
                    help="default: docs/results/<preset name>")
+    p.add_argument("--versus", default=None, metavar="CSV:DEFENCE",
+                   help="also write seed-agreement.md: this preset's attacked runs beside "
+                        "DEFENCE's rows of another report's attack-costs.csv (e.g. the "
+                        "development seeds' reading of the same defaults)")
     args = p.parse_args(argv)
     out = args.out or Path("docs/results") / load_preset(args.preset).name
     for path in write(args.preset, args.results, out):
+        print(f"[attack-costs] {path}")
+    if args.versus:
+        csv_path, _, defence = args.versus.rpartition(":")
+        development = read_rows(Path(csv_path), defence)
+        if not development:
+            p.error(f"--versus {args.versus}: no rows of defence {defence!r} in {csv_path}")
+        fresh = read_rows(out / "attack-costs.csv")
+        path = out / "seed-agreement.md"
+        path.write_text(f"# Fresh against development seeds: {load_preset(args.preset).name}\n\n"
+                        f"Development: {defence} in {csv_path}. They agree when both read the "
+                        "same on all three of held (CI upper bound <= 2 points), any collapse "
+                        "and payout ratio <= 1 in every seed; with 3-5 seeds 'held' is mostly "
+                        "the width of the interval.\n\n"
+                        + seed_agreement(fresh, development))
         print(f"[attack-costs] {path}")
     return 0
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sim.attack_costs import markdown, seed_rows, summarise
+from sim.attack_costs import markdown, seed_agreement, seed_rows, summarise
 from sim.grid import Cell
 from sim.results import CellResult
 
@@ -66,3 +66,22 @@ def test_weight_ratio_is_per_reply_attacker_over_honest() -> None:
     (row,) = seed_rows(res, 10, {})
     assert row["weight_ratio"] == pytest.approx(0.1 / 0.3)
     assert math.isnan(row["payout_ratio"])  # no phi recorded: no ledger
+
+
+def test_fresh_and_development_seeds_agree_only_on_all_three_verdicts() -> None:
+    def rows(attack: str, losses: list[float], payouts: list[float]) -> list[dict[str, Any]]:
+        return [{"setting": "mnist", "attack": attack, "defence": "d", "seed": i, "loss": x,
+                 "collapsed": False, "weight_ratio": 1.0, "payout_ratio": pay}
+                for i, (x, pay) in enumerate(zip(losses, payouts, strict=True))]
+
+    development = [*rows("boost", [0.1, 0.2, 0.0], [0.5, 0.9, 0.2]),
+                   *rows("sybil", [0.1, 0.2, 0.0], [0.5, 0.9, 0.2]),
+                   *rows("flip", [0.1, 0.2, 0.0], [0.1, 0.1, 0.1])]
+    fresh = [*rows("boost", [0.0, 0.3, 0.1], [0.4, 0.8, 0.3]),   # same reading
+             *rows("sybil", [0.0, 0.3, 0.1], [0.4, 1.8, 0.3]),   # one seed overpaid
+             *rows("flip", [9.0, 12.0, 10.0], [0.1, 0.1, 0.1]),  # not held
+             *rows("ipm", [0.0, 0.1, 0.2], [0.0, 0.0, 0.0])]     # no development reading
+    table = seed_agreement(fresh, development)
+    agree = {line.split(" | ")[1]: line.split(" | ")[-1] for line in table.splitlines()[2:]}
+    assert agree == {"boost": "yes |", "sybil": "**no** |", "flip": "**no** |"}
+    assert "1.80" in table and "ipm" not in table
