@@ -186,7 +186,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         source = str(path.relative_to(APP_DIR) if path.is_relative_to(APP_DIR) else path)
     files = write_report(preset, results, out, command=args.command_note, source=source)
     if args.archive:
-        files.append(keep_archive(preset, results, out))
+        files.append(keep_archive(preset, results, out, source=source))
     print(f"[experiments] report of {results} written to {out}: "
           + ", ".join(sorted(p.name for p in files)))
     return 0
@@ -209,10 +209,12 @@ def archive_store() -> Path:
                 / "archives")
 
 
-def keep_archive(preset: Preset, results: Path, out: Path) -> Path:
+def keep_archive(preset: Preset, results: Path, out: Path, source: str | None = None) -> Path:
     """The report's archive: ``out/cells.tar.gz`` up to :data:`ARCHIVE_LIMIT`; a larger one
     moves to :func:`archive_store` and ``out/cells-manifest.json`` names it (and the
-    ``cells.tar.gz`` beside the report is removed, so git no longer carries a copy)."""
+    ``cells.tar.gz`` beside the report is removed, so git no longer carries a copy).
+    ``source``: the preset file, for the manifest's rebuild command (default
+    ``conf/<preset name>.toml``)."""
     path = archive_cells(preset, results, out / ARCHIVE)
     if path.stat().st_size <= ARCHIVE_LIMIT:
         (out / MANIFEST).unlink(missing_ok=True)
@@ -231,7 +233,8 @@ def keep_archive(preset: Preset, results: Path, out: Path) -> Path:
                           "commits": sorted({a["commit"] for a in attempts if a.get("commit")})})
     manifest = {"preset": preset.name, "archive": stored.name, "sha256": digest, "bytes": size,
                 "store": "$FEDOWEN_ARCHIVES or ~/.cache/fedowen/archives",
-                "rebuild": f"python -m sim.experiments run conf/{preset.name}.toml, each cell at "
+                "rebuild": f"python -m sim.experiments run {source or f'conf/{preset.name}.toml'}"
+                           ", each cell at "
                            "the commit it lists (runs are bit-identical at a commit)",
                 "cells": cells}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -259,16 +262,23 @@ def stored_archive(manifest: Path) -> Path:
 
 def archive_cells(preset: Preset, results: Path, path: Path) -> Path:
     """Write ``path``: every finished cell's records (``<cell id>/rounds.jsonl``, summary and
-    config), so a fresh checkout can restore them (``run --restore``) and go on."""
+    config), so a fresh checkout can restore them (``run --restore``) and go on. The same cells
+    give the same bytes (no timestamps or owners), so a manifest's SHA-256 survives a rerun."""
+    import gzip
     import tarfile
 
-    with tarfile.open(path, "w:gz") as tar:
+    def plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+        return info
+
+    with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w") as tar:
         for cell in preset.cells():
             cell_dir = results / cell.cell_id
             if (cell_dir / "summary.json").exists():
                 for name in ARCHIVED:
                     if (cell_dir / name).exists():
-                        tar.add(cell_dir / name, arcname=f"{cell.cell_id}/{name}")
+                        tar.add(cell_dir / name, arcname=f"{cell.cell_id}/{name}", filter=plain)
     return path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -420,8 +421,14 @@ def test_an_archive_over_the_limit_leaves_a_manifest_and_restores_from_the_store
     # Execute
     small = experiments.keep_archive(runner.preset, runner.results, out)
     monkeypatch.setattr(experiments, "ARCHIVE_LIMIT", 10)
-    kept = experiments.keep_archive(runner.preset, runner.results, out)
+    kept = experiments.keep_archive(runner.preset, runner.results, out,
+                                    source="conf/confirm/x.toml")
     restored = experiments.restore_cells(kept, tmp_path / "again")
+    first = json.loads(kept.read_text())["sha256"]
+    for cell in runner.results.glob("*/rounds.jsonl"):
+        os.utime(cell, (1e9, 1e9))  # another day, same records
+    again = json.loads(experiments.keep_archive(runner.preset, runner.results, out,
+                                                source="conf/confirm/x.toml").read_text())
     # Assert: under the limit the archive stays; over it, only the manifest stays beside the
     # report, naming the stored archive, its hash, and the cells with their commits
     assert small.name == experiments.ARCHIVE
@@ -430,6 +437,8 @@ def test_an_archive_over_the_limit_leaves_a_manifest_and_restores_from_the_store
     assert (tmp_path / "store" / manifest["archive"]).is_file()
     assert [c["cell"] for c in manifest["cells"]] == [c.cell_id for c in runner.preset.cells()]
     assert restored == 2
+    assert again["sha256"] == first  # the same cells, the same bytes: the manifest holds
+    assert manifest["rebuild"].startswith("python -m sim.experiments run conf/confirm/x.toml,")
     # and without the stored archive, restoring says where it should be and how to rebuild
     (tmp_path / "store" / manifest["archive"]).unlink()
     with pytest.raises(SystemExit, match=r"is not in .*store.*rebuild the cells"):
