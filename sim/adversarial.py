@@ -111,11 +111,14 @@ def cell_series(result: CellResult, num_partitions: int) -> dict[str, np.ndarray
             **{k: np.array([s[k] for s in stats], dtype=float) for k in keys}}
 
 
-def ledger_stats(result: CellResult, num_partitions: int) -> dict[str, float]:
+def ledger_stats(result: CellResult, num_partitions: int,
+                 adversaries: frozenset[str] | None = None) -> dict[str, float]:
     """The cell's payout ledger summarised for adversaries vs honest clients: mean paid phi
     per client, mean rank percentile (0 = top of the ledger, 1 = bottom), the adversaries'
-    share of the payout pool and how many of each were forfeited (caught returning copies)."""
-    adv = cell_adversaries(result, num_partitions)
+    share of the payout pool and how many of each were forfeited (caught returning copies).
+    ``adversaries``: the ids to read as adversaries (default: the cell's own; another cell's
+    reads what the same identities earn in this run)."""
+    adv = cell_adversaries(result, num_partitions) if adversaries is None else adversaries
     recs = [r for r in result.rounds if r.get("round", 0) > 0]
     values, selected = client_values(recs)
     rows = payouts(values, selected, adv, forfeited=linked_clients(recs))

@@ -10,7 +10,12 @@ defence, attack), over seeds:
 * ``weight_ratio``: an attacker's mean aggregation weight per round it returned an update,
   over an honest client's (1 = base rate), where the defence records weights;
 * ``payout_ratio``: an attacker's mean payout share over an honest client's, from the payout
-  ledger, where the defence records phi; its maximum over seeds beside the interval.
+  ledger, where the defence records phi; its maximum over seeds beside the interval;
+* ``clean_payout_ratio``: the same ratio for the same identities in the clean run, where they
+  train honestly: what their data earns. Payouts are concentrated (the bandit returns to a few
+  clients), so an attacker who holds useful data is paid above the honest mean without attacking;
+  ``paid`` counts the seeds whose attacker was paid above an honest client (ratio > 1) and,
+  of them, those paid above what the same identities earn honestly (the attack itself paid).
 
     python -m sim.attack_costs conf/arena2-mnist.toml --results RESULTS [--out DIR]
 
@@ -91,6 +96,7 @@ def seed_rows(res: dict[str, CellResult], num_partitions: int,
         adv = cell_adversaries(r, num_partitions)
         ledger = ledger_stats(r, num_partitions) if r.rounds and any(
             rec.get("phi") for rec in r.rounds) else {}
+        honest = ledger_stats(pair, num_partitions, adv) if ledger and pair.rounds else {}
         acc, ref = r.last_k_accuracy(), pair.last_k_accuracy()
         rows.append({
             "setting": " ".join(f"{k}={cfg.get(k)}" for k in SETTING_KEYS),
@@ -100,6 +106,7 @@ def seed_rows(res: dict[str, CellResult], num_partitions: int,
             "loss": (ref - acc) if acc is not None and ref is not None else math.nan,
             "collapsed": collapsed(r), "weight_ratio": weight_ratio(r, adv),
             "payout_ratio": ledger.get("ledger_payout_ratio", math.nan),
+            "clean_payout_ratio": honest.get("ledger_payout_ratio", math.nan),
         })
     return sorted(rows, key=lambda x: (x["setting"], x["attack"], x["defence"], x["seed"]))
 
@@ -113,12 +120,18 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (setting, attack, defence), rs in sorted(groups.items()):
         loss = mean_interval([x["loss"] for x in rs])
         payout = [x["payout_ratio"] for x in rs if math.isfinite(x["payout_ratio"])]
+        clean = [c for x in rs if math.isfinite(c := x.get("clean_payout_ratio", math.nan))]
+        over = [x for x in rs if x["payout_ratio"] > 1.0]
         out.append({"setting": setting, "attack": attack, "defence": defence, "n": len(rs),
                     "loss": loss, "held": loss.n > 1 and loss.hi <= HELD_WITHIN,
                     "collapsed": sum(x["collapsed"] for x in rs),
                     "weight_ratio": mean_interval([x["weight_ratio"] for x in rs]),
                     "payout_ratio": mean_interval(payout),
-                    "payout_max": max(payout) if payout else math.nan})
+                    "payout_max": max(payout) if payout else math.nan,
+                    "clean_payout_ratio": mean_interval(clean),
+                    "overpaid": len(over),
+                    "attack_paid": sum(x["payout_ratio"] > x.get("clean_payout_ratio", math.nan)
+                                       for x in over)})
     return out
 
 
@@ -133,14 +146,17 @@ def markdown(summary: list[dict[str, Any]]) -> str:
         lines += [f"### {setting}", "",
                   "| attack | defence | seeds | accuracy loss vs clean (pts) | held (CI hi <= 2) "
                   "| collapsed seeds | attacker weight / honest | attacker payout / honest "
-                  "(max over seeds) |", "|---|---|---|---|---|---|---|---|"]
+                  "(max over seeds) | same ids when clean | seeds paid > 1 (above clean) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for s in (x for x in summary if x["setting"] == setting):
             pay = _ratio_text(s["payout_ratio"])
             if math.isfinite(s["payout_max"]):
                 pay += f" ({s['payout_max']:.2f})"
             lines.append(f"| {s['attack']} | {s['defence']} | {s['n']} | "
                          f"{s['loss'].text(signed=True)} | {'yes' if s['held'] else 'no'} | "
-                         f"{s['collapsed']} | {_ratio_text(s['weight_ratio'])} | {pay} |")
+                         f"{s['collapsed']} | {_ratio_text(s['weight_ratio'])} | {pay} | "
+                         f"{_ratio_text(s['clean_payout_ratio'])} | "
+                         f"{s['overpaid']} ({s['attack_paid']}) |")
         lines.append("")
     return "\n".join(lines)
 
@@ -206,7 +222,8 @@ def read_rows(path: Path, defence: str | None = None) -> list[dict[str, Any]]:
     with path.open() as fh:
         return [{**r, "loss": float(r["loss"]), "collapsed": r["collapsed"] == "True",
                  "weight_ratio": float(r["weight_ratio"]),
-                 "payout_ratio": float(r["payout_ratio"])}
+                 "payout_ratio": float(r["payout_ratio"]),
+                 "clean_payout_ratio": float(r.get("clean_payout_ratio") or math.nan)}
                 for r in csv.DictReader(fh) if defence in (None, r["defence"])]
 
 

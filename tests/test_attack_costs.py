@@ -85,3 +85,31 @@ def test_fresh_and_development_seeds_agree_only_on_all_three_verdicts() -> None:
     agree = {line.split(" | ")[1]: line.split(" | ")[-1] for line in table.splitlines()[2:]}
     assert agree == {"boost": "yes |", "sybil": "**no** |", "flip": "**no** |"}
     assert "1.80" in table and "ipm" not in table
+
+
+def test_an_attacker_paid_above_honest_is_read_against_what_its_data_earns_clean() -> None:
+    # Prepare: seed 0's two adversaries (10 partitions, 20%). Seed "rich": they earn 3 a round
+    # honest clients 1, in the clean run as in the attacked one (their data is worth it).
+    # Seed "boost": clean they earn 1 like everyone, attacked 3 (the attack pays).
+    from fedowen_task.partition import adversary_ids
+
+    adv = sorted(str(i) for i in adversary_ids(10, 0.2, 0))
+    others = [str(i) for i in range(10) if str(i) not in adv]
+
+    def run(cid: str, kind: str | None, adv_phi: float) -> CellResult:
+        r = cell(cid, 0, kind, [90.0] * ROUNDS)
+        phi = {**{c: adv_phi for c in adv}, **{c: 1.0 for c in others}}
+        for rec in r.rounds[1:]:
+            rec.update(selected=list(phi), phi=phi)
+        return r
+
+    for clean_phi, attacked_phi, paid in ((3.0, 3.0, 0), (1.0, 3.0, 1)):
+        res = {"c": run("c", None, clean_phi), "a": run("a", "boosted", attacked_phi)}
+        # Execute
+        (row,) = seed_rows(res, 10, {})
+        (s,) = summarise([row])
+        # Assert: both are paid 3x an honest client; only the second is paid for the attack
+        assert row["payout_ratio"] == pytest.approx(3.0)
+        assert row["clean_payout_ratio"] == pytest.approx(clean_phi)
+        assert (s["overpaid"], s["attack_paid"]) == (1, paid)
+        assert f"| 1 ({paid}) |" in markdown([s])
