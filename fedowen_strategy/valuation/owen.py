@@ -28,6 +28,8 @@ their complement, and for a game with at most pairwise interactions that average
 Shapley value (``a_j + sum_{l in S} b_jl`` and ``a_j + sum_{l not in S} b_jl`` average to
 ``a_j + sum_l b_jl / 2``). The delta game with neg-loss is nearly quadratic in the updates,
 so only its third and higher order terms leave any variance (benchmarks/bench_ranking_battery.py).
+Walks are spent in pairs: a budget with room for an odd number of walks leaves the last one's
+``n - 1`` evaluations unspent (budget-m = 3 values as budget-m = 2).
 
 No control variate from the linearised game: ``v_lin(S) = sum_{i in S} c_i`` (``c``: the
 first-order terms, whose Shapley values are ``c`` itself) shifts every marginal of player i by
