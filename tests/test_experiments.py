@@ -471,7 +471,6 @@ GRANDFATHERED_ARCHIVES = {
     "docs/results/ablation-mnist/cells.tar.gz": "63fc5710d701ca8a2abf913af22d628ada7de8f7",
     "docs/results/arena-mnist/cells.tar.gz": "0dc27d365daf10adae3349ee62d1456ea0e7fe76",
     "docs/results/defaults-dev-mnist/cells.tar.gz": "3c61be56c367ef73983577076288ad325a9fb484",
-    "docs/results/defaults-fresh/cells.tar.gz": "2eed9b878dc23c7ec49ab20519ad3f3bf816cc48",
 }
 
 
