@@ -309,6 +309,32 @@ def dataset_verdicts(comparisons: list[Comparison], expected: set[tuple[str, str
     return [*md, ""]
 
 
+#: An arm whose endpoint falls below this (%) in a seed collapsed there (the arena's rule).
+COLLAPSE_BELOW = 20.0
+
+
+def arm_endpoints(endpoints: dict[str, dict[tuple[str, str], dict[int, float]]]) -> list[str]:
+    """The every-arm section: per dataset and setting, each arm's mean endpoint over the seeds
+    present and its lowest seed, in bold where a seed collapsed, so a hypothesis won against a
+    broken baseline is seen as one."""
+    arms = [REFERENCE, *(a for group in (*PRIMARY, *SECONDARY) for a in group)]
+    md = ["## Every arm's endpoint", "",
+          "Mean endpoint over the seeds present (the lowest seed's in brackets), %; **bold**: "
+          f"some seed below {COLLAPSE_BELOW:.0f}%, a collapsed run. A hypothesis won against a "
+          "collapsed arm says that the arm failed, not that FedOwen is good; read it beside "
+          "equal-weight FedAvg.", "",
+          f"| dataset | setting | {' | '.join(arms)} |", "|---|---|" + "---|" * len(arms)]
+    for dataset, table in sorted(endpoints.items()):
+        for setting in sorted({s for (_, s) in table}):
+            cells = []
+            for arm in arms:
+                values = list(table.get((arm, setting), {}).values())
+                text = f"{sum(values) / len(values):.1f} ({min(values):.1f})" if values else "-"
+                cells.append(f"**{text}**" if values and min(values) < COLLAPSE_BELOW else text)
+            md.append(f"| {dataset} | {setting} | {' | '.join(cells)} |")
+    return [*md, ""]
+
+
 def confirmation_report(results_root: Path, seeds: int = len(CONFIRMATION_SEEDS),
                         expected: set[tuple[str, str]] | None = None
                         ) -> tuple[str, list[dict[str, Any]]]:
@@ -345,6 +371,7 @@ def confirmation_report(results_root: Path, seeds: int = len(CONFIRMATION_SEEDS)
                       f"{c.decision} |")
         md.append("")
     md += dataset_verdicts(comparisons, expected or set(), complete)
+    md += arm_endpoints(endpoints)
     return "\n".join(md), hypothesis_rows(comparisons)
 
 

@@ -333,3 +333,16 @@ def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
     # a cell that ran with another learning rate is caught
     (out / "config.json").write_text(json.dumps({**recorded, "lr": 0.5}))
     assert any("config hash" in p for p in check_cells(arms, preset, tmp_path / "res"))
+
+
+def test_every_arms_endpoint_is_listed_and_a_collapsed_arm_is_marked() -> None:
+    from sim.confirmation import arm_endpoints
+
+    healthy = {s: 90.0 + s % 2 for s in (100, 101)}
+    table = {("fedowen", "alpha=0.01"): healthy, ("fedavg-equal", "alpha=0.01"): healthy,
+             ("fedavgm", "alpha=0.01"): {100: 27.6, 101: 9.9}}  # one seed at chance
+    md = "\n".join(arm_endpoints({"mnist": table}))
+    row = next(line for line in md.splitlines() if line.startswith("| mnist |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # dataset, setting, then fedowen, fedavg-equal, fedavgm, fedprox, ...: mean (lowest seed)
+    assert cells[2:6] == ["90.5 (90.0)", "90.5 (90.0)", "**18.8 (9.9)**", "-"]
