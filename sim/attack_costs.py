@@ -14,8 +14,8 @@ defence, attack), over seeds:
 * ``clean_payout_ratio``: the same ratio for the same identities in the clean run, where they
   train honestly: what their data earns. Payouts are concentrated (the bandit returns to a few
   clients), so an attacker who holds useful data is paid above the honest mean without attacking;
-  ``paid`` counts the seeds whose attacker was paid above an honest client (ratio > 1) and,
-  of them, those paid above what the same identities earn honestly (the attack itself paid).
+  ``overpaid`` counts the seeds whose attacker was paid above an honest client (ratio > 1),
+  ``attack_paid`` those of them paid above what the same identities earn honestly.
 
     python -m sim.attack_costs conf/arena2-mnist.toml --results RESULTS [--out DIR]
 
