@@ -8,7 +8,8 @@ and the global model:
    per example (:mod:`fedowen_strategy.bounds`);
 2. ``norm-cap`` (``auto``: the round's lower-median norm x 2 for a valuation method, nothing
    for the FedAvg baselines): every update rescaled to at most the cap
-   (:func:`fedowen_strategy.bounds.cap_norms`);
+   (:func:`fedowen_strategy.bounds.cap_norms`); with ``value-cap-multiple`` (off by default)
+   the updates are valued at a tighter cap of the same reference than they are averaged at;
 3. groups: exact copies (``duplicate-tolerance``; their ids are banned by the strategy) merged
    with near-parallel updates (``link-cosine``), each group one player of the game
    (:mod:`fedowen_strategy.links`).
@@ -66,6 +67,12 @@ class Guards:
         ``median`` for a method that computes contributions and ``none`` for the others.
     norm_cap_multiple : float
         The multiple of the reference norm (> 0).
+    value_cap_multiple : float
+        0 (the default): the updates are valued as they are averaged. > 0: they are valued
+        rescaled to at most this multiple of the norm cap's reference (and averaged at
+        ``norm_cap_multiple``), so an update's phi reflects its direction, not its size up to
+        the aggregation cap: a booster sending 2 x an honest step under a 2 x cap is valued as
+        a 1 x step would be. Needs a norm cap; opt-in, not measured into the defaults.
     link_cosine : float
         Updates with pairwise cosine above it are linked into one player of the game, their
         phi and weight split among them (0: off). Applies to methods that compute
@@ -83,6 +90,7 @@ class Guards:
     update_bound_multiple: float = 3.0
     norm_cap: str = "auto"
     norm_cap_multiple: float = 2.0
+    value_cap_multiple: float = 0.0
     link_cosine: float = 0.98
     duplicate_tolerance: float = 1e-6
 
@@ -93,6 +101,9 @@ class Guards:
         if self.norm_cap not in NORM_CAPS or not self.norm_cap_multiple > 0:
             raise ValueError(f"norm_cap={self.norm_cap!r} must be one of {NORM_CAPS} and "
                              f"norm_cap_multiple={self.norm_cap_multiple!r} > 0")
+        if not self.value_cap_multiple >= 0:
+            raise ValueError(f"value_cap_multiple={self.value_cap_multiple!r} must be >= 0 "
+                             "(0 = value the updates as they are averaged)")
         link_groups(np.zeros((0, 0)), self.link_cosine)  # validates it
         if not 0 <= self.duplicate_tolerance < 1:
             raise ValueError(f"duplicate_tolerance={self.duplicate_tolerance!r} must lie in "
@@ -108,6 +119,10 @@ class Guards:
             When the cap is ``server`` and there is no server step.
         """
         mode = resolve_norm_cap(self.norm_cap, no_phi)
+        if mode == "none" and self.value_cap_multiple > 0 and not no_phi:
+            raise ValueError(f"value_cap_multiple={self.value_cap_multiple!r} scales the norm "
+                             "cap's reference: set norm_cap to 'median' or 'server' (or "
+                             "'auto'), or value_cap_multiple to 0")
         if mode == "server" and not server_step:
             raise ValueError("norm_cap='server' needs server_step (one server training step on "
                              "the evaluation set); or use norm_cap='median'")
@@ -118,9 +133,12 @@ class Guards:
 class GuardedRound:
     """A round's updates after the guards (in client-id order), and what the guards did.
 
-    ``groups`` index ``updates``: each is one player of the game. ``copies`` are the client
-    ids of exact copies (to ban), ``links`` those of near-parallel groups. ``record`` holds
-    the round record's fields: ``norm_cap`` and ``capped`` (when a cap applied), ``cosines``
+    ``groups`` index ``updates``: each is one player of the game. ``valued`` (with
+    ``value_cap_multiple``) holds the states to value, aligned with ``updates``; empty: value
+    ``updates`` themselves. ``copies`` are the client ids of exact copies (to ban), ``links``
+    those of near-parallel groups. ``record`` holds the round record's fields: ``norm_cap``
+    and ``capped`` (when a cap applied), ``value_cap`` and ``value_capped`` (the valuation's
+    cap, when set), ``cosines``
     (rounds of at most :data:`RECORD_COSINES_UP_TO` updates) and ``links``.
     """
 
@@ -128,6 +146,7 @@ class GuardedRound:
     rejected: dict[str, str] = field(default_factory=dict)
     clipped: dict[str, float] = field(default_factory=dict)
     groups: list[list[int]] = field(default_factory=list)
+    valued: list[Mapping[str, NDArray]] = field(default_factory=list)
     copies: list[list[str]] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
 
@@ -152,9 +171,10 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     bounded = bound_updates(updates, global_state, guards.update_bound,
                             guards.update_bound_multiple)
     out = GuardedRound(bounded.updates, dict(bounded.rejected), dict(bounded.clipped))
+    reference: float | None = None
     if norm_cap != "none" and out.updates:
         if norm_cap == "server" and server_update is not None:
-            reference: float | None = update_norm(server_update(), global_state)
+            reference = update_norm(server_update(), global_state)
         else:
             reference = lower_median([update_norm(u.state, global_state) for u in out.updates])
         cap = None if not reference else guards.norm_cap_multiple * reference
@@ -164,6 +184,11 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     # valued and averaged in client-id order, so the estimator's sampled orders (and float
     # sums) do not depend on arrival times
     out.updates.sort(key=lambda upd: client_order(upd.client_id))
+    if reference and guards.value_cap_multiple > 0 and value_players:
+        value_cap = guards.value_cap_multiple * reference
+        valued = cap_norms(out.updates, global_state, value_cap)
+        out.valued = [u.state for u in valued.updates]
+        out.record.update(value_cap=value_cap, value_capped=valued.clipped)
     if out.updates:
         out.groups = _groups(out, global_state, guards, value_players)
     if out.copies:

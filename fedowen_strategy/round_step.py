@@ -86,8 +86,9 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
         record = round_record.round_record(selected, parsed, valuation.method, [], fields, None)
         return RoundOutcome(None, parsed, guarded.copies, None, record, [])
     states = [u.state for u in parsed.updates]
-    val = value_round(states, [u.num_examples for u in parsed.updates], global_state,
-                      valuation, utility_factory, rng, guarded.groups)
+    # the states to value: the averaged ones, or (value_cap_multiple) the same at a tighter cap
+    val = value_round(guarded.valued or states, [u.num_examples for u in parsed.updates],
+                      global_state, valuation, utility_factory, rng, guarded.groups)
     log(INFO, "aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
         server_round, len(states), valuation.method, val.seconds, val.n_evals)
     record = round_record.round_record(selected, parsed, valuation.method, guarded.copies,

@@ -76,6 +76,7 @@ class RunConfig(TaskConfig):
     # Norm normalisation and Sybil links (issue 26): see fedowen_strategy.bounds / links.
     norm_cap: str = _GUARDS.norm_cap
     norm_cap_multiple: float = _GUARDS.norm_cap_multiple
+    value_cap_multiple: float = _GUARDS.value_cap_multiple
     link_cosine: float = _GUARDS.link_cosine
     round_timeout: float = ROUND_TIMEOUT
     verbose: bool = False
@@ -110,7 +111,8 @@ class RunConfig(TaskConfig):
         """The update guards these keys describe."""
         return Guards(max_norm_ratio=self.max_norm_ratio, update_bound=self.update_bound,
                       update_bound_multiple=self.update_bound_multiple, norm_cap=self.norm_cap,
-                      norm_cap_multiple=self.norm_cap_multiple, link_cosine=self.link_cosine,
+                      norm_cap_multiple=self.norm_cap_multiple,
+                      value_cap_multiple=self.value_cap_multiple, link_cosine=self.link_cosine,
                       duplicate_tolerance=self.duplicate_tolerance)
 
     def valuation_settings(self) -> ValuationSettings:
@@ -193,6 +195,9 @@ class RunConfig(TaskConfig):
             (self.max_norm_ratio >= 0, "max-norm-ratio must be >= 0 (0 = off)"),
             (self.norm_cap_multiple > 0,
              f"norm-cap-multiple={self.norm_cap_multiple} must be > 0 (1: the reference norm)"),
+            (self.value_cap_multiple >= 0,
+             f"value-cap-multiple={self.value_cap_multiple} must be >= 0 (0: value the updates "
+             "as they are averaged)"),
             (0 <= self.link_cosine < 1,
              f"link-cosine={self.link_cosine} must lie in [0, 1) (0 = off)"),
             (self.update_bound_multiple > 1,
@@ -215,6 +220,11 @@ class RunConfig(TaskConfig):
         bad += one_of("bandit-memory", self.bandit_memory, MEMORIES)
         bad += one_of("update-bound", self.update_bound, UPDATE_BOUNDS)
         bad += one_of("norm-cap", self.norm_cap, NORM_CAPS)
+        if self.value_cap_multiple > 0 and self.norm_cap == "none" and \
+                self.valuation not in NO_PHI:
+            bad.append(f"value-cap-multiple={self.value_cap_multiple} scales the norm cap's "
+                       "reference: set norm-cap to \"auto\", \"median\" or \"server\", or "
+                       "value-cap-multiple to 0")
         for check in (self.selection_params, self.axes):
             try:
                 check()

@@ -436,6 +436,10 @@ def write_confirmation(results_root: Path, out_md: Path, out_csv: Path) -> list[
 
 #: Per-run keys that differ between the seeds and machines of one arm by design.
 _PER_RUN = ("seed", "output_dir", "data_dir", "resume_from")
+#: Keys the app gained after the protocol commit (839845a), with the value that runs as the
+#: code did before them: at that value they are left out of an arm's resolved config, so the
+#: protocol's hashes keep naming the same runs.
+ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0}
 
 
 def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:
@@ -447,7 +451,8 @@ def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:
     cfg = parse_run_config({k.replace("_", "-"): v for k, v in config.items()
                             if k.replace("-", "_") not in _PER_RUN})
     selection, aggregation = cfg.axes()
-    resolved = {k: v for k, v in asdict(cfg).items() if k not in _PER_RUN}
+    resolved = {k: v for k, v in asdict(cfg).items() if k not in _PER_RUN
+                and not (k in ADDED_AFTER_PROTOCOL and ADDED_AFTER_PROTOCOL[k] == v)}
     return {**resolved, "selection": selection, "aggregation": aggregation,
             "norm_cap": cfg.norm_cap_mode()}
 

@@ -63,6 +63,7 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
     ("fltrust-root-size", -1, "fltrust-root-size=-1 must be >= 0"),
     ("fltrust-server-lr", 0.0, "fltrust-server-lr=0.0 must be a finite number > 0"),
     ("foolsgold-kappa", 0.0, "foolsgold-kappa=0.0 must be > 0"),
+    ("value-cap-multiple", -1.0, "value-cap-multiple=-1.0 must be >= 0"),
     ("adversary-kind", "colluding-sybl", "(did you mean 'colluding-sybil'?)"),
     ("adversary-boost", 0.0, "adversary-boost=0.0 must be > 0"),
     ("adversary-sybil-noise", -0.1, "adversary-sybil-noise=-0.1 must be >= 0"),
@@ -84,6 +85,15 @@ def test_cross_key_rules_use_the_estimator_registry() -> None:
     assert "refuses n_players=21" in exact
     (none,) = problems_of({"valuation": "none", "valuation-params": "eta=0.1"})
     assert "takes no parameters" in none
+
+
+def test_a_value_cap_needs_a_norm_cap_for_a_valuation_method() -> None:
+    (cap,) = problems_of({"norm-cap": "none", "value-cap-multiple": 1.0})
+    assert "value-cap-multiple=1.0 scales the norm cap's reference" in cap
+    assert parse_run_config({"value-cap-multiple": 1.0}).guards().value_cap_multiple == 1.0
+    # FedAvg values nothing: no cap, nothing to scale, no complaint
+    assert parse_run_config({"valuation": "none", "norm-cap": "none",
+                             "value-cap-multiple": 1.0})
 
 
 def test_first_order_needs_the_delta_game_with_neg_loss() -> None:

@@ -346,3 +346,18 @@ def test_every_arms_endpoint_is_listed_and_a_collapsed_arm_is_marked() -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     # dataset, setting, then fedowen, fedavg-equal, fedavgm, fedprox, ...: mean (lowest seed)
     assert cells[2:6] == ["90.5 (90.0)", "90.5 (90.0)", "**18.8 (9.9)**", "-"]
+
+
+def test_the_committed_protocol_hashes_are_what_the_presets_resolve_to_today() -> None:
+    # A key the app gains after the protocol commit must not move the hash that names an arm
+    # (sim.confirmation.ADDED_AFTER_PROTOCOL); any other change to what an arm runs must.
+    from sim.confirmation import protocol_arms
+    from sim.grid import load_preset
+
+    root = Path(__file__).resolve().parents[1]
+    committed = {(a["preset"], a["arm"], a["setting"]): a["hash"] for a in json.loads(
+        (root / "docs" / "confirmation" / "arms.json").read_text())}
+    today = {(a["preset"], a["arm"], a["setting"]): a["hash"]
+             for path in sorted((root / "conf" / "confirm").glob("*.toml"))
+             for a in protocol_arms(load_preset(path))}
+    assert today == committed and len(today) == 56

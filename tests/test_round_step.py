@@ -94,3 +94,40 @@ def test_a_round_without_usable_updates_keeps_the_global_model() -> None:
     out = run(ParsedReplies(failed={"c0": "timed out"}))
     assert out.state is None and out.valuation is None and out.rows == []
     assert out.record["returned"] == [] and out.record["failed"] == {"c0": "timed out"}
+
+
+def test_a_value_cap_values_a_booster_under_the_cap_by_its_direction_not_its_size() -> None:
+    # Prepare: c0 sends 1.9 x its step, under the default cap (2 x the lower-median norm); the
+    # toy game rewards a longer step (the honest average only goes halfway to TARGET); four
+    # clients, so no two honest steps are copies
+    ids = ["c0", "c1", "c2", "c3"]
+    honest = run(round_of(1.0, ids), link_cosine=0.0)
+    # Execute
+    boosted = run(round_of(1.9, ids), link_cosine=0.0)
+    valued = run(round_of(1.9, ids), link_cosine=0.0, value_cap_multiple=1.0)
+    # Assert: without the value cap the booster's size buys it phi over every honest client;
+    # valued at 1 x the reference it earns what it earns sending its honest step (within the
+    # few percent its step's norm differs from the lower median), no more than the best honest
+    phi = {name: dict(zip(ids, out.valuation.phi, strict=True))
+           for name, out in (("honest", honest), ("boosted", boosted), ("valued", valued))}
+    assert "c0" not in boosted.record["capped"]  # 1.9 x sits under the 2 x cap
+    assert phi["boosted"]["c0"] > 1.5 * max(phi["boosted"][c] for c in ids[1:])
+    assert phi["valued"]["c0"] == pytest.approx(phi["honest"]["c0"], rel=0.1)
+    assert phi["valued"]["c0"] <= max(phi["valued"][c] for c in ids[1:]) * 1.1
+    # the value cap is the same reference x 1; what is averaged is the 2 x-capped round as
+    # before (the booster's step included at its size)
+    assert valued.record["value_cap"] == pytest.approx(valued.record["norm_cap"] / 2)
+    assert "c0" in valued.record["value_capped"]
+    for a, b in zip(valued.parsed.updates, boosted.parsed.updates, strict=True):
+        np.testing.assert_array_equal(a.state["w"], b.state["w"])
+    expected = sum(w * u.state["w"] for w, u in zip(valued.valuation.weights,
+                                                    valued.parsed.updates, strict=True))
+    np.testing.assert_allclose(valued.state["w"], expected)
+
+
+def test_a_value_cap_needs_a_norm_cap_to_scale() -> None:
+    with pytest.raises(ValueError, match=r"value_cap_multiple=1\.0 scales the norm cap"):
+        Guards(norm_cap="none", value_cap_multiple=1.0).norm_cap_for(no_phi=False)
+    assert Guards(norm_cap="auto", value_cap_multiple=1.0).norm_cap_for(no_phi=True) == "none"
+    with pytest.raises(ValueError, match="value_cap_multiple=-1"):
+        Guards(value_cap_multiple=-1)
