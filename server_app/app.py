@@ -87,9 +87,10 @@ class RoundBanner(logging.Filter):
 
 
 def server_sets(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
-    """(x_eval, y_eval, x_test, y_test): the valuation set and the reported-accuracy set."""
-    eval_idx, _, _ = holdout_split(ds.y_train, cfg.eval_fraction, cfg.validation_fraction,
-                                   cfg.seed)
+    """(x_eval, y_eval, x_test, y_test, x_val, y_val): the valuation set, the
+    reported-accuracy set and ``validation-fraction``'s set (nobody's data; empty when 0)."""
+    eval_idx, val_idx, _ = holdout_split(ds.y_train, cfg.eval_fraction, cfg.validation_fraction,
+                                         cfg.seed)
     x_test, y_test = ds.x_test, ds.y_test
     if cfg.test_max_samples and len(y_test) > cfg.test_max_samples:
         keep = np.sort(np.random.default_rng(cfg.seed).choice(
@@ -99,14 +100,8 @@ def server_sets(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
     # torch.as_tensor would share (and warn about)
     return (to_tensor(ds.x_train[eval_idx], ds.name),
             torch.tensor(ds.y_train[eval_idx], dtype=torch.long),
-            to_tensor(x_test, ds.name), torch.tensor(y_test, dtype=torch.long))
-
-
-def validation_set(cfg: RunConfig, ds: DatasetArrays) -> tuple[torch.Tensor, ...]:
-    """(x_val, y_val): ``validation-fraction``'s set, nobody's data (empty when 0)."""
-    _, val_idx, _ = holdout_split(ds.y_train, cfg.eval_fraction, cfg.validation_fraction,
-                                  cfg.seed)
-    return (to_tensor(ds.x_train[val_idx], ds.name),
+            to_tensor(x_test, ds.name), torch.tensor(y_test, dtype=torch.long),
+            to_tensor(ds.x_train[val_idx], ds.name),
             torch.tensor(ds.y_train[val_idx], dtype=torch.long))
 
 
@@ -231,8 +226,8 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     if cfg.adversary_fraction > 0:
         _record_adversaries(cfg, len(nodes), recorder)
     latest = {"arrays": ArrayRecord(model.state_dict())}  # the global model after each round
-    evaluate_fn = central_evaluation(cfg, ds, (*sets[2:], *validation_set(cfg, ds)), recorder,
-                                     strategy, done, out_dir, latest)
+    evaluate_fn = central_evaluation(cfg, ds, sets[2:], recorder, strategy, done, out_dir,
+                                     latest)
     if cfg.adversary_fraction > 0 and cfg.adversary_kind in SERVER_SIDE_KINDS:
         # omniscient attacks: the attackers' replies are replaced here (server_app.byzantine)
         grid = ByzantineGrid(grid, cfg, len(nodes), on_round=lambda server_round, entry:
