@@ -70,9 +70,9 @@ class Guards:
     value_cap_multiple : float
         0 (the default): the updates are valued as they are averaged. > 0: they are valued
         rescaled to at most this multiple of the norm cap's reference (and averaged at
-        ``norm_cap_multiple``), so an update's phi reflects its direction, not its size up to
-        the aggregation cap: a booster sending 2 x an honest step under a 2 x cap is valued as
-        a 1 x step would be. Needs a norm cap; opt-in, not measured into the defaults.
+        ``norm_cap_multiple``), so an update's size above that multiple buys no phi. Needs a
+        norm cap. Opt-in: on development seeds it did not stop boosting from paying (a booster
+        whose honest step is below the reference still gains up to it; docs/arena.md).
     link_cosine : float
         Updates with pairwise cosine above it are linked into one player of the game, their
         phi and weight split among them (0: off). Applies to methods that compute
