@@ -51,6 +51,9 @@ UPDATE_BOUNDS = ("none", "clip", "reject")
 #: :data:`AUTO_NORM_CAP` for methods that compute contributions, ``none`` for the FedAvg
 #: baselines).
 NORM_CAPS = ("auto", "none", "median", "server")
+#: How the valuation's cap (``value-cap-multiple``) rescales an update: to at most the cap, or
+#: every non-zero update to exactly it (the update's direction valued, never its size).
+VALUE_CAP_MODES = ("at-most", "exactly")
 #: What ``auto`` means for a valuation method: the round's lower-median update norm (with the
 #: app's ``norm-cap-multiple = 2``), chosen by the development grid's written rule
 #: (conf/defaults-dev-mnist.toml): of the references measured it alone held boosted, adaptive
@@ -155,20 +158,22 @@ def lower_median(values: Sequence[float]) -> float | None:
 
 
 def cap_norms(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArray],
-              cap: float | None) -> BoundedRound:
+              cap: float | None, exactly: bool = False) -> BoundedRound:
     """Norm normalisation: rescale every update whose norm exceeds ``cap`` to exactly ``cap``
     (its direction kept), before valuation and aggregation; smaller updates are untouched.
 
     With ``cap`` the round's lower-median update norm (``norm-cap = "median"``), no attacker
     short of half the round's non-zero updates can move it: a boosted update (any factor)
     weighs what a median honest one does, and an adaptive one gains nothing by sitting under
-    it. ``None`` (nothing moved, or no reference): updates unchanged. ``clipped`` holds the
-    factor applied per client, ``bound`` the cap.
+    it. ``None`` (nothing moved, or no reference): updates unchanged. ``exactly``: smaller
+    updates are scaled up to ``cap`` too (a zero update stays zero), so every update has the
+    same norm and only its direction differs. ``clipped`` holds the factor applied per client,
+    ``bound`` the cap.
     """
     out = BoundedRound([], bound=cap)
     for upd in updates:
         norm = update_norm(upd.state, reference)
-        if cap is None or norm <= cap:
+        if cap is None or norm == 0.0 or norm == cap or (norm < cap and not exactly):
             out.updates.append(upd)
             continue
         factor = cap / norm

@@ -9,7 +9,8 @@ and the global model:
 2. ``norm-cap`` (``auto``: the round's lower-median norm x 2 for a valuation method, nothing
    for the FedAvg baselines): every update rescaled to at most the cap
    (:func:`fedowen_strategy.bounds.cap_norms`); with ``value-cap-multiple`` (off by default)
-   the updates are valued at a tighter cap of the same reference than they are averaged at;
+   the updates are valued at a tighter cap of the same reference than they are averaged at
+   (``value-cap-mode``: at most that norm, or every update at exactly it);
 3. groups: exact copies (``duplicate-tolerance``; their ids are banned by the strategy) merged
    with near-parallel updates (``link-cosine``), each group one player of the game
    (:mod:`fedowen_strategy.links`).
@@ -33,6 +34,7 @@ from numpy.typing import NDArray
 from fedowen_strategy.aggregation import duplicate_groups
 from fedowen_strategy.bounds import (
     NORM_CAPS,
+    VALUE_CAP_MODES,
     bound_updates,
     cap_norms,
     lower_median,
@@ -73,6 +75,11 @@ class Guards:
         ``norm_cap_multiple``), so an update's size above that multiple buys no phi. Needs a
         norm cap. Opt-in: on development seeds it did not stop boosting from paying (a booster
         whose honest step is below the reference still gains up to it; docs/arena.md).
+    value_cap_mode : {"at-most", "exactly"}
+        How the value cap rescales: updates above it down to it (``at-most``), or every
+        non-zero update to exactly it (``exactly``: phi reads the direction alone, so a
+        booster earns what its unscaled step would, and a short honest step is valued at the
+        reference's length). Needs ``value_cap_multiple`` > 0 for ``exactly``.
     link_cosine : float
         Updates with pairwise cosine above it are linked into one player of the game, their
         phi and weight split among them (0: off). Applies to methods that compute
@@ -91,6 +98,7 @@ class Guards:
     norm_cap: str = "auto"
     norm_cap_multiple: float = 2.0
     value_cap_multiple: float = 0.0
+    value_cap_mode: str = "at-most"
     link_cosine: float = 0.98
     duplicate_tolerance: float = 1e-6
 
@@ -104,6 +112,13 @@ class Guards:
         if not self.value_cap_multiple >= 0:
             raise ValueError(f"value_cap_multiple={self.value_cap_multiple!r} must be >= 0 "
                              "(0 = value the updates as they are averaged)")
+        if self.value_cap_mode not in VALUE_CAP_MODES:
+            raise ValueError(f"value_cap_mode={self.value_cap_mode!r} must be one of "
+                             f"{VALUE_CAP_MODES}")
+        if self.value_cap_mode == "exactly" and not self.value_cap_multiple > 0:
+            raise ValueError("value_cap_mode='exactly' values every update at "
+                             "value_cap_multiple x the reference: set value_cap_multiple > 0 "
+                             "(e.g. 1.0)")
         link_groups(np.zeros((0, 0)), self.link_cosine)  # validates it
         if not 0 <= self.duplicate_tolerance < 1:
             raise ValueError(f"duplicate_tolerance={self.duplicate_tolerance!r} must lie in "
@@ -186,7 +201,8 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     out.updates.sort(key=lambda upd: client_order(upd.client_id))
     if reference and guards.value_cap_multiple > 0 and value_players:
         value_cap = guards.value_cap_multiple * reference
-        valued = cap_norms(out.updates, global_state, value_cap)
+        valued = cap_norms(out.updates, global_state, value_cap,
+                           exactly=guards.value_cap_mode == "exactly")
         out.valued = [u.state for u in valued.updates]
         out.record.update(value_cap=value_cap, value_capped=valued.clipped)
     if out.updates:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedowen_strategy.bounds import NORM_CAPS, UPDATE_BOUNDS
+from fedowen_strategy.bounds import NORM_CAPS, UPDATE_BOUNDS, VALUE_CAP_MODES
 from fedowen_strategy.contribution import (
     DEFAULT_UTILITY_METRIC,
     GAME_METHODS,
@@ -77,6 +77,7 @@ class RunConfig(TaskConfig):
     norm_cap: str = _GUARDS.norm_cap
     norm_cap_multiple: float = _GUARDS.norm_cap_multiple
     value_cap_multiple: float = _GUARDS.value_cap_multiple
+    value_cap_mode: str = _GUARDS.value_cap_mode
     link_cosine: float = _GUARDS.link_cosine
     round_timeout: float = ROUND_TIMEOUT
     verbose: bool = False
@@ -112,7 +113,8 @@ class RunConfig(TaskConfig):
         return Guards(max_norm_ratio=self.max_norm_ratio, update_bound=self.update_bound,
                       update_bound_multiple=self.update_bound_multiple, norm_cap=self.norm_cap,
                       norm_cap_multiple=self.norm_cap_multiple,
-                      value_cap_multiple=self.value_cap_multiple, link_cosine=self.link_cosine,
+                      value_cap_multiple=self.value_cap_multiple,
+                      value_cap_mode=self.value_cap_mode, link_cosine=self.link_cosine,
                       duplicate_tolerance=self.duplicate_tolerance)
 
     def valuation_settings(self) -> ValuationSettings:
@@ -220,6 +222,10 @@ class RunConfig(TaskConfig):
         bad += one_of("bandit-memory", self.bandit_memory, MEMORIES)
         bad += one_of("update-bound", self.update_bound, UPDATE_BOUNDS)
         bad += one_of("norm-cap", self.norm_cap, NORM_CAPS)
+        bad += one_of("value-cap-mode", self.value_cap_mode, VALUE_CAP_MODES)
+        if self.value_cap_mode == "exactly" and not self.value_cap_multiple > 0:
+            bad.append("value-cap-mode=\"exactly\" values every update at value-cap-multiple "
+                       "x the norm cap's reference: set value-cap-multiple > 0 (e.g. 1.0)")
         if self.value_cap_multiple > 0 and self.norm_cap == "none" and \
                 self.valuation not in NO_PHI:
             bad.append(f"value-cap-multiple={self.value_cap_multiple} scales the norm cap's "

@@ -64,6 +64,7 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
     ("fltrust-server-lr", 0.0, "fltrust-server-lr=0.0 must be a finite number > 0"),
     ("foolsgold-kappa", 0.0, "foolsgold-kappa=0.0 must be > 0"),
     ("value-cap-multiple", -1.0, "value-cap-multiple=-1.0 must be >= 0"),
+    ("value-cap-mode", "exact", "value-cap-mode='exact'"),
     ("adversary-kind", "colluding-sybl", "(did you mean 'colluding-sybil'?)"),
     ("adversary-boost", 0.0, "adversary-boost=0.0 must be > 0"),
     ("adversary-sybil-noise", -0.1, "adversary-sybil-noise=-0.1 must be >= 0"),
@@ -94,6 +95,13 @@ def test_a_value_cap_needs_a_norm_cap_for_a_valuation_method() -> None:
     # FedAvg values nothing: no cap, nothing to scale, no complaint
     assert parse_run_config({"valuation": "none", "norm-cap": "none",
                              "value-cap-multiple": 1.0})
+
+
+def test_valuing_exactly_at_the_cap_needs_a_value_cap() -> None:
+    (mode,) = problems_of({"value-cap-mode": "exactly"})
+    assert "set value-cap-multiple > 0" in mode
+    guards = parse_run_config({"value-cap-multiple": 1.0, "value-cap-mode": "exactly"}).guards()
+    assert (guards.value_cap_multiple, guards.value_cap_mode) == (1.0, "exactly")
 
 
 def test_first_order_needs_the_delta_game_with_neg_loss() -> None:

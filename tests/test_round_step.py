@@ -125,6 +125,52 @@ def test_a_value_cap_values_a_booster_under_the_cap_by_its_direction_not_its_siz
     np.testing.assert_allclose(valued.state["w"], expected)
 
 
+def scaled_round(scales: Sequence[float]) -> ParsedReplies:
+    """Client ci steps ``scales[i]`` times halfway to TARGET, with a twist of its own."""
+    return ParsedReplies(updates=[
+        ClientUpdate(100 + i, f"c{i}", {"w": scale * (0.5 * TARGET + 0.05 * np.eye(4)[i % 4])},
+                     10, 1.0) for i, scale in enumerate(scales)])
+
+
+def test_valued_exactly_at_the_reference_a_booster_earns_what_its_unscaled_step_earns() -> None:
+    # Prepare: c0's honest step is 0.4 x an honest one, so it stays the shortest when it
+    # boosts 2 x (0.8) and the round's lower median (c1's norm) does not move; the toy game
+    # rewards a longer step
+    honest_scales, boosted_scales = [0.4, 1.0, 1.1, 1.2], [0.8, 1.0, 1.1, 1.2]
+    # Execute
+    at_most = {name: run(scaled_round(scales), link_cosine=0.0, value_cap_multiple=1.0)
+               for name, scales in (("honest", honest_scales), ("boosted", boosted_scales))}
+    exactly = {name: run(scaled_round(scales), link_cosine=0.0, value_cap_multiple=1.0,
+                         value_cap_mode="exactly")
+               for name, scales in (("honest", honest_scales), ("boosted", boosted_scales))}
+    # Assert: under an at-most cap the boost (still under the reference) buys c0 phi; valued
+    # at exactly the reference, c0's boosted and honest updates are the same valued state, so
+    # the exact game gives it the same phi and the same weight
+    phi = {(mode, name): out.valuation.phi[0]
+           for mode, outs in (("at-most", at_most), ("exactly", exactly))
+           for name, out in outs.items()}
+    assert phi["at-most", "boosted"] > phi["at-most", "honest"] + 0.05
+    assert phi["exactly", "boosted"] == pytest.approx(phi["exactly", "honest"], rel=1e-9)
+    np.testing.assert_allclose(exactly["boosted"].valuation.weights,
+                               exactly["honest"].valuation.weights, rtol=1e-9)
+    # every update was valued at the reference's norm (the short ones scaled up) and is
+    # averaged as it came (none of these sits above the 2 x norm cap)
+    reference = exactly["boosted"].record["value_cap"]
+    c1 = scaled_round(boosted_scales).updates[1].state["w"]
+    assert reference == pytest.approx(np.linalg.norm(c1))
+    assert set(exactly["boosted"].record["value_capped"]) == {"c0", "c2", "c3"}  # c1: as is
+    for i, upd in enumerate(exactly["boosted"].parsed.updates):
+        np.testing.assert_array_equal(upd.state["w"],
+                                      scaled_round(boosted_scales).updates[i].state["w"])
+
+
+def test_value_cap_mode_is_checked() -> None:
+    with pytest.raises(ValueError, match="value_cap_mode='exact' must be one of"):
+        Guards(value_cap_mode="exact")
+    with pytest.raises(ValueError, match="set value_cap_multiple > 0"):
+        Guards(value_cap_mode="exactly")
+
+
 def test_a_value_cap_needs_a_norm_cap_to_scale() -> None:
     with pytest.raises(ValueError, match=r"value_cap_multiple=1\.0 scales the norm cap"):
         Guards(norm_cap="none", value_cap_multiple=1.0).norm_cap_for(no_phi=False)
