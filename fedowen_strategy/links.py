@@ -102,3 +102,39 @@ def upper_triangle(cosines: NDArray[np.float64], digits: int = 4) -> list[float]
     """The pairs ``i < j`` of a cosine matrix, row by row, rounded (for the round record)."""
     n = len(cosines)
     return [round(float(cosines[i, j]), digits) for i in range(n) for j in range(i + 1, n)]
+
+
+# ------------------------------------------------------------------ links that last
+
+#: A pair of client ids, in sorted order.
+Pair = tuple[str, str]
+
+
+def count_links(pair_links: Mapping[Pair, int], groups: Sequence[Sequence[str]]
+                ) -> dict[Pair, int]:
+    """``pair_links`` plus one for every pair of clients linked together in one round's
+    ``groups`` (the round record's ``links``)."""
+    out = dict(pair_links)
+    for group in groups:
+        members = sorted(set(group))
+        for i, a in enumerate(members):
+            for b in members[i + 1:]:
+                out[a, b] = out.get((a, b), 0) + 1
+    return out
+
+
+def lasting_groups(pair_links: Mapping[Pair, int], rounds: int) -> list[list[str]]:
+    """Clients linked to each other in at least ``rounds`` rounds, as groups (connected
+    components of those pairs), each sorted; none when ``rounds`` is 0.
+
+    Within a round a link splits one player's phi among its members, but across rounds k
+    identities carrying one update are still k arms of the bandit, so the update is selected
+    about k times as often as one client's would be. Groups that last are one arm
+    (:func:`fedowen_strategy.selection.select_clients` with ``arm_of``)."""
+    if rounds <= 0:
+        return []
+    pairs = [p for p, n in pair_links.items() if n >= rounds]
+    ids = sorted({c for p in pairs for c in p})
+    index = {c: i for i, c in enumerate(ids)}
+    return [[ids[i] for i in g]
+            for g in components(len(ids), [(index[a], index[b]) for a, b in pairs])]

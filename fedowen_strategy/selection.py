@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fedowen_strategy.links import Pair, count_links, lasting_groups
+
 #: Algorithm 2's bandit, or uniform sampling (FedAvg's, and the paper's ablation).
 SELECTIONS = ("adaptive", "random")
 #: What the bandit exploits: a client's latest phi (Algorithm 2), the running mean of its phi
@@ -77,6 +79,11 @@ class SelectionParams:
         What the bandit exploits per client: the running mean of its phi (``mean``, the
         default), its latest phi (``latest``, Algorithm 2) or a discounted mean
         (``discounted``, weight ``discount`` on the newest phi): :func:`update_memory`.
+    link_memory : int
+        Clients whose updates were linked (near-parallel, ``link-cosine``) in at least this
+        many rounds are one arm from then on: at most one of them is selected in a round,
+        with one client's chance between them (0, the default: off). Against colluding
+        Sybils, whose k identities are otherwise selected about k times as often as one.
     """
 
     epsilon: float = 0.1
@@ -85,6 +92,7 @@ class SelectionParams:
     low_gain_scale: float = 0.1
     memory: str = "mean"
     discount: float = 0.3
+    link_memory: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.epsilon <= 1.0:
@@ -96,6 +104,8 @@ class SelectionParams:
         if not 0.0 <= self.low_gain_scale <= 1.0:
             raise ValueError(f"low_gain_scale={self.low_gain_scale!r} must lie in [0, 1]")
         update_memory(None, 0.0, 1, self.memory, self.discount)  # validates both
+        if self.link_memory < 0:
+            raise ValueError(f"link_memory={self.link_memory!r} must be >= 0 (0 = off)")
 
 
 def selection_scores(
@@ -150,8 +160,15 @@ def select_clients(
     k: int,
     params: SelectionParams,
     rng: np.random.Generator,
+    arm_of: NDArray[np.int64] | None = None,
 ) -> tuple[NDArray[np.int64], bool]:
     """Pick ``k`` distinct clients by Algorithm 2.
+
+    ``arm_of`` (optional) maps each client to an arm: clients sharing an arm (a lasting link,
+    :func:`fedowen_strategy.links.lasting_groups`) are one arm of the bandit, whose phi is
+    the mean of its valued members' and whose count is theirs summed; the arms are drawn by
+    Algorithm 2 and each drawn arm sends one member, uniformly; when there are fewer arms
+    than ``k`` the rest are drawn uniformly from the clients left.
 
     Returns
     -------
@@ -159,6 +176,9 @@ def select_clients(
         Indices into ``phi`` of the selected clients, and whether this was an exploration
         draw (uniform) rather than an exploitation draw.
     """
+    if arm_of is not None and len(np.unique(arm_of)) < len(phi):
+        return _select_arms(np.asarray(phi, np.float64), np.asarray(counts), t, k, params,
+                            rng, np.asarray(arm_of))
     n = len(phi)
     if not 1 <= k <= n:
         raise ValueError(f"cannot select k={k} clients out of {n}; need 1 <= k <= {n}")
@@ -173,6 +193,26 @@ def select_clients(
     rest = np.setdiff1d(np.arange(n), positive)
     extra = rng.choice(rest, size=k - positive.size, replace=False)
     return np.sort(np.concatenate([positive, extra])), False
+
+
+def _select_arms(phi: NDArray[np.float64], counts: NDArray[np.int64], t: int, k: int,
+                 params: SelectionParams, rng: np.random.Generator, arm_of: NDArray[np.int64]
+                 ) -> tuple[NDArray[np.int64], bool]:
+    """:func:`select_clients` over arms that join several clients (see there)."""
+    n = len(phi)
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot select k={k} clients out of {n}; need 1 <= k <= {n}")
+    arms, arm_of = np.unique(arm_of, return_inverse=True)
+    members = [np.flatnonzero(arm_of == a) for a in range(len(arms))]
+    valued = counts > 0
+    arm_phi = np.array([phi[m][valued[m]].mean() if valued[m].any() else 0.0 for m in members])
+    arm_counts = np.array([counts[m].sum() for m in members])
+    chosen, explored = select_clients(arm_phi, arm_counts, t, min(k, len(members)), params, rng)
+    picks = [int(rng.choice(members[a])) for a in chosen]
+    if len(picks) < k:
+        rest = np.setdiff1d(np.arange(n), picks)
+        picks += [int(i) for i in rng.choice(rest, size=k - len(picks), replace=False)]
+    return np.sort(np.array(picks, dtype=np.int64)), explored
 
 
 def round_size(num_clients: int, clients_per_round: int | None, fraction_train: float,
@@ -201,6 +241,7 @@ class Bandit:
     mode: str = "adaptive"
     phi: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    pair_links: dict[Pair, int] = field(default_factory=dict)
 
     def choose(self, keys: Sequence[str], server_round: int, k: int
                ) -> tuple[NDArray[np.int64], bool]:
@@ -209,7 +250,27 @@ class Bandit:
             return select_uniform(len(keys), k, self.rng), True
         phi = np.array([self.phi.get(key, 0.0) for key in keys])
         counts = np.array([self.counts.get(key, 0) for key in keys])
-        return select_clients(phi, counts, server_round, k, self.params, self.rng)
+        return select_clients(phi, counts, server_round, k, self.params, self.rng,
+                              self.arms(keys))
+
+    def arms(self, keys: Sequence[str]) -> NDArray[np.int64] | None:
+        """Each key's arm (:attr:`SelectionParams.link_memory`'s lasting groups share one);
+        None when no two keys share one."""
+        groups = lasting_groups(self.pair_links, self.params.link_memory)
+        if not groups:
+            return None
+        arm = {c: g[0] for g in groups for c in g}
+        labels = [arm.get(key, key) for key in keys]
+        if len(set(labels)) == len(labels):
+            return None
+        _, arm_of = np.unique(labels, return_inverse=True)
+        return np.asarray(arm_of, dtype=np.int64)
+
+    def observe_links(self, groups: Sequence[Sequence[str]]) -> None:
+        """Count a round's linked groups (the round record's ``links``); only with
+        ``link_memory``."""
+        if self.params.link_memory and groups:
+            self.pair_links = count_links(self.pair_links, groups)
 
     def observe(self, client_ids: Sequence[str], phi: Sequence[float] | NDArray[np.float64]
                 ) -> None:
@@ -222,10 +283,13 @@ class Bandit:
     def state(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint."""
         return {"phi": dict(self.phi), "counts": dict(self.counts),
+                "pair_links": [[a, b, n] for (a, b), n in sorted(self.pair_links.items())],
                 "select_rng": self.rng.bit_generator.state}
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state`."""
         self.phi = {str(k): float(v) for k, v in state["phi"].items()}
         self.counts = {str(k): int(v) for k, v in state["counts"].items()}
+        self.pair_links = {(str(a), str(b)): int(n)  # older checkpoints: none
+                           for a, b, n in state.get("pair_links", [])}
         self.rng.bit_generator.state = state["select_rng"]

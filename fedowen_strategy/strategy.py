@@ -183,6 +183,7 @@ class FedOwen(FedAvg):
             extra={"ray_nodes": ray} if (ray := replies.ray_nodes(answers)) else {},
             server_update=None if step is None else lambda: step(global_state, server_round))
         self.linked.update(c for g in out.copies for c in g)
+        self.bandit.observe_links(out.record.get("links", []))
         clients: dict[str, Any] = {}
         if out.valuation is not None:
             self.bandit.observe([u.client_id for u in out.parsed.updates], out.valuation.phi)

@@ -87,6 +87,7 @@ class RunConfig(TaskConfig):
     weight_cap: float = _VALUATION.weight_cap
     bandit_memory: str = _SELECTION.memory
     bandit_discount: float = _SELECTION.discount
+    link_memory: int = _SELECTION.link_memory
     torch_threads: int = 1
     resume_from: str = ""
     krum_malicious: int = _VALUATION.krum_malicious
@@ -143,7 +144,8 @@ class RunConfig(TaskConfig):
     def selection_params(self) -> SelectionParams:
         """Algorithm 2's constants and the bandit's memory."""
         return SelectionParams(epsilon=self.epsilon, c=self.ucb_c, tau=self.tau,
-                               memory=self.bandit_memory, discount=self.bandit_discount)
+                               memory=self.bandit_memory, discount=self.bandit_discount,
+                               link_memory=self.link_memory)
 
     def estimator_params(self) -> dict[str, Any]:
         """Keyword parameters for the estimator, plus ``valuation-params``
@@ -185,6 +187,8 @@ class RunConfig(TaskConfig):
             (0 < self.weight_cap <= 1, f"weight-cap={self.weight_cap} must lie in (0, 1]"),
             (0 < self.bandit_discount <= 1,
              f"bandit-discount={self.bandit_discount} must lie in (0, 1]"),
+            (self.link_memory >= 0,
+             f"link-memory={self.link_memory} must be >= 0 (rounds; 0 = off)"),
             (self.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
             (self.test_max_samples >= 0, "test-max-samples must be >= 0 (0 = no cap)"),
             (self.output_dir == "" or os.path.isabs(self.output_dir),

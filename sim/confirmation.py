@@ -439,7 +439,7 @@ _PER_RUN = ("seed", "output_dir", "data_dir", "resume_from")
 #: Keys the app gained after the protocol commit (839845a), with the value that runs as the
 #: code did before them: at that value they are left out of an arm's resolved config, so the
 #: protocol's hashes keep naming the same runs.
-ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most"}
+ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", "link_memory": 0}
 
 
 def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from fedowen_strategy.links import count_links, lasting_groups
 from fedowen_strategy.selection import (
+    Bandit,
     SelectionParams,
     select_clients,
     select_uniform,
@@ -151,3 +155,77 @@ def test_the_floor_leaves_algorithm_2_alone_otherwise() -> None:
     # all equal (round 1): uniform either way
     equal = selection_scores(np.zeros(5), np.zeros(5, dtype=int), 1, params)
     assert unvalued_floor(equal, np.zeros(5, dtype=int), 1, params) == 0.0
+
+
+def sybil_bandit(link_memory: int) -> tuple[Bandit, list[str], list[str]]:
+    """100 clients: 20 Sybil identities carrying one useful update (phi 0.12 each, valued
+    once), linked four at a time in five rounds (the first pair once more); an honest client
+    ``top`` as useful, valued four times (so a group of four has its phi and its count); 79
+    others with phi spread over [0, 0.1], valued once."""
+    sybils = [f"s{i:02d}" for i in range(20)]
+    honest = ["top"] + [f"h{i:02d}" for i in range(79)]
+    bandit = Bandit(SelectionParams(epsilon=0.1, link_memory=link_memory),
+                    np.random.default_rng(0))
+    spread = np.random.default_rng(1).uniform(0.0, 0.1, 79)
+    bandit.observe(sybils + honest, [0.12] * 21 + spread.tolist())
+    bandit.observe(["top"] * 3, [0.12] * 3)
+    for first in range(0, 20, 4):
+        bandit.observe_links([sybils[first:first + 4]])
+    bandit.observe_links([sybils[:2]])
+    return bandit, sybils, honest
+
+
+def test_lasting_links_make_k_sybil_identities_one_arm_of_the_bandit() -> None:
+    # Prepare: the same history without and with link memory; a group of four copies has
+    # the phi of ``top`` and, summed, as many valuations
+    rounds = 3000
+    freq: dict[int, tuple[float, float, int]] = {}
+    for memory in (0, 1):
+        bandit, sybils, honest = sybil_bandit(memory)
+        keys = sybils + honest
+        group_hits, top_hits, most = 0, 0, 0
+        # Execute
+        for _ in range(rounds):
+            chosen = {keys[i] for i in bandit.choose(keys, 50, 10)[0]}
+            in_group = len(chosen & set(sybils[:4]))
+            group_hits += in_group > 0
+            top_hits += "top" in chosen
+            most = max(most, in_group)
+        freq[memory] = (group_hits / rounds, top_hits / rounds, most)
+    # Assert: without memory four identities are drawn far more often than the one honest
+    # client of equal worth, often together; with the links lasting, the group is one arm:
+    # never two of it in a round, and drawn about as often as ``top``
+    assert freq[0][0] > 2 * freq[0][1] and freq[0][2] >= 2
+    assert freq[1][2] == 1
+    assert abs(freq[1][0] - freq[1][1]) < 0.03
+    # link-memory 2: only the pair linked in two rounds shares an arm
+    bandit, sybils, honest = sybil_bandit(2)
+    arms = bandit.arms(sybils + honest)
+    assert arms is not None and arms[0] == arms[1]
+    assert len(set(arms.tolist())) == 99
+
+
+def test_link_memory_survives_a_checkpoint_and_is_off_by_default() -> None:
+    bandit, sybils, honest = sybil_bandit(1)
+    restored = Bandit(SelectionParams(link_memory=1), np.random.default_rng(5))
+    restored.load(json.loads(json.dumps(bandit.state())))
+    keys = sybils + honest
+    np.testing.assert_array_equal(restored.arms(keys), bandit.arms(keys))
+    np.testing.assert_array_equal(restored.choose(keys, 3, 10)[0], bandit.choose(keys, 3, 10)[0])
+    off, _, _ = sybil_bandit(0)
+    assert off.pair_links == {} and off.arms(keys) is None
+    with pytest.raises(ValueError, match="link_memory=-1 must be >= 0"):
+        SelectionParams(link_memory=-1)
+
+
+def test_lasting_groups_join_pairs_linked_often_enough() -> None:
+    # Prepare: a-b linked in 3 rounds, b-c in 1, d-e in 2
+    pairs = count_links({}, [["b", "a"], ["d", "e"]])
+    pairs = count_links(pairs, [["a", "b", "c"], ["e", "d"]])
+    pairs = count_links(pairs, [["a", "b"]])
+    # Assert: hand-counted; c joins at 1, not at 2
+    assert pairs == {("a", "b"): 3, ("a", "c"): 1, ("b", "c"): 1, ("d", "e"): 2}
+    assert lasting_groups(pairs, 1) == [["a", "b", "c"], ["d", "e"]]
+    assert lasting_groups(pairs, 2) == [["a", "b"], ["d", "e"]]
+    assert lasting_groups(pairs, 3) == [["a", "b"]]
+    assert lasting_groups(pairs, 0) == []

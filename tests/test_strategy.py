@@ -274,3 +274,21 @@ def test_drop_in_for_fedavg_arguments_metrics_and_logs() -> None:
     assert metrics["n-evals"] > 0 and metrics["valuation-seconds"] >= 0  # type: ignore[operator]
     assert any(m.startswith("aggregate_train: round 2, 3 updates valued by owen")
                for m in messages)
+
+
+def test_links_seen_in_rounds_reach_the_bandit_with_link_memory() -> None:
+    # Prepare: the four good toy clients step nearly in parallel (cosine > 0.98), and so do
+    # the two bad ones
+    from fedowen_strategy.selection import SelectionParams
+
+    keys = [f"c{i}" for i in range(6)]
+    # Execute
+    remembered = run_toy("owen", rounds=2, link_cosine=0.98,
+                         selection_params=SelectionParams(link_memory=2))
+    forgotten = run_toy("owen", rounds=2, link_cosine=0.98)
+    # Assert: linked in both rounds, so with link-memory 2 each group is one arm; without it
+    # the bandit keeps no links
+    arms = remembered.bandit.arms(keys)
+    assert arms is not None and arms.tolist() == [0, 0, 0, 0, 1, 1]
+    assert remembered.bandit.pair_links[("c0", "c1")] == 2
+    assert forgotten.bandit.pair_links == {} and forgotten.bandit.arms(keys) is None
