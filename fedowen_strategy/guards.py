@@ -79,7 +79,10 @@ class Guards:
         How the value cap rescales: updates above it down to it (``at-most``), or every
         non-zero update to exactly it (``exactly``: phi reads the direction alone, so a
         booster earns what its unscaled step would, and a short honest step is valued at the
-        reference's length). Needs ``value_cap_multiple`` > 0 for ``exactly``.
+        reference's length). Needs ``value_cap_multiple`` > 0 for ``exactly``. With
+        ``value_cap_multiple = 1`` it held boosted and adaptive attackers to at most 1 x an
+        honest client's payout on development seeds at no clean cost (docs/arena.md); opt-in
+        until the confirmation ends and fresh seeds agree.
     link_cosine : float
         Updates with pairwise cosine above it are linked into one player of the game, their
         phi and weight split among them (0: off). Applies to methods that compute
