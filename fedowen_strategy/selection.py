@@ -176,12 +176,12 @@ def select_clients(
         Indices into ``phi`` of the selected clients, and whether this was an exploration
         draw (uniform) rather than an exploitation draw.
     """
-    if arm_of is not None and len(np.unique(arm_of)) < len(phi):
-        return _select_arms(np.asarray(phi, np.float64), np.asarray(counts), t, k, params,
-                            rng, np.asarray(arm_of))
     n = len(phi)
     if not 1 <= k <= n:
         raise ValueError(f"cannot select k={k} clients out of {n}; need 1 <= k <= {n}")
+    if arm_of is not None and len(np.unique(arm_of)) < n:
+        return _select_arms(np.asarray(phi, np.float64), np.asarray(counts), t, k, params,
+                            rng, np.asarray(arm_of))
     if rng.random() < params.epsilon:
         return np.sort(rng.choice(n, size=k, replace=False)), True
     scores = selection_scores(phi, counts, t, params)
@@ -198,10 +198,9 @@ def select_clients(
 def _select_arms(phi: NDArray[np.float64], counts: NDArray[np.int64], t: int, k: int,
                  params: SelectionParams, rng: np.random.Generator, arm_of: NDArray[np.int64]
                  ) -> tuple[NDArray[np.int64], bool]:
-    """:func:`select_clients` over arms that join several clients (see there)."""
+    """:func:`select_clients` over arms that join several clients (see there; ``k`` checked
+    there)."""
     n = len(phi)
-    if not 1 <= k <= n:
-        raise ValueError(f"cannot select k={k} clients out of {n}; need 1 <= k <= {n}")
     arms, arm_of = np.unique(arm_of, return_inverse=True)
     members = [np.flatnonzero(arm_of == a) for a in range(len(arms))]
     valued = counts > 0
