@@ -24,7 +24,15 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from sim.grid import Grid, Preset, expand_grid
-from sim.results import LAST_K, CellResult, grid_points, matches_point, paper_value, planned_seeds
+from sim.results import (
+    LAST_K,
+    CellResult,
+    grid_points,
+    matches_point,
+    paper_value,
+    planned_seeds,
+    point_label,
+)
 from sim.stats import Interval, mean_interval, paired_interval
 
 #: Two rows whose mean final accuracies lie this close (points) are a close call, which
@@ -41,10 +49,12 @@ SUMMARY_FIELDS = ("variant", "column", "metric", "n", "mean", "ci_half", "paired
 def max_weights(cell: CellResult) -> list[tuple[int, float]]:
     """(round, largest aggregation weight) of every aggregated round. A round whose weights
     were not finite (recorded as null, e.g. FLTrust's once its server update diverged) has
-    none."""
+    none. A round carried from a committed report (``sim.carry``) has its ``max_weight``."""
     out = []
     for r in cell.rounds:
         ws = [w for w in (r.get("weights") or {}).values() if w is not None]
+        if "max_weight" in r:
+            ws = [r["max_weight"]]
         if r.get("round", 0) > 0 and ws:
             out.append((int(r["round"]), max(ws)))
     return out
@@ -53,8 +63,9 @@ def max_weights(cell: CellResult) -> list[tuple[int, float]]:
 def server_seconds(rec: dict[str, Any]) -> float | None:
     """The server's own work in a round: FedOwen's valuation (``valuation_seconds``; its
     weighted average is negligible beside it), or a peer or Flower strategy's aggregation
-    (``aggregation_seconds``, FLTrust's root-set training included)."""
-    for key in ("valuation_seconds", "aggregation_seconds"):
+    (``aggregation_seconds``, FLTrust's root-set training included); a round carried from a
+    committed report (``sim.carry``) has it as ``server_seconds``."""
+    for key in ("valuation_seconds", "aggregation_seconds", "server_seconds"):
         if rec.get(key) is not None:
             return float(rec[key])
     return None
@@ -66,10 +77,6 @@ def round_costs(cell: CellResult) -> tuple[list[float], list[float]]:
     wall = [float(r["round_seconds"]) for r in rounds if r.get("round_seconds") is not None]
     server = [s for s in (server_seconds(r) for r in rounds) if s is not None]
     return wall, server
-
-
-def _label(col: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in col.items()) or "all"
 
 
 class AblationData:
@@ -106,7 +113,7 @@ class AblationData:
 
 
 def _table(data: AblationData, metric: str, paired: bool) -> list[str]:
-    head = f"| {data.grid.rows} | " + " | ".join(_label(c) for c in data.cols) + " |"
+    head = f"| {data.grid.rows} | " + " | ".join(point_label(c) for c in data.cols) + " |"
     lines = [head, "|" + "---|" * (len(data.cols) + 1)]
     for row in data.rows:
         if paired and row == data.grid.reference:
@@ -124,7 +131,7 @@ def _table(data: AblationData, metric: str, paired: bool) -> list[str]:
 
 
 def _weight_table(data: AblationData) -> list[str]:
-    head = f"| {data.grid.rows} | " + " | ".join(_label(c) for c in data.cols) + " |"
+    head = f"| {data.grid.rows} | " + " | ".join(point_label(c) for c in data.cols) + " |"
     lines = [head, "|" + "---|" * (len(data.cols) + 1)]
     for row in data.rows:
         cells = []
@@ -138,7 +145,7 @@ def _weight_table(data: AblationData) -> list[str]:
 def _cost_table(data: AblationData) -> list[str]:
     """Per variant and column: mean wall seconds of a round, the server's own seconds of it,
     and the round's wall time as a multiple of the reference's (same sweep, same machine)."""
-    head = f"| {data.grid.rows} | " + " | ".join(_label(c) for c in data.cols) + " |"
+    head = f"| {data.grid.rows} | " + " | ".join(point_label(c) for c in data.cols) + " |"
     lines = [head, "|" + "---|" * (len(data.cols) + 1)]
 
     def pooled(row: Any, col: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -170,7 +177,7 @@ def _paper_lines(data: AblationData) -> list[str]:
             ref = paper_value(data.grid, where, row)
             if ref is not None:
                 ours = data.interval(row, col, "final")
-                lines.append(f"- {_label(col)}, {row}: ours {ours.text()}, paper {ref:.2f}")
+                lines.append(f"- {point_label(col)}, {row}: ours {ours.text()}, paper {ref:.2f}")
     return lines
 
 
@@ -208,7 +215,7 @@ def plot_ablation(data: AblationData, path: Path, weights: bool) -> Path:
                             color=line.get_color(), alpha=0.1)
         ax.set_ylim(0, 1.0 if weights else 100.0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set(title=_label(col), xlabel="round",
+        ax.set(title=point_label(col), xlabel="round",
                ylabel="largest aggregation weight" if weights else "test accuracy (%)")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, loc="best")
@@ -232,13 +239,14 @@ def write_rounds_csv(data: AblationData, path: Path) -> Path:
                         acc = rec.get("test_accuracy")
                         secs, own = rec.get("round_seconds"), server_seconds(rec)
                         writer.writerow({
-                            "variant": row, "column": _label(col),
+                            "variant": row, "column": point_label(col),
                             "seed": cell.cell.config.seed,
                             "round": rec["round"],
                             "test_accuracy": "" if acc is None else round(100 * acc, 2),
                             "max_weight": round(weights[rec["round"]], 4)
                             if rec["round"] in weights else "",
-                            "num_returned": len(rec.get("returned") or []),
+                            "num_returned": rec.get("num_returned",
+                                                    len(rec.get("returned") or [])),
                             "round_seconds": "" if secs is None else round(float(secs), 3),
                             "server_seconds": "" if own is None or not rec["round"]
                             else round(own, 3)})
@@ -264,7 +272,7 @@ def write_summary_csv(data: AblationData, path: Path) -> Path:
                     own = row == data.grid.reference
                     pd = data.paired(row, col, metric)
                     writer.writerow({
-                        "variant": row, "column": _label(col), "metric": metric, "n": iv.n,
+                        "variant": row, "column": point_label(col), "metric": metric, "n": iv.n,
                         "mean": num(iv.mean), "ci_half": num(iv.half),
                         "paired_n": "" if own else pd.n,
                         "paired_diff": "" if own else num(pd.mean),
@@ -303,7 +311,7 @@ def _close_lines(data: AblationData) -> list[str]:
     for col, near in calls:
         best, *rest = near
         wanted = any(n < CLOSE_SEEDS for _, _, n in near)
-        lines.append(f"- {_label(col)}: `{best[0]}` ({best[2]} seeds) best; "
+        lines.append(f"- {point_label(col)}: `{best[0]}` ({best[2]} seeds) best; "
                      + ", ".join(f"`{row}` {gap:.2f} points below ({n} seeds)"
                                  for row, gap, n in rest)
                      + (" (more seeds wanted)" if wanted else ""))

@@ -28,7 +28,7 @@ from pathlib import Path
 from fedowen_deploy.launcher import APP_DIR
 from fedowen_deploy.procs import exit_on_signals
 from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
-from sim.results import drift_summary, sweep_drift
+from sim.results import CARRIED_FILE, drift_summary, sweep_drift
 from sim.runner import CODE_FILE, PRESET_FILE, Runner, cell_status, read_state
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--jobs {args.jobs} needs --backend inline (flwr runs share one "
                          "SuperLink and its Ray cluster)")
     data_dir = resolve_data_dir(args.data_dir)
-    _restore(args, results)
+    _restore(args, preset, results)
     if backend == "inline":
         runner = Runner(preset, results, data_dir, run_fn=inline_run, link_factory=nullcontext,
                         jobs=args.jobs)
@@ -98,12 +98,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if counts["failed"] == 0 else 1
 
 
-def _restore(args: argparse.Namespace, results: Path) -> None:
-    """``--restore`` (repeatable): unpack each archive's finished cells into ``results``."""
+def _restore(args: argparse.Namespace, preset: Preset, results: Path) -> None:
+    """``--restore`` (repeatable): unpack each archive's finished cells into ``results``; then
+    ``--carry`` (repeatable): carry each committed report's rows for the cells still missing."""
+    from sim.carry import carry_rows
+
     for archive in args.restore or []:
         results.mkdir(parents=True, exist_ok=True)
         print(f"[experiments] restored {restore_cells(archive, results)} cells from "
               f"{archive}", flush=True)
+    for report in args.carry or []:
+        if not report.is_dir():
+            raise SystemExit(f"--carry {report}: not a folder (give a committed report's "
+                             "folder, e.g. docs/results/<preset>)")
+        counts = carry_rows(preset, report, results)
+        print(f"[experiments] carried the committed rows of {sum(counts.values())} cells from "
+              f"{report} ({', '.join(f'{g} {n}' for g, n in counts.items()) or 'no rounds CSV'})",
+              flush=True)
 
 
 def cmd_run_on_cluster(args: argparse.Namespace) -> int:
@@ -125,7 +136,7 @@ def cmd_run_on_cluster(args: argparse.Namespace) -> int:
                          "out --backend flwr")
     args.backend = "inline"  # also names the default results dir, as for a local inline run
     preset, results = _load(args)
-    _restore(args, results)
+    _restore(args, preset, results)
     with ExitStack() as stack:
         try:
             session = stack.enter_context(connect(args.ray_address, cell_cpus=args.cell_cpus,
@@ -193,7 +204,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 ARCHIVE = "cells.tar.gz"
-ARCHIVED = ("rounds.jsonl", "summary.json", "config.json")
+ARCHIVED = ("rounds.jsonl", "summary.json", "config.json", CARRIED_FILE)
 #: The largest cell archive a report keeps beside itself (issue 30: results archives over 1 MB
 #: are no longer added to git). A larger one goes to the archive store (:func:`archive_store`)
 #: and the report keeps :data:`MANIFEST`: the cells, the commits they ran at and the archive's
@@ -348,6 +359,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--restore", type=Path, action="append", default=None, metavar="ARCHIVE",
                      help=f"first unpack a report's {ARCHIVE} into the results dir (finished "
                           "cells are not run again); repeat for several archives")
+    run.add_argument("--carry", type=Path, action="append", default=None, metavar="REPORT",
+                     help="then, for every finished cell the results dir lacks, carry its "
+                          "rows from this committed report's <grid>-rounds.csv (when its "
+                          "records were lost; sim/carry.py says what a carried cell lacks); "
+                          "with --limit 0 nothing else runs")
     report.add_argument("--command-note", default=None,
                         help="the command that produced the results, quoted in the README")
     return p.parse_args(argv)

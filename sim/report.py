@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.carry import carried_summary
 from sim.grid import Grid, Preset, expand_grid
 from sim.plots import plot_curves, plot_sweep, plot_valuation_time
 from sim.results import (
@@ -189,6 +190,8 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
           f"(regenerated from `results/{preset.name}/*/rounds.jsonl`).",
           f"- Cells finished: {done} of {len(res)}; {preset.num_supernodes} virtual clients.",
           f"- Reductions: {preset.reductions or 'none'}"]
+    carried = carried_summary(preset, results)
+    md += [f"- Carried: {carried}"] if carried else []
     drift = drift_summary(sweep_drift(preset, results))
     md += [f"- Code state: {drift}", ""] if drift else [""]
     md += overview_section(preset, res)

@@ -7,6 +7,7 @@ curves but not for the final-accuracy tables.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import math
@@ -23,6 +24,13 @@ from sim.grid import RUNNER_KEYS, Cell, Grid, Preset, expand_grid
 
 #: Recorded config keys that differ between runs of one cell by design.
 _PATH_FIELDS = ("output_dir", "data_dir", "resume_from")
+
+#: A cell's rows carried from a committed report (``sim.carry``), when its records were lost.
+CARRIED_FILE = "carried-rounds.csv"
+
+#: Columns of a rounds CSV that are per-round values (the rest identify the cell).
+_VALUES = ("round", "test_accuracy", "val_accuracy", "max_weight", "num_returned",
+           "round_seconds", "server_seconds")
 
 LAST_K = 5  # rounds averaged for the "mean of the last rounds" column
 
@@ -109,9 +117,36 @@ def drift_summary(drift: dict[str, dict[str, tuple[Any, Any]]]) -> str:
             "results stand for the code that ran them; pin the key in the preset to rerun.")
 
 
+def carried_rounds(cell_dir: Path) -> list[dict[str, Any]]:
+    """A carried cell's rows as round records: accuracies back as fractions (``test_accuracy``,
+    ``val_accuracy``), ``round_seconds``, and the report's own derived columns under their CSV
+    names (``max_weight``, ``num_returned``, ``server_seconds``), which the report reads when a
+    record has no per-client weights. Empty when the cell was not carried."""
+    path = cell_dir / CARRIED_FILE
+    if not path.is_file():
+        return []
+    records = []
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            rec: dict[str, Any] = {"round": int(row["round"]), "carried": True}
+            for key in _VALUES[1:]:
+                text = row.get(key, "")
+                if text == "":
+                    continue
+                value = float(text)
+                if key.endswith("accuracy"):
+                    value /= 100.0
+                rec[key] = int(value) if key == "num_returned" else value
+            records.append(rec)
+    return records
+
+
 def load_results(preset: Preset, results: Path) -> dict[str, CellResult]:
-    """Every cell of the preset with whatever it recorded (possibly nothing), by cell id."""
-    return {c.cell_id: CellResult(c, read_rounds(results / c.cell_id)) for c in preset.cells()}
+    """Every cell of the preset with whatever it recorded (possibly nothing), by cell id; a
+    cell carried from a committed report (``sim.carry``) with the rows it carried."""
+    return {c.cell_id: CellResult(c, read_rounds(results / c.cell_id)
+                                  or carried_rounds(results / c.cell_id))
+            for c in preset.cells()}
 
 
 @dataclass(frozen=True)

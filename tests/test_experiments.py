@@ -460,7 +460,7 @@ def test_restore_takes_several_archives(tmp_path: Path) -> None:
     args = parse_args(["run", "p.toml", "--restore", str(archives[0]),
                        "--restore", str(archives[1])])
     assert args.restore == archives
-    _restore(args, tmp_path / "merged")
+    _restore(args, one.preset, tmp_path / "merged")
     assert len(list((tmp_path / "merged").glob("*/summary.json"))) == 3
 
 

@@ -1,0 +1,122 @@
+"""Carry a committed report's per-round rows back into a results dir as finished cells.
+
+A report commits every cell's per-round rows (``<grid>-rounds.csv``); the cells' own records
+(``rounds.jsonl``) travel in an archive, and an archive over 1 MB lives in the archive store
+(:func:`sim.experiments.archive_store`), which is one machine's disk. When that machine is
+gone, so are the records, while the rows the report was written from are still in git. A
+preset that is still running (the confirmation) would otherwise have to rerun every finished
+cell, hours of compute that reproduce those rows bit for bit, before its report could grow.
+
+:func:`carry_rows` writes, for every finished cell in the committed CSV that the results dir
+lacks, ``<cell id>/carried-rounds.csv`` (the cell's rows, unchanged) and a ``summary.json``
+naming the CSV and the commit it came from. The runner then counts the cell as done, the
+report reads its rows back (:func:`sim.results.carried_rounds`) and writes them out again
+unchanged, and the cell archive carries them on. What is lost stays lost and is said
+(:func:`carried_summary`, in the report's header): a carried cell has no ``config.json`` or
+``code.json`` (``sim.confirmation check`` counts the cells it cannot check again; they were
+checked when their rows were committed), no per-client records (attack costs, payouts), and
+accuracy to two decimals.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+from sim.grid import Cell, Grid, Preset, expand_grid
+from sim.results import CARRIED_FILE, point_label
+
+SUMMARY_FILE = "summary.json"
+
+
+def cell_key(grid: Grid, cell: Cell) -> tuple[str, ...]:
+    """How a grid's rounds CSV names a cell: (row value, column label, seed) for an ablation
+    grid (``sim.ablation.write_rounds_csv``), (row value, column values..., seed) for a tuning
+    grid (``sim.confirmation._round_rows``), every part as the CSV writes it."""
+    row = str(cell.point.get(grid.rows))
+    if grid.kind == "ablation":
+        label = point_label({k: cell.point[k] for k in grid.column_keys})
+        return row, label, str(cell.config.seed)
+    return (row, *(str(cell.point.get(k)) for k in grid.column_keys), str(cell.config.seed))
+
+
+def _row_key(grid: Grid, row: dict[str, str]) -> tuple[str, ...]:
+    if grid.kind == "ablation":
+        return row["variant"], row["column"], row["seed"]
+    return (row[grid.rows], *(row[k] for k in grid.column_keys), row["seed"])
+
+
+def committed_at(path: Path) -> str | None:
+    """The last commit that changed ``path`` (None outside git or when never committed)."""
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%H", "--", path.name],
+                             cwd=path.parent, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def carry_rows(preset: Preset, report_dir: Path, results: Path) -> dict[str, int]:
+    """Carry every finished cell of the committed ``report_dir/<grid>-rounds.csv`` files into
+    ``results`` where it has no finished cell of its own; returns ``{grid: cells carried}``.
+
+    A cell is finished in the CSV when its rows reach round ``num-server-rounds``; a cell
+    already in ``results`` (run, restored or carried before) is never touched.
+    """
+    carried: dict[str, int] = {}
+    for grid in preset.grids:
+        source = report_dir / f"{grid.name}-rounds.csv"
+        if grid.kind not in ("ablation", "tuning") or not source.is_file():
+            continue
+        with source.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            fields = list(reader.fieldnames or [])
+            groups: dict[tuple[str, ...], list[dict[str, str]]] = defaultdict(list)
+            for row in reader:
+                groups[_row_key(grid, row)].append(row)
+        commit = committed_at(source)
+        carried[grid.name] = 0
+        for cell in expand_grid(preset, grid):
+            rows = groups.get(cell_key(grid, cell), [])
+            out = results / cell.cell_id
+            last = int(rows[-1]["round"]) if rows else -1
+            if last != cell.config.num_server_rounds or (out / SUMMARY_FILE).exists():
+                continue
+            out.mkdir(parents=True, exist_ok=True)
+            with (out / CARRIED_FILE).open("w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=fields)
+                writer.writeheader()
+                writer.writerows(rows)
+            (out / SUMMARY_FILE).write_text(json.dumps(
+                {"carried_from": f"{grid.name}-rounds.csv", "report": report_dir.name,
+                 "commit": commit, "rounds": last}, indent=1) + "\n")
+            carried[grid.name] += 1
+    return carried
+
+
+def is_carried(cell_dir: Path) -> bool:
+    """Whether the cell's records are rows carried from a committed report."""
+    return (cell_dir / CARRIED_FILE).is_file()
+
+
+def carried_summary(preset: Preset, results: Path) -> str:
+    """One line: which cells the report reads from carried rows, from which committed CSV and
+    commit, and what that costs them ("" when none)."""
+    sources: dict[str, int] = defaultdict(int)
+    for cell in preset.cells():
+        out = results / cell.cell_id
+        if is_carried(out):
+            meta = json.loads((out / SUMMARY_FILE).read_text())
+            commit = (meta.get("commit") or "uncommitted")[:7]
+            sources[f"docs/results/{meta['report']}/{meta['carried_from']} at {commit}"] += 1
+    if not sources:
+        return ""
+    what = "; ".join(f"{n} from {src}" for src, n in sorted(sources.items()))
+    return (f"{sum(sources.values())} cells are their committed per-round rows, carried "
+            f"(`run --carry`) after their run records were lost: {what}. Their accuracy has "
+            "two decimals (a CI half-width may move by 0.01, a tuning score loses its last "
+            "digits); they have no per-client records and no config.json to check again "
+            "(checked when the rows were committed).")
