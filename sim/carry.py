@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
+import tarfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,6 +31,11 @@ from sim.grid import Cell, Grid, Preset, expand_grid
 from sim.results import CARRIED_FILE, point_label
 
 SUMMARY_FILE = "summary.json"
+#: Beside a report (``report --archive``): every finished cell's config and code record, small
+#: enough for git whatever the size of the full archive.
+RECORDS = "cells-records.tar.gz"
+RECORDED = ("config.json", "code.json", SUMMARY_FILE)
+_CHECKED = RECORDED[:2]  # what a carried cell takes from the records: what `check` reads
 
 
 def cell_key(grid: Grid, cell: Cell) -> tuple[str, ...]:
@@ -78,6 +84,7 @@ def carry_rows(preset: Preset, report_dir: Path, results: Path) -> dict[str, int
             for row in reader:
                 groups[_row_key(grid, row)].append(row)
         commit = committed_at(source)
+        records = _records(report_dir / RECORDS)
         carried[grid.name] = 0
         for cell in expand_grid(preset, grid):
             rows = groups.get(cell_key(grid, cell), [])
@@ -93,8 +100,25 @@ def carry_rows(preset: Preset, report_dir: Path, results: Path) -> dict[str, int
             (out / SUMMARY_FILE).write_text(json.dumps(
                 {"carried_from": f"{grid.name}-rounds.csv", "report": report_dir.name,
                  "commit": commit, "rounds": last}, indent=1) + "\n")
+            for name, data in records.get(cell.cell_id, {}).items():
+                (out / name).write_bytes(data)
             carried[grid.name] += 1
     return carried
+
+
+def _records(path: Path) -> dict[str, dict[str, bytes]]:
+    """``{cell id: {file name: bytes}}`` of a :data:`RECORDS` archive (empty when there is
+    none): the config and code records a carried cell takes along."""
+    if not path.is_file():
+        return {}
+    out: dict[str, dict[str, bytes]] = defaultdict(dict)
+    with tarfile.open(path, "r:gz") as tar:
+        for member in tar.getmembers():
+            cell, _, name = member.name.partition("/")
+            data = tar.extractfile(member) if member.isfile() and name in _CHECKED else None
+            if data is not None:
+                out[cell][name] = data.read()
+    return out
 
 
 def is_carried(cell_dir: Path) -> bool:
@@ -106,17 +130,21 @@ def carried_summary(preset: Preset, results: Path) -> str:
     """One line: which cells the report reads from carried rows, from which committed CSV and
     commit, and what that costs them ("" when none)."""
     sources: dict[str, int] = defaultdict(int)
+    unchecked = 0
     for cell in preset.cells():
         out = results / cell.cell_id
         if is_carried(out):
             meta = json.loads((out / SUMMARY_FILE).read_text())
             commit = (meta.get("commit") or "uncommitted")[:7]
             sources[f"docs/results/{meta['report']}/{meta['carried_from']} at {commit}"] += 1
+            unchecked += not (out / "config.json").exists()
     if not sources:
         return ""
     what = "; ".join(f"{n} from {src}" for src, n in sorted(sources.items()))
+    records = (f"{unchecked} of them have no config.json to check again (checked when their "
+               "rows were committed); the others kept theirs in the report's "
+               f"{RECORDS}") if unchecked else f"their config and code records came from {RECORDS}"
     return (f"{sum(sources.values())} cells are their committed per-round rows, carried "
             f"(`run --carry`) after their run records were lost: {what}. Their accuracy has "
             "two decimals (a CI half-width may move by 0.01, a tuning score loses its last "
-            "digits); they have no per-client records and no config.json to check again "
-            "(checked when the rows were committed).")
+            f"digits); they have no per-client records; {records}.")

@@ -493,7 +493,8 @@ def check_cells(arms: list[dict[str, Any]], preset: Preset, results: Path) -> li
     """What is wrong with the confirmation cells under ``results``: a cell whose recorded
     config (config.json) hashes otherwise than its arm in the protocol, or that ran from a
     checkout with uncommitted changes (code.json). A cell carried from the committed rows
-    (``sim.carry``) has neither file and is not checked again: :func:`main` counts them."""
+    (``sim.carry``) is checked when the report's records archive gave it both files; one
+    without them is not: :func:`main` counts those."""
     from sim.runner import CODE_FILE
 
     expected = {(a["arm"], a["setting"]): a["hash"] for a in arms if a["preset"] == preset.name}
@@ -566,12 +567,13 @@ def main(argv: list[str] | None = None) -> int:
         results = args.results or root / "results" / preset.name
         bad += check_cells(arms, preset, results)
         carried += sum(is_carried(results / c.cell_id)
+                       and not (results / c.cell_id / "config.json").exists()
                        for c in expand_grid(preset, preset.grid(CONFIRM_GRID)))
     print("\n".join(bad) if bad else "every confirmation cell ran its protocol config "
           "from committed code")
     if carried:
-        print(f"{carried} cells carried from committed rows (no config.json to check again: "
-              "checked when their rows were committed)")
+        print(f"{carried} cells carried from committed rows without their config record (not "
+              "checked again: checked when their rows were committed)")
     return 1 if bad else 0
 
 

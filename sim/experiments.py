@@ -27,6 +27,7 @@ from pathlib import Path
 
 from fedowen_deploy.launcher import APP_DIR
 from fedowen_deploy.procs import exit_on_signals
+from sim.carry import RECORDED, RECORDS
 from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
 from sim.results import CARRIED_FILE, drift_summary, sweep_drift
 from sim.runner import CODE_FILE, PRESET_FILE, Runner, cell_status, read_state
@@ -204,7 +205,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 ARCHIVE = "cells.tar.gz"
-ARCHIVED = ("rounds.jsonl", "summary.json", "config.json", CARRIED_FILE)
+ARCHIVED = ("rounds.jsonl", "summary.json", "config.json", CODE_FILE, CARRIED_FILE)
 #: The largest cell archive a report keeps beside itself (issue 30: results archives over 1 MB
 #: are no longer added to git). A larger one goes to the archive store (:func:`archive_store`)
 #: and the report keeps :data:`MANIFEST`: the cells, the commits they ran at and the archive's
@@ -223,9 +224,13 @@ def archive_store() -> Path:
 def keep_archive(preset: Preset, results: Path, out: Path, source: str | None = None) -> Path:
     """The report's archive: ``out/cells.tar.gz`` up to :data:`ARCHIVE_LIMIT`; a larger one
     moves to :func:`archive_store` and ``out/cells-manifest.json`` names it (and the
-    ``cells.tar.gz`` beside the report is removed, so git no longer carries a copy).
+    ``cells.tar.gz`` beside the report is removed, so git no longer carries a copy). Either way
+    ``out/cells-records.tar.gz`` (:data:`sim.carry.RECORDS`: every finished cell's config and
+    code record, a few kB) stays beside the report, so cells carried back from its rows
+    (``run --carry``) can still be checked when the store is gone.
     ``source``: the preset file, for the manifest's rebuild command (default
     ``conf/<preset name>.toml``)."""
+    archive_cells(preset, results, out / RECORDS, names=RECORDED)
     path = archive_cells(preset, results, out / ARCHIVE)
     if path.stat().st_size <= ARCHIVE_LIMIT:
         (out / MANIFEST).unlink(missing_ok=True)
@@ -271,10 +276,12 @@ def stored_archive(manifest: Path) -> Path:
     return path
 
 
-def archive_cells(preset: Preset, results: Path, path: Path) -> Path:
-    """Write ``path``: every finished cell's records (``<cell id>/rounds.jsonl``, summary and
-    config), so a fresh checkout can restore them (``run --restore``) and go on. The same cells
-    give the same bytes (no timestamps or owners), so a manifest's SHA-256 survives a rerun."""
+def archive_cells(preset: Preset, results: Path, path: Path,
+                  names: tuple[str, ...] = ARCHIVED) -> Path:
+    """Write ``path``: every finished cell's files of ``names`` (``<cell id>/rounds.jsonl``,
+    summary, config and code record by default), so a fresh checkout can restore them (``run
+    --restore``) and go on. The same cells give the same bytes (no timestamps or owners), so a
+    manifest's SHA-256 survives a rerun."""
     import gzip
     import tarfile
 
@@ -287,7 +294,7 @@ def archive_cells(preset: Preset, results: Path, path: Path) -> Path:
         for cell in preset.cells():
             cell_dir = results / cell.cell_id
             if (cell_dir / "summary.json").exists():
-                for name in ARCHIVED:
+                for name in names:
                     if (cell_dir / name).exists():
                         tar.add(cell_dir / name, arcname=f"{cell.cell_id}/{name}", filter=plain)
     return path

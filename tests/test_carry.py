@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.carry import carry_rows, cell_key, is_carried
+import pytest
+
+from sim.carry import RECORDS, carry_rows, cell_key, is_carried
 from sim.experiments import archive_cells, restore_cells
 from sim.grid import Preset, parse_preset
 from sim.report import write_report
@@ -45,6 +47,11 @@ def write_run(out: Path, seed: int, shift: float, rounds: int = ROUNDS) -> None:
                             "weights": {"c0": 0.5 + seed / 1e4, "c1": 0.3, "c2": 0.2},
                             "round_seconds": 1.23456 * rnd, "valuation_seconds": 0.0567 * rnd})
             fh.write(json.dumps(rec) + "\n")
+    (out / "config.json").write_text(json.dumps({"seed": seed, "shift": shift}))
+    (out / "code.json").write_text(json.dumps([{"attempt": 1, "commit": "c0ffee",
+                                                "dirty": False}]))
+    if rounds == ROUNDS:  # the app writes its summary at the end of a run
+        (out / "summary.json").write_text(json.dumps({"rounds": rounds}))
 
 
 def finished_sweep(tmp_path: Path) -> tuple[Preset, Path]:
@@ -129,3 +136,32 @@ def test_carried_cells_travel_in_the_cell_archive(tmp_path: Path) -> None:
     for name in ("confirm-rounds.csv", "confirm-summary.csv", "tune-rounds.csv", "README.md"):
         assert (tmp_path / "again" / name).read_text() == \
             (tmp_path / "carried" / name).read_text()
+
+
+def test_the_records_archive_brings_back_what_the_check_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a report whose full archive went to a store that is then lost
+    import sim.experiments as experiments
+
+    preset, res = finished_sweep(tmp_path)
+    committed = tmp_path / "committed"
+    write_report(preset, res, committed)
+    monkeypatch.setenv("FEDOWEN_ARCHIVES", str(tmp_path / "store"))
+    monkeypatch.setattr(experiments, "ARCHIVE_LIMIT", 10)
+    kept = experiments.keep_archive(preset, res, committed)
+    for stored in (tmp_path / "store").iterdir():
+        stored.unlink()
+    # Execute
+    carry_rows(preset, committed, tmp_path / "fresh")
+    write_report(preset, tmp_path / "fresh", tmp_path / "again")
+    # Assert: beside the manifest, the records archive; every carried cell has its own config
+    # and code record back, byte for byte, so `sim.confirmation check` can read them
+    assert kept.name == experiments.MANIFEST and (committed / RECORDS).is_file()
+    carried = [c for c in preset.cells() if is_carried(tmp_path / "fresh" / c.cell_id)]
+    assert len(carried) == len(preset.cells()) - 1
+    for cell in carried:
+        for name in ("config.json", "code.json"):
+            assert (tmp_path / "fresh" / cell.cell_id / name).read_bytes() == \
+                (res / cell.cell_id / name).read_bytes()
+    assert f"their config and code records came from {RECORDS}" in \
+        (tmp_path / "again" / "README.md").read_text()
