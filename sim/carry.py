@@ -11,11 +11,12 @@ cell, hours of compute that reproduce those rows bit for bit, before its report 
 lacks, ``<cell id>/carried-rounds.csv`` (the cell's rows, unchanged) and a ``summary.json``
 naming the CSV and the commit it came from. The runner then counts the cell as done, the
 report reads its rows back (:func:`sim.results.carried_rounds`) and writes them out again
-unchanged, and the cell archive carries them on. What is lost stays lost and is said
-(:func:`carried_summary`, in the report's header): a carried cell has no ``config.json`` or
-``code.json`` (``sim.confirmation check`` counts the cells it cannot check again; they were
-checked when their rows were committed), no per-client records (attack costs, payouts), and
-accuracy to two decimals.
+unchanged, and the cell archive carries them on. A report's records archive
+(:data:`RECORDS`, in git whatever the size of the full archive) gives each carried cell its
+``config.json`` and ``code.json`` back, so ``sim.confirmation check`` reads them as for a cell
+that ran here. What is lost stays lost and is said (:func:`carried_summary`, in the report's
+header): per-client records (attack costs, payouts), accuracy beyond two decimals, and the
+config of a cell whose report kept no records archive (``check`` counts those).
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from pathlib import Path
 
 from sim.grid import Cell, Grid, Preset, expand_grid
 from sim.results import CARRIED_FILE, point_label
+from sim.runner import CODE_FILE, SUMMARY_FILE
 
-SUMMARY_FILE = "summary.json"
 #: Beside a report (``report --archive``): every finished cell's config and code record, small
 #: enough for git whatever the size of the full archive.
 RECORDS = "cells-records.tar.gz"
-RECORDED = ("config.json", "code.json", SUMMARY_FILE)
+RECORDED = ("config.json", CODE_FILE, SUMMARY_FILE)
 _CHECKED = RECORDED[:2]  # what a carried cell takes from the records: what `check` reads
 
 
@@ -73,6 +74,7 @@ def carry_rows(preset: Preset, report_dir: Path, results: Path) -> dict[str, int
     already in ``results`` (run, restored or carried before) is never touched.
     """
     carried: dict[str, int] = {}
+    records = _records(report_dir / RECORDS)
     for grid in preset.grids:
         source = report_dir / f"{grid.name}-rounds.csv"
         if grid.kind not in ("ablation", "tuning") or not source.is_file():
@@ -84,7 +86,6 @@ def carry_rows(preset: Preset, report_dir: Path, results: Path) -> dict[str, int
             for row in reader:
                 groups[_row_key(grid, row)].append(row)
         commit = committed_at(source)
-        records = _records(report_dir / RECORDS)
         carried[grid.name] = 0
         for cell in expand_grid(preset, grid):
             rows = groups.get(cell_key(grid, cell), [])

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from fedowen_deploy.launcher import APP_DIR
 from fedowen_deploy.procs import exit_on_signals
-from sim.carry import RECORDED, RECORDS
+from sim.carry import RECORDED, RECORDS, carry_rows
 from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
 from sim.results import CARRIED_FILE, drift_summary, sweep_drift
 from sim.runner import CODE_FILE, PRESET_FILE, Runner, cell_status, read_state
@@ -102,8 +102,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _restore(args: argparse.Namespace, preset: Preset, results: Path) -> None:
     """``--restore`` (repeatable): unpack each archive's finished cells into ``results``; then
     ``--carry`` (repeatable): carry each committed report's rows for the cells still missing."""
-    from sim.carry import carry_rows
-
     for archive in args.restore or []:
         results.mkdir(parents=True, exist_ok=True)
         print(f"[experiments] restored {restore_cells(archive, results)} cells from "
