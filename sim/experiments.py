@@ -249,7 +249,8 @@ def keep_archive(preset: Preset, results: Path, out: Path, source: str | None = 
                 "store": "$FEDOWEN_ARCHIVES or ~/.cache/fedowen/archives",
                 "rebuild": f"python -m sim.experiments run {source or f'conf/{preset.name}.toml'}"
                            ", each cell at "
-                           "the commit it lists (runs are bit-identical at a commit)",
+                           "the commit it lists (runs are bit-identical at a commit on "
+                           "one kind of CPU)",
                 "cells": cells}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return out / MANIFEST
