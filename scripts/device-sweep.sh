@@ -4,20 +4,28 @@
 # Here, once per session (fills the git-ignored .device/: flwr's wheels for Python 3.12, the
 # MNIST files, the finished cells of earlier device calls):
 #   bash scripts/device-sweep.sh prepare [CELLS_ARCHIVE]
+# A call sends the checkout's tracked files, and docs/results alone is over the 64 MiB a call
+# takes: before the calls, `hide` takes it out of the index (and ignores it; the files stay),
+# and `unhide` puts it back (commit nothing in between):
+#   bash scripts/device-sweep.sh hide      ...calls...      bash scripts/device-sweep.sh unhide
 # There, in each call (carry [".device"]; at most 10 minutes a call, so stop a minute early):
 #   bash scripts/device-sweep.sh run conf/ablation-mnist.toml 8 --grid ablation --jobs 30
 # Back here: the call's files hold cells.tar.gz (every finished cell of this and earlier calls)
 # and sweep.log; keep the archive as .device/cells.tar.gz for the next call and report with
 #   python -m sim.experiments run PRESET --results results/PRESET-gpu --restore cells.tar.gz --limit 0
 #   python -m sim.experiments report PRESET --results results/PRESET-gpu --out docs/results/PRESET-gpu
+# A call that the deadline cuts leaves its unfinished cells' per-round checkpoints in /tmp/results
+# there: a next call on the still-warm machine (within its 30 s) resumes them.
 # Device cells differ from CPU cells in float rounding, so they are their own report, never
 # mixed into a CPU sweep's pairs. GPU-NOTES (../shared) has the measured throughput.
+# flwr 1.42 imports httpx (and idna) at import time, which the device lacks: their wheels travel
+# too (found by running a cell here with only the device's packages importable).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEV="$ROOT/.device"
 WHEELS="flwr==1.42.0 cffi==2.1.1 click==8.5.1 cryptography==50.0.2 grpcio==1.85.1
 grpcio-health-checking==1.81.1 iterators==0.0.2 protobuf==6.33.6 pycparser==3.12
-pycryptodome==3.24.1 tomli==2.5.0 tomli-w==1.2.0 typer==0.20.1"
+pycryptodome==3.24.1 tomli==2.5.0 tomli-w==1.2.0 typer==0.20.1 httpx==0.28.1 idna==3.20"
 
 prepare() {
     local archive="${1:-}" data py
@@ -65,9 +73,22 @@ EOF
     tail -c 2000 "$OUT/sweep.log"
 }
 
+hide() {
+    git -C "$ROOT" diff --cached --quiet || { echo "[device-sweep] the index has staged changes: commit them first" >&2; exit 2; }
+    git -C "$ROOT" rm -r -q --cached docs/results
+    grep -qx '/docs/results/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/docs/results/' >> "$ROOT/.git/info/exclude"
+}
+
+unhide() {
+    git -C "$ROOT" reset -q -- docs/results
+    sed -i '\#^/docs/results/$#d' "$ROOT/.git/info/exclude"
+}
+
 case "${1:-}" in
     prepare) shift; prepare "$@" ;;
+    hide) hide ;;
+    unhide) unhide ;;
     run) shift; run "$@" ;;
-    *) echo "usage: $0 prepare [CELLS_ARCHIVE] | run PRESET MINUTES [sim.experiments run args]" >&2
+    *) echo "usage: $0 prepare [CELLS_ARCHIVE] | hide | unhide | run PRESET MINUTES [sim.experiments run args]" >&2
        exit 2 ;;
 esac
