@@ -232,13 +232,15 @@ def _verdict(s: dict[str, Any]) -> tuple[bool, bool, bool]:
     return bool(s["held"]), s["collapsed"] > 0, not s["payout_max"] > 1.0
 
 
-def seed_agreement(fresh: list[dict[str, Any]], development: list[dict[str, Any]]) -> str:
+def seed_agreement(fresh: list[dict[str, Any]], development: list[dict[str, Any]],
+                   labels: tuple[str, str] = ("development seeds", "fresh seeds")) -> str:
     """Markdown: per setting both grids ran and attack, the development seeds' reading beside
     the fresh seeds' (loss ± CI, held, collapses, largest payout ratio), and whether the two
-    agree on all three verdicts."""
+    agree on all three verdicts. ``labels`` name the two columns (another defence on the same
+    seeds, say)."""
     dev = {(s["setting"], s["attack"]): s for s in summarise(development)}
-    lines = ["| setting | attack | development seeds: loss, held, collapsed, payout max "
-             "| fresh seeds: loss, held, collapsed, payout max | agree |",
+    lines = [f"| setting | attack | {labels[0]}: loss, held, collapsed, payout max "
+             f"| {labels[1]}: loss, held, collapsed, payout max | agree |",
              "|---|---|---|---|---|"]
     for s in summarise(fresh):
         d = dev.get((s["setting"], s["attack"]))
@@ -273,12 +275,21 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--versus {args.versus}: no rows of defence {defence!r} in {csv_path}")
         fresh = read_rows(out / "attack-costs.csv")
         path = out / "seed-agreement.md"
-        path.write_text(f"# Fresh against development seeds: {load_preset(args.preset).name}\n\n"
-                        f"Development: {defence} in {csv_path}. They agree when both read the "
+        name = load_preset(args.preset).name
+        same_seeds = {r["seed"] for r in fresh} == {r["seed"] for r in development}
+        if same_seeds:  # another defence on these seeds, not another set of seeds
+            title = f"# {name} beside {defence} on the same seeds"
+            what = f"Beside: {defence} in {csv_path}, the same seeds"
+            labels = (f"{defence}, same seeds", name)
+        else:
+            title = f"# Fresh against development seeds: {name}"
+            what = f"Development: {defence} in {csv_path}"
+            labels = ("development seeds", "fresh seeds")
+        path.write_text(f"{title}\n\n{what}. They agree when both read the "
                         "same on all three of held (CI upper bound <= 2 points), any collapse "
                         "and payout ratio <= 1 in every seed; with 3-5 seeds 'held' is mostly "
                         "the width of the interval.\n\n"
-                        + seed_agreement(fresh, development))
+                        + seed_agreement(fresh, development, labels))
         print(f"[attack-costs] {path}")
     return 0
 
