@@ -70,19 +70,20 @@ class Guards:
     norm_cap_multiple : float
         The multiple of the reference norm (> 0).
     value_cap_multiple : float
-        0 (the default): the updates are valued as they are averaged. > 0: they are valued
-        rescaled to at most this multiple of the norm cap's reference (and averaged at
-        ``norm_cap_multiple``), so an update's size above that multiple buys no phi. Needs a
-        norm cap. Opt-in: on development seeds it did not stop boosting from paying (a booster
-        whose honest step is below the reference still gains up to it; docs/arena.md).
+        > 0 (default 1): the updates are valued rescaled to this multiple of the norm cap's
+        reference (and averaged at ``norm_cap_multiple``), so an update's size above it buys
+        no phi; 0: they are valued as they are averaged. It follows the norm cap: where the
+        cap resolves to ``none`` there is no reference, and the updates are valued as
+        averaged.
     value_cap_mode : {"at-most", "exactly"}
         How the value cap rescales: updates above it down to it (``at-most``), or every
-        non-zero update to exactly it (``exactly``: phi reads the direction alone, so a
-        booster earns what its unscaled step would, and a short honest step is valued at the
-        reference's length). Needs ``value_cap_multiple`` > 0 for ``exactly``. With
-        ``value_cap_multiple = 1`` it held boosted and adaptive attackers to at most 1 x an
-        honest client's payout on development seeds at no clean cost (docs/arena.md); opt-in
-        until the confirmation ends and fresh seeds agree.
+        non-zero update to exactly it (``exactly``, the default: phi reads the direction
+        alone, so a booster earns what its unscaled step would, and a short honest step is
+        valued at the reference's length). Needs ``value_cap_multiple`` > 0 for ``exactly``.
+        ``at-most`` did not stop boosting from paying on development seeds (a booster whose
+        honest step is below the reference still gains up to it); ``exactly`` at multiple 1
+        held boosted and adaptive attackers to an honest payout there and on fresh seeds
+        20-24 (conf/defaults-next-fresh.toml; docs/arena.md).
     link_cosine : float
         Updates with pairwise cosine above it are linked into one player of the game, their
         phi and weight split among them (0: off). Applies to methods that compute
@@ -100,8 +101,8 @@ class Guards:
     update_bound_multiple: float = 3.0
     norm_cap: str = "auto"
     norm_cap_multiple: float = 2.0
-    value_cap_multiple: float = 0.0
-    value_cap_mode: str = "at-most"
+    value_cap_multiple: float = 1.0
+    value_cap_mode: str = "exactly"
     link_cosine: float = 0.98
     duplicate_tolerance: float = 1e-6
 
@@ -137,10 +138,6 @@ class Guards:
             When the cap is ``server`` and there is no server step.
         """
         mode = resolve_norm_cap(self.norm_cap, no_phi)
-        if mode == "none" and self.value_cap_multiple > 0 and not no_phi:
-            raise ValueError(f"value_cap_multiple={self.value_cap_multiple!r} scales the norm "
-                             "cap's reference: set norm_cap to 'median' or 'server' (or "
-                             "'auto'), or value_cap_multiple to 0")
         if mode == "server" and not server_step:
             raise ValueError("norm_cap='server' needs server_step (one server training step on "
                              "the evaluation set); or use norm_cap='median'")

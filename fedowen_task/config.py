@@ -68,8 +68,8 @@ class TaskConfig:
     eval_fraction: float = 0.01
     validation_fraction: float = 0.0
     seed: int = 0
-    lr: float = 0.02
-    momentum: float = 0.9
+    lr: float = 0.05
+    momentum: float = 0.5
     batch_size: int = 10
     local_epochs: int = 1
     weight_decay: float = 0.0

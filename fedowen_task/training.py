@@ -24,13 +24,14 @@ log = logging.getLogger(__name__)
 class TrainConfig:
     """Local-training hyperparameters, validated.
 
-    The defaults (``lr=0.02, momentum=0.9, batch_size=10, local_epochs=1``, no weight decay)
-    were chosen by plain-FedAvg runs on MNIST (measurements: docs/defaults.md); one local
-    epoch is the paper's setting (Sec. 4.1).
+    The defaults (``lr=0.05, momentum=0.5, batch_size=10, local_epochs=1``, no weight decay):
+    the recipe the confirmation's tuning picked by equal-weight FedAvg's validation accuracy
+    on MNIST, FashionMNIST and CIFAR-10 (within 0.7 points of FEMNIST's pick; README, "Run
+    configuration"); one local epoch is the paper's setting (Sec. 4.1).
     """
 
-    lr: float = 0.02
-    momentum: float = 0.9
+    lr: float = 0.05
+    momentum: float = 0.5
     batch_size: int = 10
     local_epochs: int = 1
     weight_decay: float = 0.0

@@ -230,11 +230,6 @@ class RunConfig(TaskConfig):
         if self.value_cap_mode == "exactly" and not self.value_cap_multiple > 0:
             bad.append("value-cap-mode=\"exactly\" values every update at value-cap-multiple "
                        "x the norm cap's reference: set value-cap-multiple > 0 (e.g. 1.0)")
-        if self.value_cap_multiple > 0 and self.norm_cap == "none" and \
-                self.valuation not in NO_PHI:
-            bad.append(f"value-cap-multiple={self.value_cap_multiple} scales the norm cap's "
-                       "reference: set norm-cap to \"auto\", \"median\" or \"server\", or "
-                       "value-cap-multiple to 0")
         for check in (self.selection_params, self.axes):
             try:
                 check()

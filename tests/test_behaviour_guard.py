@@ -18,7 +18,8 @@ did 15 more runs here under other instruction sets for torch, MKL and oneDNN, e.
 The copy was recorded at 49be9f2, whose app code is the code that passed the hashed guard.
 
 If this fails after a change that was *meant* to change behaviour, say so in the commit and
-record the new copy; a change that was not meant to, is a bug.
+record the new copy (``PYTHONPATH=. python tests/test_behaviour_guard.py --record DATA_DIR``);
+a change that was not meant to, is a bug.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +119,23 @@ def test_a_fixed_seed_run_records_the_same_rounds_as_before(shared_data_dir: Pat
     assert differences(got, want) == []
     for name in ("ledger.csv", "payouts.csv"):
         assert differences(read_csv(tmp_path / name), read_csv(RECORDED / name)) == [], name
+
+
+def record(data_dir: Path) -> None:
+    """Run the guard's configuration and keep its records as the new copy."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = {**GUARD_CONFIG, "data-dir": str(data_dir.resolve()), "output-dir": tmp}
+        outcome = inline_run(None, cfg, num_supernodes=GUARD_SUPERNODES, timeout=600)
+        if not outcome.ok:
+            raise SystemExit(outcome.output[-3000:])
+        (RECORDED / "rounds.jsonl").write_text(canonical_rounds(Path(tmp) / "rounds.jsonl"))
+        for name in ("ledger.csv", "payouts.csv"):
+            shutil.copyfile(Path(tmp) / name, RECORDED / name)
+    print(f"recorded {RECORDED}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "--record":
+        raise SystemExit("usage: PYTHONPATH=. python tests/test_behaviour_guard.py --record "
+                         "DATA_DIR (the offline datasets, e.g. ../shared/data)")
+    record(Path(sys.argv[2]))

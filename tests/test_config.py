@@ -88,20 +88,20 @@ def test_cross_key_rules_use_the_estimator_registry() -> None:
     assert "takes no parameters" in none
 
 
-def test_a_value_cap_needs_a_norm_cap_for_a_valuation_method() -> None:
-    (cap,) = problems_of({"norm-cap": "none", "value-cap-multiple": 1.0})
-    assert "value-cap-multiple=1.0 scales the norm cap's reference" in cap
-    assert parse_run_config({"value-cap-multiple": 1.0}).guards().value_cap_multiple == 1.0
-    # FedAvg values nothing: no cap, nothing to scale, no complaint
-    assert parse_run_config({"valuation": "none", "norm-cap": "none",
-                             "value-cap-multiple": 1.0})
+def test_the_value_cap_is_on_by_default_and_follows_the_norm_cap() -> None:
+    guards = parse_run_config({}).guards()
+    assert (guards.value_cap_multiple, guards.value_cap_mode) == (1.0, "exactly")
+    # norm-cap none leaves no reference to value at: a valid config, valued as averaged
+    # (tests/test_round_step.py shows the round)
+    cfg = parse_run_config({"norm-cap": "none"})
+    assert (cfg.norm_cap_mode(), cfg.guards().value_cap_multiple) == ("none", 1.0)
 
 
 def test_valuing_exactly_at_the_cap_needs_a_value_cap() -> None:
-    (mode,) = problems_of({"value-cap-mode": "exactly"})
+    (mode,) = problems_of({"value-cap-multiple": 0.0, "value-cap-mode": "exactly"})
     assert "set value-cap-multiple > 0" in mode
-    guards = parse_run_config({"value-cap-multiple": 1.0, "value-cap-mode": "exactly"}).guards()
-    assert (guards.value_cap_multiple, guards.value_cap_mode) == (1.0, "exactly")
+    guards = parse_run_config({"value-cap-multiple": 0.0, "value-cap-mode": "at-most"}).guards()
+    assert (guards.value_cap_multiple, guards.value_cap_mode) == (0.0, "at-most")
 
 
 def test_first_order_needs_the_delta_game_with_neg_loss() -> None:

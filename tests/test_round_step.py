@@ -35,6 +35,10 @@ def round_of(boost: float, ids: Sequence[str]) -> ParsedReplies:
     return ParsedReplies(updates=updates, failed={"c9": "node gone"})
 
 
+#: The value cap off (it is on by default: 1 x the reference, exactly)
+NO_VALUE_CAP: dict[str, Any] = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most"}
+
+
 def run(parsed: ParsedReplies, **guards: Any) -> Any:
     return aggregate_round(
         parsed, {"w": np.zeros(4)}, selected=["c0", "c1", "c2", "c3", "c4", "c9"],
@@ -101,10 +105,11 @@ def test_a_value_cap_values_a_booster_under_the_cap_by_its_direction_not_its_siz
     # toy game rewards a longer step (the honest average only goes halfway to TARGET); four
     # clients, so no two honest steps are copies
     ids = ["c0", "c1", "c2", "c3"]
-    honest = run(round_of(1.0, ids), link_cosine=0.0)
+    honest = run(round_of(1.0, ids), link_cosine=0.0, **NO_VALUE_CAP)
     # Execute
-    boosted = run(round_of(1.9, ids), link_cosine=0.0)
-    valued = run(round_of(1.9, ids), link_cosine=0.0, value_cap_multiple=1.0)
+    boosted = run(round_of(1.9, ids), link_cosine=0.0, **NO_VALUE_CAP)
+    valued = run(round_of(1.9, ids), link_cosine=0.0, value_cap_multiple=1.0,
+                 value_cap_mode="at-most")
     # Assert: without the value cap the booster's size buys it phi over every honest client;
     # valued at 1 x the reference it earns what it earns sending its honest step (within the
     # few percent its step's norm differs from the lower median), no more than the best honest
@@ -138,7 +143,8 @@ def test_valued_exactly_at_the_reference_a_booster_earns_what_its_unscaled_step_
     # rewards a longer step
     honest_scales, boosted_scales = [0.4, 1.0, 1.1, 1.2], [0.8, 1.0, 1.1, 1.2]
     # Execute
-    at_most = {name: run(scaled_round(scales), link_cosine=0.0, value_cap_multiple=1.0)
+    at_most = {name: run(scaled_round(scales), link_cosine=0.0, value_cap_multiple=1.0,
+                         value_cap_mode="at-most")
                for name, scales in (("honest", honest_scales), ("boosted", boosted_scales))}
     exactly = {name: run(scaled_round(scales), link_cosine=0.0, value_cap_multiple=1.0,
                          value_cap_mode="exactly")
@@ -168,12 +174,23 @@ def test_value_cap_mode_is_checked() -> None:
     with pytest.raises(ValueError, match="value_cap_mode='exact' must be one of"):
         Guards(value_cap_mode="exact")
     with pytest.raises(ValueError, match="set value_cap_multiple > 0"):
-        Guards(value_cap_mode="exactly")
+        Guards(value_cap_multiple=0.0, value_cap_mode="exactly")
 
 
-def test_a_value_cap_needs_a_norm_cap_to_scale() -> None:
-    with pytest.raises(ValueError, match=r"value_cap_multiple=1\.0 scales the norm cap"):
-        Guards(norm_cap="none", value_cap_multiple=1.0).norm_cap_for(no_phi=False)
-    assert Guards(norm_cap="auto", value_cap_multiple=1.0).norm_cap_for(no_phi=True) == "none"
+def test_without_a_norm_cap_the_value_cap_has_no_reference_and_values_as_averaged() -> None:
+    # Execute: the default value cap (1 x the reference, exactly) and none at all, both
+    # without a norm cap
+    def uncapped(**guards: Any) -> Any:
+        return aggregate_round(
+            scaled_round([0.4, 1.0, 1.1, 5.0]), {"w": np.zeros(4)}, selected=["c0", "c1"],
+            valuation=ValuationSettings(method="exact", game="delta"), guards=Guards(**guards),
+            norm_cap=Guards(**guards).norm_cap_for(no_phi=False),
+            utility_factory=delta_game, rng=np.random.default_rng(0), server_round=1)
+    default, off = uncapped(norm_cap="none"), uncapped(norm_cap="none", value_cap_multiple=0.0,
+                                                       value_cap_mode="at-most")
+    # Assert: nothing was valued at a cap; the same phi as with the value cap off
+    assert "value_cap" not in default.record and "norm_cap" not in default.record
+    np.testing.assert_array_equal(default.valuation.phi, off.valuation.phi)
+    assert Guards(norm_cap="auto").norm_cap_for(no_phi=True) == "none"
     with pytest.raises(ValueError, match="value_cap_multiple=-1"):
         Guards(value_cap_multiple=-1)

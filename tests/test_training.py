@@ -80,7 +80,7 @@ def test_evaluate_by_hand() -> None:
 
 def test_train_config_defaults_and_validation() -> None:
     cfg = TrainConfig()
-    assert (cfg.lr, cfg.momentum, cfg.batch_size, cfg.local_epochs) == (0.02, 0.9, 10, 1)
+    assert (cfg.lr, cfg.momentum, cfg.batch_size, cfg.local_epochs) == (0.05, 0.5, 10, 1)
     assert cfg.train_kwargs()["epochs"] == 1
     with pytest.raises(ValueError, match=r"lr.*batch_size"):
         TrainConfig(lr=0.0, batch_size=0)
