@@ -437,8 +437,10 @@ def write_confirmation(results_root: Path, out_md: Path, out_csv: Path) -> list[
 #: Per-run keys that differ between the seeds and machines of one arm by design.
 _PER_RUN = ("seed", "output_dir", "data_dir", "resume_from")
 #: Keys the app gained after the protocol commit (839845a), with the value that runs as the
-#: code did before them: at that value they are left out of an arm's resolved config, so the
-#: protocol's hashes keep naming the same runs.
+#: code did before them: a config without them (a cell's config.json written then, or a
+#: preset that leaves them to the defaults, which have changed since) ran at that value, and
+#: at that value they are left out of an arm's resolved config, so the protocol's hashes keep
+#: naming the same runs.
 ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", "link_memory": 0}
 
 
@@ -448,8 +450,10 @@ def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:
     per-run keys. ``config`` is a run config (kebab-case) or a cell's config.json."""
     from server_app.config import parse_run_config
 
-    cfg = parse_run_config({k.replace("_", "-"): v for k, v in config.items()
-                            if k.replace("-", "_") not in _PER_RUN})
+    given = {k.replace("-", "_"): v for k, v in config.items()}
+    cfg = parse_run_config({k.replace("_", "-"): v
+                            for k, v in {**ADDED_AFTER_PROTOCOL, **given}.items()
+                            if k not in _PER_RUN})
     selection, aggregation = cfg.axes()
     resolved = {k: v for k, v in asdict(cfg).items() if k not in _PER_RUN
                 and not (k in ADDED_AFTER_PROTOCOL and ADDED_AFTER_PROTOCOL[k] == v)}

@@ -299,7 +299,7 @@ def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
     from client_app.app import app as client_app
     from server_app.app import run
     from server_app.config import parse_run_config
-    from sim.confirmation import check_cells, config_hash, protocol_arms
+    from sim.confirmation import ADDED_AFTER_PROTOCOL, check_cells, config_hash, protocol_arms
     from sim.inline_grid import InProcessGrid
 
     raw = {"preset": {"name": "confirm-unit", "num-supernodes": 6, "backend": "inline"},
@@ -316,7 +316,9 @@ def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
     arms = protocol_arms(preset)
     cell = next(c for c in preset.cells() if c.point["variant"] == "fedowen")
     out = tmp_path / "res" / cell.cell_id
-    cfg = {**cell.run_config, "output-dir": str(out), "data-dir": str(shared_data_dir)}
+    # the keys added since the protocol at the values its code ran (today's defaults differ)
+    cfg = {**cell.run_config, "output-dir": str(out), "data-dir": str(shared_data_dir),
+           **{k.replace("_", "-"): v for k, v in ADDED_AFTER_PROTOCOL.items()}}
     nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
     # Execute
     run(InProcessGrid(client_app, nodes, cfg), parse_run_config(cfg), out)
@@ -330,9 +332,13 @@ def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
     recorded = json.loads((out / "config.json").read_text())
     assert config_hash(recorded) == fedowen["hash"] != arms[1]["hash"]
     assert check_cells(arms, preset, tmp_path / "res") == []
-    # a cell that ran with another learning rate is caught
-    (out / "config.json").write_text(json.dumps({**recorded, "lr": 0.5}))
-    assert any("config hash" in p for p in check_cells(arms, preset, tmp_path / "res"))
+    # a config written before those keys existed names the same arm
+    before = {k: v for k, v in recorded.items() if k not in ADDED_AFTER_PROTOCOL}
+    assert config_hash(before) == fedowen["hash"]
+    # a cell that ran with another learning rate, or with today's default value cap, is caught
+    for changed in ({"lr": 0.5}, {"value_cap_multiple": 1.0, "value_cap_mode": "exactly"}):
+        (out / "config.json").write_text(json.dumps({**recorded, **changed}))
+        assert any("config hash" in p for p in check_cells(arms, preset, tmp_path / "res"))
 
 
 def test_every_arms_endpoint_is_listed_and_a_collapsed_arm_is_marked() -> None:
