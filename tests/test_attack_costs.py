@@ -87,7 +87,8 @@ def test_fresh_and_development_seeds_agree_only_on_all_three_verdicts() -> None:
     assert "1.80" in table and "ipm" not in table
     # another defence on the same seeds: the columns say so
     header = seed_agreement(fresh, development, ("old, same seeds", "new")).splitlines()[0]
-    assert header.startswith("| setting | attack | old, same seeds: loss") and "| new: loss" in header
+    assert header.startswith("| setting | attack | old, same seeds: loss")
+    assert "| new: loss" in header
 
 
 def test_an_attacker_paid_above_honest_is_read_against_what_its_data_earns_clean() -> None:
