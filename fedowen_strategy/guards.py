@@ -82,8 +82,10 @@ class Guards:
         valued at the reference's length). Needs ``value_cap_multiple`` > 0 for ``exactly``.
         ``at-most`` did not stop boosting from paying on development seeds (a booster whose
         honest step is below the reference still gains up to it); ``exactly`` at multiple 1
-        held boosted and adaptive attackers to an honest payout there and on fresh seeds
-        20-24 (conf/defaults-next-fresh.toml; docs/arena.md).
+        held boosted and adaptive attackers to an honest payout there, and on fresh seeds
+        20-24 at MNIST alpha 0.1 but not at alpha 0.01 or on FashionMNIST, where a boosted
+        update still moves the model further and is selected again
+        (conf/defaults-next-fresh.toml; docs/arena.md).
     link_cosine : float
         Updates with pairwise cosine above it are linked into one player of the game, their
         phi and weight split among them (0: off). Applies to methods that compute
