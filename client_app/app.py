@@ -37,7 +37,13 @@ from fedowen_task.config import TaskConfig, parse_task_config
 from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
 from fedowen_task.partition import adversary_ids, federated_split
-from fedowen_task.protocol import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, RAY_NODE_FIELD
+from fedowen_task.protocol import (
+    CLIENT_ID_FIELD,
+    CLIENT_RECORD_KEY,
+    LOCAL_LOSS_FIELD,
+    LOSS_SQUARES_FIELD,
+    RAY_NODE_FIELD,
+)
 from fedowen_task.training import evaluate, train
 
 log = logging.getLogger(__name__)
@@ -138,8 +144,17 @@ def _named(content: RecordDict, client_id: str) -> RecordDict:
 
 @app.query()
 def query_handler(msg: Message, context: Context) -> Message:
-    """Name this client: the server orders nodes by client id before it selects any."""
-    return Message(content=_named(RecordDict(), _client_id(context)), reply_to=msg)
+    """Name this client (the server orders nodes by client id before it selects any); when
+    the query carries a model and asks for ``local-loss`` (Power-of-Choice's candidates),
+    also the model's mean loss on this client's partition."""
+    content = RecordDict()
+    config = msg.content.config_records.get("config")
+    if config is not None and config.get(LOCAL_LOSS_FIELD):
+        cfg = _config(tuple(sorted(context.run_config.items())))
+        x, y, _, _ = _partition(cfg, context)
+        loss, _ = evaluate(_model(cfg, msg, context), x, y)
+        content["metrics"] = MetricRecord({LOCAL_LOSS_FIELD: loss, "num-examples": len(y)})
+    return Message(content=_named(content, _client_id(context)), reply_to=msg)
 
 
 @app.train()
@@ -160,20 +175,21 @@ def train_handler(msg: Message, context: Context) -> Message:
     seed = _seed(cfg.seed, server_round, seed_name)
     kind = cfg.adversary_kind if adversarial else "honest"
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    stats = {"loss": float("nan")}
+    squares = bool(train_config.get(LOSS_SQUARES_FIELD, 0))  # Oort asks
+    stats = {"loss": float("nan"), "loss_squares": 0.0}
     if kind not in IDLE_KINDS:
         if kind == "label-flip":  # the model's classes are the dataset's
             y = flip_labels(y, _dataset(cfg, context).num_classes)
         stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
                       batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
-                      proximal_mu=float(mu), seed=seed)
+                      proximal_mu=float(mu), seed=seed, loss_squares=squares)
     state = misbehave(kind, global_state, model.state_dict(), cfg, server_round=server_round,
                       seed=seed, attack_seed=_seed(cfg.seed, server_round, f"attack-{client_id}"),
                       memory=context.state)
-    content = RecordDict({
-        "arrays": ArrayRecord(state),
-        "metrics": MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y)}),
-    })
+    metrics = MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y)})
+    if squares:
+        metrics[LOSS_SQUARES_FIELD] = float(stats["loss_squares"])
+    content = RecordDict({"arrays": ArrayRecord(state), "metrics": metrics})
     return Message(content=_named(content, client_id), reply_to=msg)
 
 

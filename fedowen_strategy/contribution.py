@@ -43,7 +43,7 @@ from fedowen_strategy.aggregation import (
     mix_and_cap,
     round_weights,
 )
-from fedowen_strategy.selection import SELECTIONS
+from fedowen_strategy.selection import NEEDS_PHI_SELECTIONS, SELECTIONS
 from fedowen_strategy.shapfed import last_layer_key, shapfed_scores
 from fedowen_strategy.valuation import ESTIMATORS, FLAT, estimate
 
@@ -151,9 +151,10 @@ def resolve_axes(method: str, selection: str, aggregation: str) -> tuple[str, st
     if aggregation not in AGGREGATIONS:
         problems.append(f"aggregation={aggregation!r} is not one of auto, "
                         f"{', '.join(AGGREGATIONS)}")
-    if no_phi and selection == "adaptive":
-        problems.append(f"selection='adaptive' ranks clients by phi, which valuation={method!r} "
-                        "does not compute: use selection='random' (or 'auto')")
+    if no_phi and selection in NEEDS_PHI_SELECTIONS:
+        problems.append(f"selection={selection!r} ranks clients by phi, which valuation="
+                        f"{method!r} does not compute: use selection='random', "
+                        "'power-of-choice' or 'oort' (or 'auto')")
     if no_phi and aggregation in NEEDS_PHI:
         problems.append(f"aggregation={aggregation!r} weights by phi, which valuation="
                         f"{method!r} does not compute: use 'examples' or 'uniform' (or 'auto')")

@@ -13,12 +13,20 @@ from dataclasses import dataclass, field
 from logging import WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord, Message, RecordDict
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
+from fedowen_strategy.selectors import oort_utility
+
 # the message protocol the ClientApp shares (the library's one import from the task module)
-from fedowen_task.protocol import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, RAY_NODE_FIELD
+from fedowen_task.protocol import (
+    CLIENT_ID_FIELD,
+    CLIENT_RECORD_KEY,
+    LOCAL_LOSS_FIELD,
+    LOSS_SQUARES_FIELD,
+    RAY_NODE_FIELD,
+)
 
 #: Largest ``num-examples`` a reply may claim (exact in float64, no overflow in weights).
 MAX_EXAMPLES = 2**53
@@ -192,4 +200,36 @@ def parse_replies(
         else:
             seen.add(result.client_id)
             out.updates.append(result)
+    return out
+
+
+def metric_of(content: RecordDict, name: str) -> float:
+    """A reply's float metric ``name`` (NaN when missing or not a number)."""
+    for record in content.metric_records.values():
+        value = record.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return float("nan")
+
+
+def local_losses(replies: Iterable[Message], nodes: list[int]) -> tuple[list[float], int]:
+    """Power-of-Choice's answers: each of ``nodes``' reported local loss (NaN for a node that
+    failed or did not answer: it is then never among the highest), and the examples the
+    candidates evaluated to answer (the query's client compute)."""
+    answered = [msg for msg in replies if not msg.has_error()]
+    by_node = {msg.metadata.src_node_id: metric_of(msg.content, LOCAL_LOSS_FIELD)
+               for msg in answered}
+    examples = [metric_of(msg.content, "num-examples") for msg in answered]
+    return ([by_node.get(node, float("nan")) for node in nodes],
+            int(sum(n for n in examples if np.isfinite(n))))
+
+
+def oort_utilities(contents: Iterable[RecordDict]) -> list[float]:
+    """Oort's statistical utility of each reply (``num-examples`` and the sum of squared
+    training losses it reports; 0 where either is missing)."""
+    out = []
+    for content in contents:
+        n, squares = metric_of(content, "num-examples"), metric_of(content, LOSS_SQUARES_FIELD)
+        ok = np.isfinite(n) and np.isfinite(squares)
+        out.append(oort_utility(n, squares) if ok else 0.0)
     return out

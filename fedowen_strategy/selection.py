@@ -28,17 +28,19 @@ below it, and keeps its whole bonus.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.links import Pair, count_links, lasting_groups
+from fedowen_strategy.selectors import REWARDS
 
-#: Algorithm 2's bandit, or uniform sampling (FedAvg's, and the paper's ablation).
-SELECTIONS = ("adaptive", "random")
+#: Algorithm 2's bandit, uniform sampling (FedAvg's, and the paper's ablation), the field's
+#: selectors and FedOwen's posterior selector (:mod:`fedowen_strategy.selectors`).
+SELECTIONS = ("adaptive", "random", "posterior", "power-of-choice", "oort")
+#: Selectors that rank clients by phi, so need a valuation method that computes it.
+NEEDS_PHI_SELECTIONS = ("adaptive", "posterior")
 #: What the bandit exploits: a client's latest phi (Algorithm 2), the running mean of its phi
 #: over the rounds it was valued, or an exponentially discounted mean.
 MEMORIES = ("latest", "mean", "discounted")
@@ -84,6 +86,18 @@ class SelectionParams:
         many rounds are one arm from then on: at most one of them is selected in a round,
         with one client's chance between them (0, the default: off). Against colluding
         Sybils, whose k identities are otherwise selected about k times as often as one.
+    poc_d : int
+        Power-of-Choice's candidates a round (d >= k; more than the clients: all of them).
+    oort_exploration_min : float
+        Oort's floor on its decaying exploration share, in [0, 1].
+    reward : {"rank", "phi"}
+        What the posterior selector learns from (:mod:`~fedowen_strategy.selectors`).
+    resolve_level : float
+        The posterior selector exploits only while one-way ANOVA rejects "every client's
+        true reward is the same" at this level; otherwise it draws uniformly.
+    cap : float
+        Identity cap, any selector: a client (or a lasting link group) selected ``cap`` times
+        its uniform share so far sits a round out (0, the default: off; else >= 1).
     """
 
     epsilon: float = 0.1
@@ -93,6 +107,11 @@ class SelectionParams:
     memory: str = "mean"
     discount: float = 0.3
     link_memory: int = 0
+    poc_d: int = 20
+    oort_exploration_min: float = 0.3
+    reward: str = "rank"
+    resolve_level: float = 0.01
+    cap: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.epsilon <= 1.0:
@@ -106,6 +125,17 @@ class SelectionParams:
         update_memory(None, 0.0, 1, self.memory, self.discount)  # validates both
         if self.link_memory < 0:
             raise ValueError(f"link_memory={self.link_memory!r} must be >= 0 (0 = off)")
+        if self.poc_d < 1:
+            raise ValueError(f"poc_d={self.poc_d!r} must be >= 1 (and >= k)")
+        if not 0.0 <= self.oort_exploration_min <= 1.0:
+            raise ValueError(f"oort_exploration_min={self.oort_exploration_min!r} must lie "
+                             "in [0, 1]")
+        if not 0.0 < self.resolve_level <= 1.0:
+            raise ValueError(f"resolve_level={self.resolve_level!r} must lie in (0, 1]")
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward={self.reward!r} is not one of {REWARDS}")
+        if not (self.cap == 0.0 or 1.0 <= self.cap < math.inf):
+            raise ValueError(f"cap={self.cap!r} must be 0 (off) or a finite number >= 1")
 
 
 def selection_scores(
@@ -228,67 +258,3 @@ def select_uniform(n: int, k: int, rng: np.random.Generator) -> NDArray[np.int64
     if not 1 <= k <= n:
         raise ValueError(f"cannot select k={k} clients out of {n}; need 1 <= k <= {n}")
     return np.sort(rng.choice(n, size=k, replace=False))
-
-
-@dataclass
-class Bandit:
-    """Algorithm 2's state over a run: each client's remembered phi and times valued, and the
-    selection's random stream; ``mode`` ``random`` samples uniformly (FedAvg's selection)."""
-
-    params: SelectionParams
-    rng: np.random.Generator
-    mode: str = "adaptive"
-    phi: dict[str, float] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    pair_links: dict[Pair, int] = field(default_factory=dict)
-
-    def choose(self, keys: Sequence[str], server_round: int, k: int
-               ) -> tuple[NDArray[np.int64], bool]:
-        """Indices into ``keys`` of ``k`` clients, and whether the bandit explored."""
-        if self.mode == "random":
-            return select_uniform(len(keys), k, self.rng), True
-        phi = np.array([self.phi.get(key, 0.0) for key in keys])
-        counts = np.array([self.counts.get(key, 0) for key in keys])
-        return select_clients(phi, counts, server_round, k, self.params, self.rng,
-                              self.arms(keys))
-
-    def arms(self, keys: Sequence[str]) -> NDArray[np.int64] | None:
-        """Each key's arm (:attr:`SelectionParams.link_memory`'s lasting groups share one);
-        None when no two keys share one."""
-        groups = lasting_groups(self.pair_links, self.params.link_memory)
-        if not groups:
-            return None
-        arm = {c: g[0] for g in groups for c in g}
-        labels = [arm.get(key, key) for key in keys]
-        if len(set(labels)) == len(labels):
-            return None
-        _, arm_of = np.unique(labels, return_inverse=True)
-        return np.asarray(arm_of, dtype=np.int64)
-
-    def observe_links(self, groups: Sequence[Sequence[str]]) -> None:
-        """Count a round's linked groups (the round record's ``links``); only with
-        ``link_memory``."""
-        if self.params.link_memory and groups:
-            self.pair_links = count_links(self.pair_links, groups)
-
-    def observe(self, client_ids: Sequence[str], phi: Sequence[float] | NDArray[np.float64]
-                ) -> None:
-        """Remember a round's values (:func:`update_memory`)."""
-        for cid, value in zip(client_ids, phi, strict=True):
-            count = self.counts[cid] = self.counts.get(cid, 0) + 1
-            self.phi[cid] = update_memory(self.phi.get(cid), float(value), count,
-                                          self.params.memory, self.params.discount)
-
-    def state(self) -> dict[str, Any]:
-        """JSON-able state for a checkpoint."""
-        return {"phi": dict(self.phi), "counts": dict(self.counts),
-                "pair_links": [[a, b, n] for (a, b), n in sorted(self.pair_links.items())],
-                "select_rng": self.rng.bit_generator.state}
-
-    def load(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state`."""
-        self.phi = {str(k): float(v) for k, v in state["phi"].items()}
-        self.counts = {str(k): int(v) for k, v in state["counts"].items()}
-        self.pair_links = {(str(a), str(b)): int(n)  # older checkpoints: none
-                           for a, b, n in state.get("pair_links", [])}
-        self.rng.bit_generator.state = state["select_rng"]

@@ -22,14 +22,17 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
+from numpy.typing import NDArray
 
 from fedowen_strategy import nodes, replies, round_record
+from fedowen_strategy.bandit import Bandit
 from fedowen_strategy.contribution import NO_PHI, UtilityFactory, ValuationSettings, resolve_axes
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
 from fedowen_strategy.guards import Guards
 from fedowen_strategy.identity import IdentityBook, Roster
 from fedowen_strategy.round_step import aggregate_round
-from fedowen_strategy.selection import Bandit, SelectionParams, round_size
+from fedowen_strategy.selection import SelectionParams, round_size
+from fedowen_task.protocol import LOCAL_LOSS_FIELD, LOSS_SQUARES_FIELD
 
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
 EvaluateHook = Callable[[int, dict[str, Any]], None]
@@ -56,8 +59,11 @@ class FedOwen(FedAvg):
         CoalitionUtility`).
     valuation, selection_params, guards : ValuationSettings, SelectionParams, Guards
         The estimator and aggregation; Algorithm 2's constants; the update guards.
-    selection : {"auto", "adaptive", "random"}
-        ``auto``: adaptive for a valuation method, random for ``none`` and ``multikrum``.
+    selection : {"auto", "adaptive", "random", "posterior", "power-of-choice", "oort"}
+        ``auto``: adaptive for a valuation method, random for ``none`` and ``multikrum``;
+        the rest: :mod:`~fedowen_strategy.selectors` (Power-of-Choice queries its candidates'
+        local loss with a ``query`` message; Oort asks the trained clients for their squared
+        losses in the train config).
     seed : int
         Seeds the selection and valuation streams.
     node_wait_timeout, query_timeout : float
@@ -106,6 +112,8 @@ class FedOwen(FedAvg):
         self._connected: list[int] = []
         self._selected: list[str] = []
         self._selected_nodes: list[int] = []
+        self._choice: dict[str, Any] = {}
+        self._choice_cost: dict[str, int] = {}  # Power-of-Choice's query, this round
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint (the global model is saved beside it)."""
@@ -153,16 +161,35 @@ class FedOwen(FedAvg):
         if not selectable:
             self._selected, self._selected_nodes = [], []
             return []
-        chosen, explored = self.bandit.choose(keys, server_round, round_size(
-            len(keys), self.clients_per_round, self.fraction_train, self.min_train_nodes))
-        self._selected = [keys[i] for i in chosen]
-        self._selected_nodes = [selectable[i] for i in chosen]
+        choice = self.bandit.choose(keys, server_round, round_size(
+            len(keys), self.clients_per_round, self.fraction_train, self.min_train_nodes),
+            partial(self._ask_losses, grid, arrays, selectable))
+        self._selected = [keys[i] for i in choice.indices]
+        self._selected_nodes = [selectable[i] for i in choice.indices]
+        self._choice = {**choice.record, **self._choice_cost, "how": choice.how}
+        self._choice_cost = {}
+        if "candidates" in choice.record:  # Power-of-Choice: name the candidates, not indices
+            self._choice["candidates"] = [keys[i] for i in choice.record["candidates"]]
         log(INFO, "configure_train: round %d, %s %d of %d clients: %s", server_round,
-            "explored" if explored else "exploited", len(chosen), len(selectable),
+            choice.how, len(choice.indices), len(selectable),
             ", ".join(replies.short_label(c) for c in self._selected))
         config["server-round"] = server_round
+        if self.selection == "oort":
+            config[LOSS_SQUARES_FIELD] = 1
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._construct_messages(record, self._selected_nodes, MessageType.TRAIN)
+
+    def _ask_losses(self, grid: Grid, arrays: ArrayRecord, nodes_: list[int],
+                    indices: NDArray[np.int64]) -> list[float]:
+        """Power-of-Choice's query: the local loss of the global model at each candidate."""
+        targets = [nodes_[i] for i in indices]
+        query = RecordDict({self.arrayrecord_key: arrays,
+                            self.configrecord_key: ConfigRecord({LOCAL_LOSS_FIELD: 1})})
+        answers = grid.send_and_receive(self._construct_messages(
+            query, targets, MessageType.QUERY), timeout=self.query_timeout)
+        losses, examples = replies.local_losses(answers, targets)
+        self._choice_cost = {"query_messages": len(targets), "query_examples": examples}
+        return losses
 
     def aggregate_train(self, server_round: int, answers: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -176,14 +203,22 @@ class FedOwen(FedAvg):
                         max_norm_ratio=self.guards.max_norm_ratio)
         parsed, contents = self.roster.intake(answers, self._selected_nodes, self._connected, parse)
         step = self.server_step
+        extra: dict[str, Any] = {"selection": self._choice} if self.selection not in (
+            "adaptive", "random") else {}
+        if ray := replies.ray_nodes(answers):
+            extra["ray_nodes"] = ray
         out = aggregate_round(
             parsed, global_state, selected=self._selected, valuation=self.valuation,
             guards=self.guards, norm_cap=self.norm_cap, utility_factory=self.utility_factory,
             rng=self.value_rng, server_round=server_round,
-            extra={"ray_nodes": ray} if (ray := replies.ray_nodes(answers)) else {},
+            extra=extra,
             server_update=None if step is None else lambda: step(global_state, server_round))
         self.linked.update(c for g in out.copies for c in g)
         self.bandit.observe_links(out.record.get("links", []))
+        if self.selection == "oort":
+            self.bandit.observe_utility(
+                [u.client_id for u in out.parsed.updates], replies.oort_utilities(
+                    [contents[u.node_id] for u in out.parsed.updates]), server_round)
         clients: dict[str, Any] = {}
         if out.valuation is not None:
             self.bandit.observe([u.client_id for u in out.parsed.updates], out.valuation.phi)

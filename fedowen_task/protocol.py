@@ -15,3 +15,9 @@ CLIENT_RECORD_KEY = "client"
 CLIENT_ID_FIELD = "client-id"
 #: Field of that record naming the Ray node a simulated client ran on (absent outside Ray).
 RAY_NODE_FIELD = "ray-node"
+#: Train- or query-config field asking a client for the local loss of the model sent with a
+#: query (Power-of-Choice's candidates), and the reply's metric holding it.
+LOCAL_LOSS_FIELD = "local-loss"
+#: Train-config field asking a client to report the sum of its squared per-sample training
+#: losses (Oort's statistical utility), and the reply's metric holding it.
+LOSS_SQUARES_FIELD = "loss-squares"

@@ -90,6 +90,7 @@ def train(
     weight_decay: float = 0.0,
     proximal_mu: float = 0.0,
     device: torch.device | str | None = None,
+    loss_squares: bool = False,
 ) -> dict[str, float]:
     """Train ``model`` in place with SGD on cross-entropy (plus FedProx's proximal term).
 
@@ -108,12 +109,15 @@ def train(
         cross-entropy alone.
     device : torch.device or str, optional
         Where to train; ``None`` keeps the model where it is.
+    loss_squares : bool
+        Also sum the squared per-sample losses of every sample seen (Oort's statistical
+        utility), from the same logits, outside the graph: training is unchanged.
 
     Returns
     -------
     dict
         ``loss``: mean training loss over all samples seen (every epoch);
-        ``num_examples``: ``N``.
+        ``num_examples``: ``N``; with ``loss_squares`` also ``loss_squares``.
     """
     TrainConfig(lr, momentum, batch_size, epochs, weight_decay)  # validates
     if not proximal_mu >= 0:
@@ -128,7 +132,7 @@ def train(
     start = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
     generator = torch.Generator().manual_seed(seed)
     loss_fn = nn.CrossEntropyLoss()
-    total, seen = 0.0, 0
+    total, seen, squares = 0.0, 0, 0.0
     fork_devices = [dev.index or 0] if dev.type == "cuda" else []
     with torch.random.fork_rng(devices=fork_devices):
         torch.manual_seed(seed)
@@ -136,13 +140,19 @@ def train(
             for idx in _batches(len(x), batch_size, generator):
                 xb, yb = x[idx].to(dev), y[idx].to(dev, dtype=torch.long)
                 optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(model(xb), yb)
+                logits = model(xb)
+                loss = loss_fn(logits, yb)
+                if loss_squares:
+                    with torch.no_grad():
+                        per = nn.functional.cross_entropy(logits, yb, reduction="none")
+                        squares += float((per.double() ** 2).sum())
                 objective = loss + _proximal(model, start, proximal_mu) if start else loss
                 objective.backward()
                 optimizer.step()
                 total += float(loss.detach()) * len(idx)
                 seen += len(idx)
-    return {"loss": total / seen, "num_examples": len(x)}
+    stats = {"loss": total / seen, "num_examples": len(x)}
+    return {**stats, "loss_squares": squares} if loss_squares else stats
 
 
 def _proximal(model: nn.Module, start: list[torch.Tensor], mu: float) -> torch.Tensor:

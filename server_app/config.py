@@ -88,6 +88,12 @@ class RunConfig(TaskConfig):
     bandit_memory: str = _SELECTION.memory
     bandit_discount: float = _SELECTION.discount
     link_memory: int = _SELECTION.link_memory
+    # The field's selectors and the posterior selector (issue 43): fedowen_strategy.selectors.
+    poc_d: int = _SELECTION.poc_d
+    oort_exploration_min: float = _SELECTION.oort_exploration_min
+    selection_reward: str = _SELECTION.reward
+    selection_level: float = _SELECTION.resolve_level
+    selection_cap: float = _SELECTION.cap
     torch_threads: int = 1
     resume_from: str = ""
     krum_malicious: int = _VALUATION.krum_malicious
@@ -145,7 +151,10 @@ class RunConfig(TaskConfig):
         """Algorithm 2's constants and the bandit's memory."""
         return SelectionParams(epsilon=self.epsilon, c=self.ucb_c, tau=self.tau,
                                memory=self.bandit_memory, discount=self.bandit_discount,
-                               link_memory=self.link_memory)
+                               link_memory=self.link_memory, poc_d=self.poc_d,
+                               oort_exploration_min=self.oort_exploration_min,
+                               reward=self.selection_reward,
+                               resolve_level=self.selection_level, cap=self.selection_cap)
 
     def estimator_params(self) -> dict[str, Any]:
         """Keyword parameters for the estimator, plus ``valuation-params``
@@ -230,6 +239,9 @@ class RunConfig(TaskConfig):
         if self.value_cap_mode == "exactly" and not self.value_cap_multiple > 0:
             bad.append("value-cap-mode=\"exactly\" values every update at value-cap-multiple "
                        "x the norm cap's reference: set value-cap-multiple > 0 (e.g. 1.0)")
+        if self.selection == "power-of-choice" and self.poc_d < self.clients_per_round:
+            bad.append(f"poc-d={self.poc_d} must be >= clients-per-round="
+                       f"{self.clients_per_round}: Power-of-Choice keeps k of d candidates")
         for check in (self.selection_params, self.axes):
             try:
                 check()

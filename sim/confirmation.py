@@ -441,7 +441,9 @@ _PER_RUN = ("seed", "output_dir", "data_dir", "resume_from")
 #: preset that leaves them to the defaults, which have changed since) ran at that value, and
 #: at that value they are left out of an arm's resolved config, so the protocol's hashes keep
 #: naming the same runs.
-ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", "link_memory": 0}
+ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", "link_memory": 0,
+                        "poc_d": 20, "oort_exploration_min": 0.3, "selection_reward": "rank",
+                        "selection_level": 0.01, "selection_cap": 0.0}
 
 
 def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:

@@ -246,3 +246,32 @@ def test_omniscient_attacks_reach_every_strategy_through_the_serverapp(
         if attack == "adaptive":  # just under the cap the round applied (median or server)
             assert all(nm <= rec["norm_cap"] * (1 + 1e-6) for nm in entry["norms"])
             assert all(nm >= 0.98 * rec["norm_cap"] for nm in entry["norms"])
+
+
+@pytest.mark.parametrize("selection", ["power-of-choice", "oort", "posterior"])
+def test_the_field_selectors_and_the_posterior_run_through_both_apps(
+        selection: str, shared_data_dir: Path, tmp_path: Path) -> None:
+    # Prepare: 8 clients, 3 a round; Power-of-Choice asks 5 candidates a round
+    valuation = {"valuation": "owen-antithetic"} if selection == "posterior" else {
+        "valuation": "none", "aggregation": "uniform"}
+    run_config = small_run_config(shared_data_dir, tmp_path, selection=selection,
+                                  **valuation, **{"clients-per-round": 3, "poc-d": 5,
+                                                  "selection-cap": 2.0})
+    nodes = [{"partition-id": i, "num-partitions": 8} for i in range(8)]
+    # Execute
+    run(InProcessGrid(client_app, nodes, run_config), parse_run_config(run_config), tmp_path)
+    # Assert: every round selected 3; what each selector recorded of its choice
+    rounds = read_rounds(tmp_path)[1:]
+    assert all(len(r["returned"]) == 3 for r in rounds)
+    for r in rounds:
+        choice = r["selection"]
+        if selection == "power-of-choice":  # the 3 highest of the 5 reported local losses
+            losses = dict(zip(choice["candidates"], choice["candidate_losses"], strict=True))
+            assert len(losses) == 5 and choice["query_messages"] == 5
+            assert choice["query_examples"] >= 5
+            top = sorted(losses, key=lambda c: -losses[c])[:3]
+            assert sorted(r["selected"]) == sorted(top)
+        elif selection == "oort":
+            assert 0.3 <= choice["oort_exploration"] < 0.9
+        else:
+            assert choice["how"] in ("uniform", "posterior") and "heterogeneity_p" in choice

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from fedowen_strategy.bandit import Bandit
 from fedowen_strategy.links import count_links, lasting_groups
 from fedowen_strategy.selection import (
-    Bandit,
     SelectionParams,
     select_clients,
     select_uniform,
