@@ -1,0 +1,245 @@
+"""The selection development grid's rule (conf/selection-dev.toml, issue 43), read from its cells.
+
+Per clean setting (dataset and alpha of the ablation grids), every arm's validation and test
+accuracy (mean of the last 5 rounds) over the seeds finished, with paired 95% t-intervals
+against FedOwen with random selection and against the setting's best peer selector; the share
+of distinct clients each run selected. Then the preset's rule: peers tuned and the best peer
+picked on validation accuracy, each contender's eligibility (never below random selection or
+the best peer beyond the paired interval, no attacked run collapsed), and the contender it
+adopts. Test accuracy is reported, never used.
+
+    python -m sim.selection_dev conf/selection-dev.toml --results results/selection-dev \\
+        --out docs/results/selection-dev
+
+writes ``selection.md``, ``selection-arms.csv`` (one row per setting and arm),
+``selection-seeds.csv`` (one row per finished cell) and ``selection-val.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.attack_costs import attacked, collapsed
+from sim.grid import Preset, load_preset
+from sim.results import LAST_K, CellResult, load_results
+from sim.stats import Interval, mean_interval, paired_interval
+
+#: The peers' tuning candidates, by family (equal weights).
+PEERS = {"power-of-choice": ("poc-d20", "poc-d50"), "oort": ("oort-x0.3", "oort-x0.1")}
+#: Who may become the default selection, and the arm every comparison is paired against.
+CONTENDERS = ("fedowen", "fedowen-random", "posterior-rank", "posterior-phi")
+RANDOM = "fedowen-random"
+VAL, TEST = "val_accuracy", "test_accuracy"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One clean setting's finished cells: ``scores[arm][metric][seed]`` and each cell's
+    share of distinct clients selected."""
+
+    name: str
+    scores: dict[str, dict[str, dict[int, float]]]
+    distinct: dict[str, dict[int, float]]
+
+    def mean(self, arm: str, metric: str = VAL) -> float:
+        values = list(self.scores.get(arm, {}).get(metric, {}).values())
+        return sum(values) / len(values) if values else -math.inf
+
+    def tuned(self, family: str) -> str:
+        """The family's candidate of the higher mean validation accuracy."""
+        return max(PEERS[family], key=self.mean)
+
+    def best_peer(self) -> str:
+        return max((self.tuned(f) for f in PEERS), key=self.mean)
+
+    def diff(self, arm: str, reference: str, metric: str = VAL) -> Interval:
+        return paired_interval(self.scores.get(arm, {}).get(metric, {}),
+                               self.scores.get(reference, {}).get(metric, {}))
+
+
+def distinct_share(result: CellResult, clients: int) -> float:
+    """Share of the federation's clients selected at least once over the run."""
+    chosen = {c for r in result.rounds if r.get("round", 0) > 0 for c in r.get("selected", [])}
+    return len(chosen) / clients
+
+
+def settings(preset: Preset, res: Mapping[str, CellResult]) -> list[Setting]:
+    """The clean settings (ablation grids without attackers), in preset order."""
+    out: dict[str, Setting] = {}
+    for cell in preset.cells():
+        result = res[cell.cell_id]
+        if attacked(cell.run_config) or not result.finished:
+            continue
+        cfg = cell.config
+        name = cfg.dataset if cfg.dataset == "femnist" else f"{cfg.dataset} alpha={cfg.alpha:g}"
+        setting = out.setdefault(name, Setting(name, {}, {}))
+        arm, seed = cell.point["variant"], cfg.seed
+        for metric in (VAL, TEST):
+            value = result.last_k_accuracy(LAST_K, key=metric)
+            if value is not None:
+                setting.scores.setdefault(arm, {}).setdefault(metric, {})[seed] = value
+        setting.distinct.setdefault(arm, {})[seed] = distinct_share(result,
+                                                                   preset.num_supernodes)
+    return list(out.values())
+
+
+def collapses(preset: Preset, res: Mapping[str, CellResult]) -> dict[str, list[str]]:
+    """Per arm, the attacked cells (``grid seed=s kind``) whose run collapsed."""
+    out: dict[str, list[str]] = {}
+    for cell in preset.cells():
+        result = res[cell.cell_id]
+        if attacked(cell.run_config) and result.finished and collapsed(result):
+            out.setdefault(cell.point["variant"], []).append(
+                f"{cell.grid} seed={cell.config.seed} {cell.config.adversary_kind}")
+    return out
+
+
+def arm_rows(found: Sequence[Setting]) -> list[dict[str, Any]]:
+    """One row per setting and arm: accuracies, paired differences, distinct share."""
+    rows = []
+    for s in found:
+        peer = s.best_peer()
+        for arm in s.scores:
+            row: dict[str, Any] = {"setting": s.name, "arm": arm,
+                                   "n": len(s.scores[arm].get(VAL, {})), "best_peer": peer}
+            for metric, tag in ((VAL, "val"), (TEST, "test")):
+                iv = mean_interval(list(s.scores[arm].get(metric, {}).values()))
+                row[tag], row[f"{tag}_half"] = iv.mean, iv.half
+                for ref, name in ((RANDOM, "random"), (peer, "peer")):
+                    d = s.diff(arm, ref, metric)
+                    row[f"{tag}_vs_{name}"], row[f"{tag}_vs_{name}_half"] = d.mean, d.half
+            row["distinct"] = mean_interval(list(s.distinct[arm].values())).mean
+            rows.append(row)
+    return rows
+
+
+def verdict(found: Sequence[Setting], collapsed_runs: Mapping[str, list[str]]
+            ) -> tuple[str | None, dict[str, list[str]]]:
+    """The rule: each contender's failures (settings where it is below random selection or
+    the best peer beyond the paired interval on validation accuracy; collapsed attacked runs)
+    and the contender adopted (the eligible one of the highest validation accuracy averaged
+    over settings; else the fewest failures, then the higher mean)."""
+    failures: dict[str, list[str]] = {}
+    for arm in CONTENDERS:
+        fails = [f"{run} collapsed" for run in collapsed_runs.get(arm, [])]
+        for s in found:
+            for ref in (RANDOM, s.best_peer()):
+                d = s.diff(arm, ref)
+                if d.n > 1 and d.hi < 0:
+                    fails.append(f"{s.name}: {d.text(signed=True)} vs {ref}")
+        failures[arm] = fails
+
+    def mean_val(arm: str) -> float:
+        means = [s.mean(arm) for s in found]
+        return sum(means) / len(means) if means else -math.inf
+
+    ranked = sorted(CONTENDERS, key=lambda a: (len(failures[a]), -mean_val(a)))
+    return (ranked[0] if found else None), failures
+
+
+def markdown(found: Sequence[Setting], rows: Sequence[dict[str, Any]], adopted: str | None,
+             failures: Mapping[str, list[str]], done: int, total: int) -> str:
+    """The report: per setting the arms' table, then the rule's reading."""
+    state = "complete" if done == total else f"INTERIM: {done} of {total} cells finished"
+    out = [f"# selection-dev: the rule's reading ({state})", "",
+           f"Accuracy (%) is the mean of the last {LAST_K} rounds over the seeds finished, "
+           "± the 95% t-interval's half-width; differences are paired by seed. `val` decides "
+           "(validation split), `test` is reported. Distinct: share of the 100 clients "
+           "selected at least once in the run.", ""]
+    for s in found:
+        peer = s.best_peer()
+        out += [f"## {s.name}", "", f"Tuned peers: {s.tuned('power-of-choice')}, "
+                f"{s.tuned('oort')}; best peer: **{peer}** (by validation).", "",
+                "| arm | n | val | test | val - random | test - random | val - best peer | "
+                "test - best peer | distinct |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in (r for r in rows if r["setting"] == s.name):
+            cells = [Interval(r["val"], r["val_half"], r["n"]).text(),
+                     Interval(r["test"], r["test_half"], r["n"]).text()]
+            for key in ("val_vs_random", "test_vs_random", "val_vs_peer", "test_vs_peer"):
+                cells.append(Interval(r[key], r[f"{key}_half"], r["n"]).text(signed=True))
+            out.append(f"| {r['arm']} | {r['n']} | " + " | ".join(cells)
+                       + f" | {r['distinct']:.2f} |")
+        out.append("")
+    out += ["## The rule", ""]
+    for arm in CONTENDERS:
+        fails = failures.get(arm, [])
+        out.append(f"- {arm}: " + ("eligible" if not fails else "fails: " + "; ".join(fails)))
+    word = "adopts" if done == total else "would adopt so far"
+    out += ["", f"The rule {word}: **{adopted}**." if adopted else "No finished cells yet.", ""]
+    return "\n".join(out)
+
+
+def plot(found: Sequence[Setting], path: Path) -> None:
+    """Validation accuracy per arm with its interval, one panel per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, max(len(found), 1), figsize=(3.2 * max(len(found), 1), 3.6),
+                             squeeze=False)
+    for ax, s in zip(axes[0], found, strict=False):
+        arms = list(s.scores)
+        ivs = [mean_interval(list(s.scores[a].get(VAL, {}).values())) for a in arms]
+        ax.errorbar([iv.mean for iv in ivs], range(len(arms)), fmt="o",
+                    xerr=[0 if math.isnan(iv.half) else iv.half for iv in ivs])
+        ax.set_yticks(range(len(arms)), arms, fontsize=7)
+        ax.set_title(s.name, fontsize=8)
+        ax.set_xlabel("validation accuracy (%), last 5", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def write(preset_path: Path, results: Path, out: Path) -> list[Path]:
+    """Read the cells, apply the rule, write the report files."""
+    preset = load_preset(preset_path)
+    res = load_results(preset, results)
+    found = settings(preset, res)
+    rows = arm_rows(found)
+    adopted, failures = verdict(found, collapses(preset, res))
+    done = sum(r.finished for r in res.values())
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "selection.md", out / "selection-arms.csv", out / "selection-seeds.csv",
+             out / "selection-val.png"]
+    paths[0].write_text(markdown(found, rows, adopted, failures, done, len(res)))
+    _write_csv(paths[1], rows)
+    seeds = [{"setting": s.name, "arm": arm, "seed": seed,
+              "val": s.scores[arm].get(VAL, {}).get(seed),
+              "test": s.scores[arm].get(TEST, {}).get(seed),
+              "distinct": s.distinct[arm].get(seed)}
+             for s in found for arm in s.scores for seed in sorted(s.distinct[arm])]
+    _write_csv(paths[2], seeds)
+    plot(found, paths[3])
+    return paths
+
+
+def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as fh:
+        if rows:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({k: f"{v:.4f}" if isinstance(v, float) else v
+                                 for k, v in row.items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("preset", type=Path)
+    p.add_argument("--results", type=Path, required=True, help="the preset's results folder")
+    p.add_argument("--out", type=Path, required=True, help="where the report goes")
+    args = p.parse_args(argv)
+    for path in write(args.preset, args.results, args.out):
+        print(f"[selection-dev] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
