@@ -1,0 +1,134 @@
+"""A backdoor's trigger and its metric (issue 45): stamp, poison, attack success rate.
+
+A backdoor attacker stamps a small trigger (a white ``square`` or ``plus`` of ``size`` pixels
+at a corner or the centre) on a share of its training images, relabels them to the target
+class, trains as usual and sends its (boosted) update. The global model keeps its clean
+accuracy and learns to send any stamped input to the target. The metric is the **attack
+success rate**: of the test images whose true class is not the target, the share classified as
+the target once stamped (Bagdasaryan et al. 2020; BackFed's definition, which excludes the
+target class so a model that always answers the target is not credited with its share of
+it). Images are the standardised tensors of :func:`fedowen_task.data.to_tensor`; "white" is
+the value a pixel of intensity 1.0 takes there, per channel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedowen_task.data import NORMALIZATION, canonical_name
+
+SHAPES = ("square", "plus")
+POSITIONS = ("bottom-right", "top-left", "center")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """What the attacker stamps and where, what it relabels to and how much of its data.
+
+    Parameters
+    ----------
+    shape : {"square", "plus"}
+        A filled ``size x size`` square, or a plus of arms ``size`` long through its centre.
+    size : int
+        Side of the trigger's bounding box, in pixels (>= 1).
+    position : {"bottom-right", "top-left", "center"}
+        Where the box sits (one pixel from the corner, or centred).
+    target : int
+        The class stamped images are relabelled to.
+    poison_fraction : float
+        Share of the attacker's training images stamped and relabelled, in (0, 1].
+    """
+
+    shape: str = "square"
+    size: int = 3
+    position: str = "bottom-right"
+    target: int = 0
+    poison_fraction: float = 0.5
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings (empty when nothing)."""
+        bad = []
+        if self.shape not in SHAPES:
+            bad.append(f"backdoor shape={self.shape!r} is not one of {', '.join(SHAPES)}")
+        if self.position not in POSITIONS:
+            bad.append(f"backdoor position={self.position!r} is not one of "
+                       f"{', '.join(POSITIONS)}")
+        if self.size < 1:
+            bad.append(f"backdoor size={self.size} must be >= 1 (pixels)")
+        if self.target < 0:
+            bad.append(f"backdoor target={self.target} must be a class index >= 0")
+        if not 0.0 < self.poison_fraction <= 1.0:
+            bad.append(f"backdoor poison fraction={self.poison_fraction} must lie in (0, 1]")
+        return bad
+
+    def __post_init__(self) -> None:
+        if bad := self.problems():
+            raise ValueError("; ".join(bad))
+
+    def mask(self, height: int, width: int) -> torch.Tensor:
+        """``(height, width)`` booleans: the trigger's pixels."""
+        if self.size + 2 > min(height, width):
+            raise ValueError(f"backdoor size={self.size} does not fit a {height}x{width} "
+                             "image with a one-pixel margin")
+        top, left = {"bottom-right": (height - 1 - self.size, width - 1 - self.size),
+                     "top-left": (1, 1),
+                     "center": ((height - self.size) // 2, (width - self.size) // 2)
+                     }[self.position]
+        box = torch.ones(self.size, self.size, dtype=torch.bool)
+        if self.shape == "plus":
+            box[:] = False
+            box[self.size // 2, :] = True
+            box[:, self.size // 2] = True
+        out = torch.zeros(height, width, dtype=torch.bool)
+        out[top:top + self.size, left:left + self.size] = box
+        return out
+
+
+def white(dataset: str) -> torch.Tensor:
+    """Per channel, the standardised value of intensity 1.0 (shape ``(C, 1, 1)``)."""
+    mean, std = NORMALIZATION[canonical_name(dataset).split(":", 1)[0]]
+    return ((1.0 - torch.tensor(mean)) / torch.tensor(std)).view(-1, 1, 1)
+
+
+def stamp(x: torch.Tensor, trigger: Trigger, value: torch.Tensor) -> torch.Tensor:
+    """A copy of the images ``(N, C, H, W)`` with the trigger's pixels set to ``value``
+    (every channel)."""
+    out = x.clone()
+    mask = trigger.mask(x.shape[-2], x.shape[-1])
+    out[:, :, mask] = value.view(-1, 1).to(out.dtype)
+    return out
+
+
+def poison(x: torch.Tensor, y: torch.Tensor, trigger: Trigger, value: torch.Tensor,
+           rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """Stamp and relabel ``round(poison_fraction * N)`` images drawn without replacement by
+    ``rng`` (at least one); returns the new images, labels and the poisoned indices."""
+    n = len(y)
+    count = max(1, round(trigger.poison_fraction * n))
+    idx = np.sort(rng.choice(n, size=count, replace=False))
+    x, y = x.clone(), y.clone()
+    chosen = torch.as_tensor(idx)
+    x[chosen] = stamp(x[chosen], trigger, value)
+    y[chosen] = trigger.target
+    return x, y, idx
+
+
+@torch.no_grad()
+def attack_success(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                   trigger: Trigger, value: torch.Tensor, batch_size: int = 1024) -> float:
+    """Share of the images of a class other than the target that the model, once they are
+    stamped, classifies as the target (NaN when every image is of the target class)."""
+    keep = y != trigger.target
+    if not bool(keep.any()):
+        return float("nan")
+    model.eval()
+    device = next(model.parameters()).device
+    hits = 0
+    xs = x[keep]
+    for start in range(0, len(xs), batch_size):
+        batch = stamp(xs[start:start + batch_size], trigger, value).to(device)
+        hits += int((model(batch).argmax(dim=1) == trigger.target).sum())
+    return hits / int(keep.sum())
