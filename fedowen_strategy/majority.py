@@ -1,0 +1,56 @@
+"""FLAME's filter (Nguyen et al., USENIX Security 2022): keep the majority cluster of a round's
+update directions, clip to the median norm, add noise to the aggregate.
+
+A backdoor's updates carry a common direction (every attacker teaches the same trigger) that
+the honest updates lack, and the clean evaluation set cannot see it. FLAME clusters the
+round's updates by cosine distance with HDBSCAN, ``min_cluster_size = n // 2 + 1`` and
+``min_samples = 1`` (one cluster may hold every update), and admits only the largest cluster:
+a minority that points its own way is left out whatever its norm. Admitted updates are clipped
+to the median norm of the round, and Gaussian noise of standard deviation ``lambda x`` that
+median is added to the aggregate (``lambda = 0.001`` for image classification in the paper).
+HDBSCAN is scikit-learn's. Pure functions of the updates and a generator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+#: FLAME's noise level for image classification (the paper's lambda).
+FLAME_NOISE = 0.001
+
+
+def cosine_distances(flat: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``1 - cos`` between every pair of rows (a zero row is at distance 1 from all)."""
+    norms = np.linalg.norm(flat, axis=1)
+    unit = flat / np.where(norms > 0, norms, 1.0)[:, None]
+    return np.clip(1.0 - unit @ unit.T, 0.0, 2.0)
+
+
+def majority_cluster(flat: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """Which rows lie in HDBSCAN's largest cluster of cosine distances (min cluster size a
+    strict majority); every row when there are fewer than 3, or when no cluster forms."""
+    n = len(flat)
+    if n < 3:
+        return np.ones(n, dtype=bool)
+    from sklearn.cluster import HDBSCAN
+
+    labels = HDBSCAN(min_cluster_size=n // 2 + 1, min_samples=1, metric="precomputed",
+                     allow_single_cluster=True, copy=True).fit_predict(cosine_distances(flat))
+    found = labels[labels >= 0]
+    if found.size == 0:
+        return np.ones(n, dtype=bool)
+    return np.asarray(labels == np.bincount(found).argmax())
+
+
+def clip_to_median(norms: NDArray[np.float64]) -> tuple[NDArray[np.float64], float]:
+    """Per update, the factor ``min(1, S / norm)`` with ``S`` the median norm, and ``S``."""
+    median = float(np.median(norms))
+    factors = np.where(norms > median, median / np.where(norms > 0, norms, 1.0), 1.0)
+    return factors, median
+
+
+def flame_noise(shape: tuple[int, ...], median_norm: float, rng: np.random.Generator,
+                level: float = FLAME_NOISE) -> NDArray[np.float64]:
+    """FLAME's noise on the aggregate: ``N(0, (level x median_norm)^2)`` per coordinate."""
+    return rng.normal(0.0, level * median_norm, size=shape)
