@@ -42,6 +42,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedowen_strategy.replies import ClientUpdate
+from fedowen_strategy.updates import update_norm
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +82,6 @@ class BoundedRound:
     rejected: dict[str, str] = field(default_factory=dict)
     clipped: dict[str, float] = field(default_factory=dict)
     bound: float | None = None
-
-
-def update_norm(state: Mapping[str, NDArray], reference: Mapping[str, NDArray]) -> float:
-    """L2 norm of ``state - reference`` over the floating arrays (counters are ignored)."""
-    total = 0.0
-    for key, ref in reference.items():
-        if np.issubdtype(ref.dtype, np.floating):
-            total += float(np.sum(np.square(state[key].astype(np.float64) - ref)))
-    return float(np.sqrt(total))
 
 
 def round_bound(ratios: Sequence[float], multiple: float) -> float | None:

@@ -39,11 +39,11 @@ from fedowen_strategy.bounds import (
     cap_norms,
     lower_median,
     resolve_norm_cap,
-    update_norm,
 )
-from fedowen_strategy.links import cosine_matrix, link_groups, merge_groups, upper_triangle
+from fedowen_strategy.links import link_groups, merge_groups, upper_triangle
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate
+from fedowen_strategy.updates import cosine_matrix, update_norm
 
 #: Rounds of at most this many updates record their pairwise cosines.
 RECORD_COSINES_UP_TO = 32
@@ -153,10 +153,10 @@ class GuardedRound:
     ``groups`` index ``updates``: each is one player of the game. ``valued`` (with
     ``value_cap_multiple``) holds the states to value, aligned with ``updates``; empty: value
     ``updates`` themselves. ``copies`` are the client ids of exact copies (to ban), ``links``
-    those of near-parallel groups. ``record`` holds the round record's fields: ``norm_cap``
-    and ``capped`` (when a cap applied), ``value_cap`` and ``value_capped`` (the valuation's
-    cap, when set), ``cosines``
-    (rounds of at most :data:`RECORD_COSINES_UP_TO` updates) and ``links``.
+    those of near-parallel groups (the strategy's bandit reads them here). ``record`` holds the
+    round record's fields: ``norm_cap`` and ``capped`` (when a cap applied), ``value_cap`` and
+    ``value_capped`` (the valuation's cap, when set), ``cosines`` (rounds of at most
+    :data:`RECORD_COSINES_UP_TO` updates) and ``links`` (a copy of the field, when any).
     """
 
     updates: list[ClientUpdate]
@@ -165,6 +165,7 @@ class GuardedRound:
     groups: list[list[int]] = field(default_factory=list)
     valued: list[Mapping[str, NDArray]] = field(default_factory=list)
     copies: list[list[str]] = field(default_factory=list)
+    links: list[list[str]] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
 
 
@@ -212,9 +213,9 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     if out.copies:
         log(WARNING, "round %d: copies share one weight and are linked (not selected again, no "
             "payout): %s", server_round, out.copies)
-    if "links" in out.record:
+    if out.links:
         log(INFO, "round %d: near-parallel updates play as one (cosine > %g): %s", server_round,
-            guards.link_cosine, out.record["links"])
+            guards.link_cosine, out.links)
     return out
 
 
@@ -232,5 +233,6 @@ def _groups(out: GuardedRound, global_state: Mapping[str, NDArray], guards: Guar
         out.record["cosines"] = upper_triangle(cosines)
     near = link_groups(cosines, guards.link_cosine)
     if near:
-        out.record["links"] = [[ids[i] for i in g] for g in near]
+        out.links = [[ids[i] for i in g] for g in near]
+        out.record["links"] = [list(g) for g in out.links]
     return merge_groups(len(states), copies, near)

@@ -52,6 +52,7 @@ from numpy.typing import NDArray
 
 from fedowen_strategy.bounds import lower_median, round_bound
 from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
+from fedowen_strategy.updates import State, apply_delta, flat_delta, flatten, float_keys
 from fedowen_task.config import SERVER_SIDE_KINDS
 from fedowen_task.partition import adversary_ids
 from server_app.config import RunConfig
@@ -59,7 +60,6 @@ from server_app.config import RunConfig
 log = logging.getLogger(__name__)
 #: The adaptive attacker's margin under the bound (floating-point slack in the server's check).
 MARGIN = 0.99
-State = Mapping[str, NDArray]
 AttackHook = Callable[[int, dict[str, Any]], None]
 
 
@@ -290,14 +290,13 @@ class ByzantineGrid(Grid):
         honest_deltas = _stack([r.delta for r in honest], width)
         own_deltas = _stack([r.delta for r in bad], width)
         global_state = bad[0].global_state
-        global_norm = float(np.linalg.norm(_flat(global_state, global_state)))
+        global_norm = float(np.linalg.norm(flatten(global_state, float_keys(global_state))))
         server_round = bad[0].server_round or self._train_calls
         server_norm = None
         if (self.cfg.adversary_kind == "adaptive" and self.server_step is not None
                 and self.cfg.norm_cap_mode() == "server"):
             step = self.server_step(global_state, server_round)
-            server_norm = float(np.linalg.norm(_flat(step, global_state)
-                                               - _flat(global_state, global_state)))
+            server_norm = float(np.linalg.norm(flat_delta(step, global_state)))
         deltas, params = attack_deltas(
             self.cfg, honest_deltas, own_deltas, n=len(rows),
             norms=[float(np.linalg.norm(r.delta)) for r in rows],
@@ -308,8 +307,8 @@ class ByzantineGrid(Grid):
                               [r.client_id for r in bad])
             params["jitter"] = self.cfg.adversary_jitter
         for row, delta in zip(bad, deltas, strict=True):
-            row.message.content["arrays"] = state_to_record(_unflat(row.global_state, delta,
-                                                                    row.state))
+            row.message.content["arrays"] = state_to_record(apply_delta(
+                row.global_state, delta, float_keys(row.global_state), others=row.state))
         entry = {"round": server_round, "kind": self.cfg.adversary_kind,
                  "clients": [r.client_id for r in bad], "replies": len(rows),
                  "honest": len(honest), **params,
@@ -344,31 +343,6 @@ def _rows(matrix: NDArray) -> NDArray:
 
 def _stack(vectors: list[NDArray], width: int) -> NDArray:
     return np.stack(vectors) if vectors else np.empty((0, width))
-
-
-def _floating(state: State) -> list[str]:
-    return [k for k, v in state.items() if np.issubdtype(v.dtype, np.floating)]
-
-
-def _flat(state: State, reference: State) -> NDArray:
-    """The floating arrays of ``state`` (those that are floating in ``reference``), float64."""
-    keys = _floating(reference)
-    if not keys:
-        return np.zeros(0)
-    return np.concatenate([np.asarray(state[k], dtype=np.float64).ravel() for k in keys])
-
-
-def _unflat(global_state: State, delta: NDArray, own: State) -> dict[str, NDArray]:
-    """``global + delta`` on the floating arrays (their dtype kept), the others from ``own``."""
-    out, start = {}, 0
-    for key, ref in global_state.items():
-        if np.issubdtype(ref.dtype, np.floating):
-            part = delta[start:start + ref.size].reshape(ref.shape)
-            out[key] = (ref.astype(np.float64) + part).astype(ref.dtype)
-            start += ref.size
-        else:
-            out[key] = own[key]
-    return out
 
 
 def _train_globals(messages: list[Message]) -> dict[int, tuple[int, State]]:
@@ -408,4 +382,4 @@ def _usable(reply: Message, sent: Mapping[int, tuple[int, State]]) -> _Reply | N
     examples = (int(count) if isinstance(count, int | float) and math.isfinite(count)
                 and count > 0 else 0)
     return _Reply(reply, client_id_of(reply), server_round, dict(global_state), state,
-                  _flat(state, global_state) - _flat(global_state, global_state), examples)
+                  flat_delta(state, global_state), examples)
