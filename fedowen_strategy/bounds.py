@@ -91,6 +91,15 @@ def round_bound(ratios: Sequence[float], multiple: float) -> float | None:
     return None if median is None else float(multiple * median)
 
 
+def example_bound(norms: Sequence[float], examples: Sequence[int], multiple: float
+                  ) -> float | None:
+    """The round's bound per example: ``multiple`` x the lower median of the positive
+    ``norms[i] / examples[i]`` (updates claiming no examples left out); None when nothing
+    moved. An update of ``n`` examples passes unchanged up to ``n`` x it."""
+    return round_bound([nm / ex for nm, ex in zip(norms, examples, strict=True) if ex > 0],
+                       multiple)
+
+
 def clip_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
                factor: float) -> dict[str, NDArray]:
     """``reference + factor * (state - reference)`` for floating arrays, others unchanged."""
@@ -121,8 +130,7 @@ def bound_updates(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArr
     if mode == "none" or not updates:
         return BoundedRound(list(updates))
     norms = [update_norm(u.state, reference) for u in updates]
-    per_example = round_bound([n / u.num_examples for n, u in zip(norms, updates, strict=True)],
-                              multiple)
+    per_example = example_bound(norms, [u.num_examples for u in updates], multiple)
     out = BoundedRound([], bound=per_example)
     for upd, norm in zip(updates, norms, strict=True):
         bound = None if per_example is None else per_example * upd.num_examples

@@ -19,8 +19,10 @@ Over the flat float64 updates ``d_i = trained_i - global`` (floating arrays only
   is negative;
 - ``adaptive``: each attacker keeps its own honest update (its direction scores like an
   honest one on the server's signal) and scales it to sit just under the tightest norm the
-  run config's defences let through unchanged (:func:`bound_in_force`: ``max-norm-ratio``,
-  ``update-bound``, ``norm-cap``); where none is in force it scales by ``adversary-boost``.
+  run's defences let through unchanged (:func:`attacker_bound`: FedOwen's own
+  :func:`fedowen_strategy.guards.bound_in_force`, so ``max-norm-ratio``, ``update-bound`` and
+  ``norm-cap`` as the guards apply them); where none is in force it scales by
+  ``adversary-boost``.
 
 Honest statistics come from the round's replies of non-adversarial clients that carry no
 error; with fewer than 2 of them the attackers use their own honest updates instead
@@ -50,7 +52,8 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
-from fedowen_strategy.bounds import lower_median, round_bound
+from fedowen_strategy.bounds import lower_median
+from fedowen_strategy.guards import Median, bound_in_force
 from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
 from fedowen_strategy.updates import State, apply_delta, flat_delta, flatten, float_keys
 from fedowen_task.config import SERVER_SIDE_KINDS
@@ -124,46 +127,31 @@ def median_faced(others: Sequence[float], attackers: int, factor: float) -> floa
     return pos[rank - attackers] if attackers <= rank < len(pos) + attackers else None
 
 
-def bound_in_force(cfg: RunConfig, norms: Sequence[float], examples: Sequence[int],
-                   own_examples: int, global_norm: float,
-                   server_norm: float | None = None,
+def attacker_bound(cfg: RunConfig, norms: Sequence[float], examples: Sequence[int],
+                   own_examples: int, global_norm: float, server_norm: float | None = None,
                    others: Sequence[float] | None = None, attackers: int = 0) -> float | None:
-    """The largest norm an update of ``own_examples`` examples may have and still pass the
-    run config's defences unchanged, estimated from the round's honest update ``norms`` and
-    ``examples`` (the attackers' honest ones included); None when no bound is in force.
-
-    The tightest of: ``max-norm-ratio`` x ``global_norm`` (0 = off); ``update-bound`` (clip or
-    reject): ``update-bound-multiple`` x the lower median of the positive norms per example
-    x ``own_examples`` (:func:`fedowen_strategy.bounds.round_bound`); ``norm-cap``:
-    ``norm-cap-multiple`` x the lower median of the positive norms, or for ``server`` x
-    ``server_norm``, the norm of the round's server step (omniscient, like the honest
-    updates; without it, the median as the attacker's estimate). Given the honest ``others``
-    and the number of ``attackers`` sending at the bound, the median cap is the one their
-    own updates leave (:func:`median_faced`), not the median of every honest update, which a
-    multiple above 1 puts below what the server will let through. These are FedOwen's
-    defences: under any other strategy none is in force (FLTrust rescales every update to the
-    server's norm whatever was sent).
+    """The largest norm an update of ``own_examples`` examples may have and pass the run's
+    defences unchanged, as an omniscient attacker knows them: FedOwen's own
+    :func:`fedowen_strategy.guards.bound_in_force` under the run config's guards, read from
+    the round's honest update ``norms`` and ``examples`` (the attackers' honest ones
+    included), the global model's norm and, for ``norm-cap = "server"``, ``server_norm``, the
+    norm of the round's server step (without it, the median is the attacker's estimate).
+    Given the honest ``others`` and the number of ``attackers`` sending at the bound, the
+    median the cap reads is the one their own updates leave (:func:`median_faced`), not the
+    median of every honest update, which a multiple above 1 puts below what the server will
+    let through. None under any other strategy than FedOwen: its guards are not in force
+    (FLTrust rescales every update to the server's norm whatever was sent).
     """
     if cfg.strategy != "fedowen":
         return None
-    bounds = []
-    if cfg.max_norm_ratio > 0:
-        bounds.append(cfg.max_norm_ratio * max(global_norm, 1e-12))
-    if cfg.update_bound != "none" and own_examples > 0:
-        per_example = round_bound([nm / ex for nm, ex in zip(norms, examples, strict=True)
-                                   if ex > 0], cfg.update_bound_multiple)
-        if per_example is not None:
-            bounds.append(per_example * own_examples)
-    mode = cfg.norm_cap_mode()
-    if mode == "server" and server_norm:
-        reference: float | None = server_norm
-    elif mode != "none" and others is not None and attackers > 0:
-        reference = median_faced(others, attackers, MARGIN * cfg.norm_cap_multiple)
-    else:
-        reference = lower_median(norms) if mode != "none" else None
-    if reference is not None:
-        bounds.append(cfg.norm_cap_multiple * reference)
-    return min(bounds) if bounds else None
+    guards = cfg.guards()
+    median: Median = lower_median
+    if others is not None and attackers > 0:
+        def median(_: Sequence[float]) -> float | None:
+            return median_faced(others, attackers, MARGIN * guards.norm_cap_multiple)
+    return bound_in_force(guards, cfg.norm_cap_mode(), norms=norms, examples=examples,
+                          own_examples=own_examples, global_norm=global_norm,
+                          server_norm=server_norm, median=median)
 
 
 def attack_deltas(cfg: RunConfig, honest: NDArray, own: NDArray, *, n: int,
@@ -183,7 +171,7 @@ def attack_deltas(cfg: RunConfig, honest: NDArray, own: NDArray, *, n: int,
         return np.tile(ipm_vector(reference, eps), (m, 1)), {"epsilon": eps, **source}
     if kind == "adaptive":
         others = [float(np.linalg.norm(row)) for row in honest]
-        bounds = [bound_in_force(cfg, norms, examples, ex, global_norm, server_norm,
+        bounds = [attacker_bound(cfg, norms, examples, ex, global_norm, server_norm,
                                  others=others, attackers=m)
                   for ex in own_examples]
         factors = [adaptive_scale(float(np.linalg.norm(row)), b, cfg.adversary_boost)

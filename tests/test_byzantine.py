@@ -24,8 +24,8 @@ from server_app.byzantine import (
     ByzantineGrid,
     adaptive_scale,
     alie_vector,
+    attacker_bound,
     baruch_z,
-    bound_in_force,
     ipm_vector,
     median_faced,
 )
@@ -97,9 +97,9 @@ OFF = {"max_norm_ratio": 0.0, "update_bound": "none", "norm_cap": "none"}
     ({"strategy": "fltrust"}, None),                          # rescaled to the server's norm
     ({"strategy": "fedavg"}, None),                           # FedOwen's bounds do not apply
 ])
-def test_bound_in_force(settings: dict[str, Any], bound: float | None) -> None:
+def test_attacker_bound(settings: dict[str, Any], bound: float | None) -> None:
     cfg = RunConfig(**settings)
-    out = bound_in_force(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0)
+    out = attacker_bound(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0)
     assert out == (None if bound is None else pytest.approx(bound))
 
 
@@ -270,9 +270,9 @@ def test_jitter_keeps_the_attack_but_breaks_the_copies() -> None:
     np.testing.assert_array_equal(base, np.tile(alie_vector(HONEST, 1.0), (2, 1)))  # untouched
 
 
-def test_bound_in_force_under_the_server_cap_is_the_servers_step() -> None:
+def test_attacker_bound_under_the_server_cap_is_the_servers_step() -> None:
     cfg = RunConfig(**{**OFF, "norm_cap": "server", "norm_cap_multiple": 1.5})
-    out = bound_in_force(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0,
+    out = attacker_bound(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0,
                          server_norm=5.0)
     assert out == pytest.approx(7.5)  # 1.5 x the server step's norm, not the median's 2
 
