@@ -2,7 +2,7 @@
 
 Every run is the real ServerApp (``server_app.app.run``) and ClientApp (``train_handler``)
 over the in-process grid of the tests (no Ray): MNIST, 6 clients of which one (chosen by
-``fedowen_task.partition.adversary_ids`` with fraction 1/6) attacks, 4 clients per round.
+``fedowen_task.adversary.keys.adversary_ids`` with fraction 1/6) attacks, 4 clients per round.
 
 Attacks (the issue's probes and the project's adversaries):
 
@@ -38,7 +38,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from client_app.app import train_handler
-from fedowen_task.partition import adversary_ids
+from fedowen_task.adversary.keys import adversary_ids
 from server_app.app import run
 from server_app.config import parse_run_config
 from server_app.store.records import read_rounds
