@@ -2,7 +2,7 @@
 
 Every run is the real ServerApp (``server_app.app.run``) and ClientApp (``train_handler``)
 over the in-process grid of the tests (no Ray): MNIST, 6 clients of which one (chosen by
-``fedowen_task.partition.adversary_ids`` with fraction 1/6) attacks, 4 clients per round.
+``fedowen_task.adversary.keys.adversary_ids`` with fraction 1/6) attacks, 4 clients per round.
 
 Attacks (the issue's probes and the project's adversaries):
 
@@ -38,7 +38,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from client_app.app import train_handler
-from fedowen_task.partition import adversary_ids
+from fedowen_task.adversary.keys import adversary_ids
 from server_app.app import run
 from server_app.config import parse_run_config
 from server_app.store.records import read_rounds
@@ -126,8 +126,9 @@ def long_tail_norms(data_dir: Path, draws: int = 3) -> list[dict[str, Any]]:
     """First-round honest updates in the paper's long-tail split (MNIST, 100 clients, alpha
     0.1, imbalance 0.01): per draw of 10 clients, their examples and update norms, and what a
     3x lower-median bound on the raw norm and on the norm per example would reject."""
-    from fedowen_strategy.bounds import round_bound, update_norm
+    from fedowen_strategy.bounds import round_bound
     from fedowen_strategy.replies import record_to_state
+    from fedowen_strategy.updates import update_norm
     from fedowen_task.models import build_model
 
     init = ArrayRecord(build_model("lenet", 1, 10, seed=0).state_dict())

@@ -191,7 +191,7 @@ def main() -> None:
         write_outputs({}, table, None, args.out_md)
         return
 
-    from fedowen_task.partition import adversary_ids
+    from fedowen_task.adversary.keys import adversary_ids
 
     settings = [(a, s, seed, "honest") for a in args.alphas for s in args.schemes
                 for seed in args.seeds]

@@ -54,9 +54,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 from client_app.app import app as client_app
-from fedowen_strategy.bounds import update_norm
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_strategy.torch_utility.batched import CoalitionGame
+from fedowen_strategy.updates import update_norm
 from fedowen_strategy.valuation.exact import all_coalitions
 from fedowen_task.data import load_dataset, resolve_data_dir
 from fedowen_task.models import build_model

@@ -26,17 +26,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.adversary import (
-    IDLE_KINDS,
-    SYBIL_KINDS,
-    flip_labels,
-    misbehave,
-    sybil_master,
-)
+from fedowen_task.adversary.attacks import Attack, attack_of
+from fedowen_task.adversary.client import ClientTurn, sybil_master
 from fedowen_task.config import TaskConfig, parse_task_config
 from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
-from fedowen_task.partition import adversary_ids, federated_split
+from fedowen_task.partition import federated_split
 from fedowen_task.protocol import (
     CLIENT_ID_FIELD,
     CLIENT_RECORD_KEY,
@@ -74,9 +69,9 @@ def _client_id(context: Context) -> str:
 
 
 def _partition(cfg: TaskConfig, context: Context
-               ) -> tuple[torch.Tensor, torch.Tensor, str, bool]:
-    """(x, y, training seed name, adversarial?) of this node's partition (a Sybil's data and
-    seed name are its group master's, see :mod:`client_app.adversary`)."""
+               ) -> tuple[torch.Tensor, torch.Tensor, str, Attack | None]:
+    """(x, y, training seed name, its attack or None when honest) of this node's partition (a
+    Sybil's data and seed name are its group master's, see :mod:`fedowen_task.adversary`)."""
     node = context.node_config
     try:
         pid, num = int(node["partition-id"]), int(node["num-partitions"])
@@ -91,9 +86,10 @@ def _partition(cfg: TaskConfig, context: Context
                             scheme=cfg.partition_scheme, min_size=cfg.min_partition_size,
                             eval_fraction=cfg.eval_fraction,
                             validation_fraction=cfg.validation_fraction)
-    adversaries = adversary_ids(num, cfg.adversary_fraction, cfg.seed)
-    bad, name = pid in adversaries, _client_id(context)
-    if bad and cfg.adversary_kind in SYBIL_KINDS:
+    adversary = cfg.adversary()
+    adversaries, name = adversary.ids(num), _client_id(context)
+    attack = attack_of(adversary) if pid in adversaries else None
+    if attack is not None and attack.sybil:
         pid = sybil_master(adversaries)
         name = str(pid)
     idx = split.client_idx[pid]
@@ -102,7 +98,7 @@ def _partition(cfg: TaskConfig, context: Context
         idx = np.sort(rng.choice(idx, size=cfg.client_max_samples, replace=False))
     x = to_tensor(ds.x_train[idx], ds.name)
     y = torch.as_tensor(ds.y_train[idx], dtype=torch.long)
-    return x, y, name, bad
+    return x, y, name, attack
 
 
 def _dataset(cfg: TaskConfig, context: Context) -> DatasetArrays:
@@ -160,9 +156,9 @@ def query_handler(msg: Message, context: Context) -> Message:
 @app.train()
 def train_handler(msg: Message, context: Context) -> Message:
     """Train locally for ``local-epochs`` and return the weights (or misbehave, when this
-    partition is one of the run's adversaries; see :mod:`client_app.adversary`)."""
+    partition is one of the run's adversaries; see :mod:`fedowen_task.adversary`)."""
     cfg = _config(tuple(sorted(context.run_config.items())))
-    x, y, seed_name, adversarial = _partition(cfg, context)
+    x, y, seed_name, attack = _partition(cfg, context)
     client_id = _client_id(context)
     model = _model(cfg, msg, context)
     train_config = msg.content.config_records["config"]
@@ -173,19 +169,20 @@ def train_handler(msg: Message, context: Context) -> Message:
     if isinstance(mu, bool) or not isinstance(mu, int | float) or mu < 0:
         raise ValueError(f"proximal-mu={mu!r} in the train config must be a number >= 0")
     seed = _seed(cfg.seed, server_round, seed_name)
-    kind = cfg.adversary_kind if adversarial else "honest"
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     squares = bool(train_config.get(LOSS_SQUARES_FIELD, 0))  # Oort asks
     stats = {"loss": float("nan"), "loss_squares": 0.0}
-    if kind not in IDLE_KINDS:
-        if kind == "label-flip":  # the model's classes are the dataset's
-            y = flip_labels(y, _dataset(cfg, context).num_classes)
+    if attack is None or not attack.idle:
+        if attack is not None and attack.data is not None:  # the model's classes: the data's
+            x, y = attack.data(x, y, _dataset(cfg, context).num_classes)
         stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
                       batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
                       proximal_mu=float(mu), seed=seed, loss_squares=squares)
-    state = misbehave(kind, global_state, model.state_dict(), cfg, server_round=server_round,
-                      seed=seed, attack_seed=_seed(cfg.seed, server_round, f"attack-{client_id}"),
-                      memory=context.state)
+    state = dict(model.state_dict())
+    if attack is not None:
+        turn = ClientTurn(cfg.adversary(), server_round, seed,
+                          _seed(cfg.seed, server_round, f"attack-{client_id}"), context.state)
+        state = attack.client_reply(global_state, state, turn)
     metrics = MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y)})
     if squares:
         metrics[LOSS_SQUARES_FIELD] = float(stats["loss_squares"])

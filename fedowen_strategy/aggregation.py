@@ -9,14 +9,14 @@ client); no Flower or torch here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.links import components, flat_deltas
+from fedowen_strategy.links import components
+from fedowen_strategy.updates import State, flat_deltas
 
-State = Mapping[str, NDArray]
 #: How a round's updates are weighted: softmax(phi / T), softmax over the updates with
 #: phi > 0 only (the others get 0), FedAvg's num-examples, equal.
 AGGREGATIONS = ("softmax", "positive", "examples", "uniform")

@@ -42,6 +42,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedowen_strategy.replies import ClientUpdate
+from fedowen_strategy.updates import update_norm
 
 log = logging.getLogger(__name__)
 
@@ -83,20 +84,20 @@ class BoundedRound:
     bound: float | None = None
 
 
-def update_norm(state: Mapping[str, NDArray], reference: Mapping[str, NDArray]) -> float:
-    """L2 norm of ``state - reference`` over the floating arrays (counters are ignored)."""
-    total = 0.0
-    for key, ref in reference.items():
-        if np.issubdtype(ref.dtype, np.floating):
-            total += float(np.sum(np.square(state[key].astype(np.float64) - ref)))
-    return float(np.sqrt(total))
-
-
 def round_bound(ratios: Sequence[float], multiple: float) -> float | None:
     """``multiple`` x the lower median of the positive per-example norms; None when all are
     zero (nothing moved: nothing to bound)."""
     median = lower_median(ratios)
     return None if median is None else float(multiple * median)
+
+
+def example_bound(norms: Sequence[float], examples: Sequence[int], multiple: float
+                  ) -> float | None:
+    """The round's bound per example: ``multiple`` x the lower median of the positive
+    ``norms[i] / examples[i]`` (updates claiming no examples left out); None when nothing
+    moved. An update of ``n`` examples passes unchanged up to ``n`` x it."""
+    return round_bound([nm / ex for nm, ex in zip(norms, examples, strict=True) if ex > 0],
+                       multiple)
 
 
 def clip_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
@@ -129,8 +130,7 @@ def bound_updates(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArr
     if mode == "none" or not updates:
         return BoundedRound(list(updates))
     norms = [update_norm(u.state, reference) for u in updates]
-    per_example = round_bound([n / u.num_examples for n, u in zip(norms, updates, strict=True)],
-                              multiple)
+    per_example = example_bound(norms, [u.num_examples for u in updates], multiple)
     out = BoundedRound([], bound=per_example)
     for upd, norm in zip(updates, norms, strict=True):
         bound = None if per_example is None else per_example * upd.num_examples

@@ -18,6 +18,12 @@ and the global model:
 ``max-norm-ratio`` (updates farther from the global model than that multiple of its norm are
 rejected) acts earlier, when the replies are parsed (:func:`fedowen_strategy.replies.
 parse_replies`); it lives here because it is a guard of the same kind.
+
+:func:`bound_in_force` says how large an update may be and pass all of them unchanged, from
+the same functions the guards apply (:func:`~fedowen_strategy.replies.norm_ratio_limit`,
+:func:`~fedowen_strategy.bounds.example_bound`, :func:`cap_reference`, :func:`norm_cap_at`):
+whoever needs the defence's bound (the adaptive attacker of ``server_app.byzantine``) asks
+it, so a changed guard never leaves a stale copy behind.
 """
 
 from __future__ import annotations
@@ -37,16 +43,19 @@ from fedowen_strategy.bounds import (
     VALUE_CAP_MODES,
     bound_updates,
     cap_norms,
+    example_bound,
     lower_median,
     resolve_norm_cap,
-    update_norm,
 )
-from fedowen_strategy.links import cosine_matrix, link_groups, merge_groups, upper_triangle
+from fedowen_strategy.links import link_groups, merge_groups, upper_triangle
 from fedowen_strategy.nodes import client_order
-from fedowen_strategy.replies import ClientUpdate
+from fedowen_strategy.replies import ClientUpdate, norm_ratio_limit
+from fedowen_strategy.updates import cosine_matrix, update_norm
 
 #: Rounds of at most this many updates record their pairwise cosines.
 RECORD_COSINES_UP_TO = 32
+#: The statistic the median norm cap reads of a round's update norms (the lower median).
+Median = Callable[[Sequence[float]], float | None]
 
 
 @dataclass(frozen=True)
@@ -146,6 +155,49 @@ class Guards:
         return mode
 
 
+def cap_reference(norm_cap: str, norms: Sequence[float], server_norm: float | None = None,
+                  median: Median = lower_median) -> float | None:
+    """The norm the norm cap is a multiple of: under ``server`` the server step's norm (when a
+    step was taken), else ``median`` of the round's update ``norms``; None under ``none``.
+    ``norm_cap`` is resolved (:meth:`Guards.norm_cap_for`)."""
+    if norm_cap == "none":
+        return None
+    if norm_cap == "server" and server_norm is not None:
+        return server_norm
+    return median(norms)
+
+
+def norm_cap_at(guards: Guards, reference: float | None) -> float | None:
+    """The norm cap at a reference norm: ``norm_cap_multiple`` x it; None without a reference
+    (or a zero one: nothing moved, nothing to cap)."""
+    return None if not reference else guards.norm_cap_multiple * reference
+
+
+def bound_in_force(guards: Guards, norm_cap: str, *, norms: Sequence[float],
+                   examples: Sequence[int], own_examples: int, global_norm: float,
+                   server_norm: float | None = None, median: Median = lower_median
+                   ) -> float | None:
+    """The largest norm an update of ``own_examples`` examples may have and pass every guard
+    unchanged; None when no guard bounds it.
+
+    The tightest of ``max-norm-ratio`` x ``global_norm``, the update bound (``update-bound``:
+    :func:`~fedowen_strategy.bounds.example_bound` of the round's update ``norms`` and
+    ``examples``, x ``own_examples``) and the norm cap (:func:`norm_cap_at` the
+    :func:`cap_reference` of ``norm_cap``, resolved, with the server step's ``server_norm``).
+    ``median``: the statistic the cap reads of ``norms``; an attacker whose own updates move
+    the median passes the one it will face. The guards apply the update bound before they
+    measure the median, and this reads both from the same ``norms``: an estimate when the
+    update bound clips.
+    """
+    limits = [norm_ratio_limit(guards.max_norm_ratio, global_norm)]
+    if guards.update_bound != "none" and own_examples > 0:
+        per_example = example_bound(norms, examples, guards.update_bound_multiple)
+        limits.append(None if per_example is None else per_example * own_examples)
+    limits.append(norm_cap_at(guards, cap_reference(norm_cap, norms, server_norm, median)))
+    found = [limit for limit in limits if limit is not None]
+    return min(found) if found else None
+
+
 @dataclass
 class GuardedRound:
     """A round's updates after the guards (in client-id order), and what the guards did.
@@ -153,10 +205,10 @@ class GuardedRound:
     ``groups`` index ``updates``: each is one player of the game. ``valued`` (with
     ``value_cap_multiple``) holds the states to value, aligned with ``updates``; empty: value
     ``updates`` themselves. ``copies`` are the client ids of exact copies (to ban), ``links``
-    those of near-parallel groups. ``record`` holds the round record's fields: ``norm_cap``
-    and ``capped`` (when a cap applied), ``value_cap`` and ``value_capped`` (the valuation's
-    cap, when set), ``cosines``
-    (rounds of at most :data:`RECORD_COSINES_UP_TO` updates) and ``links``.
+    those of near-parallel groups (the strategy's bandit reads them here). ``record`` holds the
+    round record's fields: ``norm_cap`` and ``capped`` (when a cap applied), ``value_cap`` and
+    ``value_capped`` (the valuation's cap, when set), ``cosines`` (rounds of at most
+    :data:`RECORD_COSINES_UP_TO` updates) and ``links`` (a copy of the field, when any).
     """
 
     updates: list[ClientUpdate]
@@ -165,6 +217,7 @@ class GuardedRound:
     groups: list[list[int]] = field(default_factory=list)
     valued: list[Mapping[str, NDArray]] = field(default_factory=list)
     copies: list[list[str]] = field(default_factory=list)
+    links: list[list[str]] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
 
 
@@ -188,16 +241,7 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     bounded = bound_updates(updates, global_state, guards.update_bound,
                             guards.update_bound_multiple)
     out = GuardedRound(bounded.updates, dict(bounded.rejected), dict(bounded.clipped))
-    reference: float | None = None
-    if norm_cap != "none" and out.updates:
-        if norm_cap == "server" and server_update is not None:
-            reference = update_norm(server_update(), global_state)
-        else:
-            reference = lower_median([update_norm(u.state, global_state) for u in out.updates])
-        cap = None if not reference else guards.norm_cap_multiple * reference
-        capped = cap_norms(out.updates, global_state, cap)
-        out.updates = capped.updates
-        out.record.update(norm_cap=cap, capped=capped.clipped)
+    reference = _cap(out, global_state, guards, norm_cap, server_update)
     # valued and averaged in client-id order, so the estimator's sampled orders (and float
     # sums) do not depend on arrival times
     out.updates.sort(key=lambda upd: client_order(upd.client_id))
@@ -212,10 +256,27 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     if out.copies:
         log(WARNING, "round %d: copies share one weight and are linked (not selected again, no "
             "payout): %s", server_round, out.copies)
-    if "links" in out.record:
+    if out.links:
         log(INFO, "round %d: near-parallel updates play as one (cosine > %g): %s", server_round,
-            guards.link_cosine, out.record["links"])
+            guards.link_cosine, out.links)
     return out
+
+
+def _cap(out: GuardedRound, global_state: Mapping[str, NDArray], guards: Guards, norm_cap: str,
+         server_update: Callable[[], Mapping[str, NDArray]] | None) -> float | None:
+    """The norm cap applied to ``out.updates`` (recorded); returns its reference norm."""
+    if norm_cap == "none" or not out.updates:
+        return None
+    server_norm = (update_norm(server_update(), global_state)
+                   if norm_cap == "server" and server_update is not None else None)
+    norms = [] if server_norm is not None else [update_norm(u.state, global_state)
+                                                for u in out.updates]
+    reference = cap_reference(norm_cap, norms, server_norm)
+    cap = norm_cap_at(guards, reference)
+    capped = cap_norms(out.updates, global_state, cap)
+    out.updates = capped.updates
+    out.record.update(norm_cap=cap, capped=capped.clipped)
+    return reference
 
 
 def _groups(out: GuardedRound, global_state: Mapping[str, NDArray], guards: Guards,
@@ -232,5 +293,6 @@ def _groups(out: GuardedRound, global_state: Mapping[str, NDArray], guards: Guar
         out.record["cosines"] = upper_triangle(cosines)
     near = link_groups(cosines, guards.link_cosine)
     if near:
-        out.record["links"] = [[ids[i] for i in g] for g in near]
+        out.links = [[ids[i] for i in g] for g in near]
+        out.record["links"] = [list(g) for g in out.links]
     return merge_groups(len(states), copies, near)

@@ -23,36 +23,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-State = Mapping[str, NDArray]
-
-
-def flat_deltas(states: Sequence[State], reference: State) -> NDArray[np.float64]:
-    """``(n, d)``: each state's floating arrays minus the reference's, as one vector."""
-    keys = [k for k, v in reference.items() if np.issubdtype(v.dtype, np.floating)]
-    if not states:
-        return np.zeros((0, 0))
-    return np.stack([np.concatenate([(np.asarray(s[k], np.float64) - reference[k]).ravel()
-                                     for k in keys]) for s in states])
-
-
-def cosine_matrix(states: Sequence[State], reference: State) -> NDArray[np.float64]:
-    """Pairwise cosine similarities of the updates ``states[i] - reference`` (floating arrays),
-    accumulated array by array so no flat copy of all updates is held; a zero update has
-    cosine 0 with everyone."""
-    n = len(states)
-    gram = np.zeros((n, n))
-    for key, ref in reference.items():
-        if not np.issubdtype(ref.dtype, np.floating) or n == 0:
-            continue
-        block = np.stack([(np.asarray(s[key], np.float64) - ref).ravel() for s in states])
-        gram += block @ block.T
-    norms = np.sqrt(np.clip(np.diag(gram), 0.0, None))
-    scale = np.where(norms > 0, norms, 1.0)
-    cos = gram / scale[:, None] / scale[None, :]
-    cos[norms == 0, :] = 0.0
-    cos[:, norms == 0] = 0.0
-    return np.clip(cos, -1.0, 1.0)
-
 
 def components(n: int, edges: Sequence[tuple[int, int]]) -> list[list[int]]:
     """Connected components of two or more of the graph on ``0..n-1``, each sorted, ordered

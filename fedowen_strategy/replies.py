@@ -98,6 +98,15 @@ def ray_nodes(replies: Iterable[Message]) -> dict[str, list[str]]:
     return {node: sorted(ids) for node, ids in sorted(nodes.items())}
 
 
+def norm_ratio_limit(max_norm_ratio: float, global_norm: float) -> float | None:
+    """The largest update norm ``max-norm-ratio`` lets through: that multiple of the global
+    model's norm; None when the check is off (0) or the global model has no norm to compare
+    with (e.g. initialised to zeros)."""
+    if not max_norm_ratio > 0 or not global_norm > 0:
+        return None
+    return max_norm_ratio * global_norm
+
+
 def _check_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
                  max_norm_ratio: float) -> str | None:
     """Reason the state is unusable, or None when it matches ``reference``."""
@@ -116,8 +125,8 @@ def _check_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
                 return f"array {key!r} holds NaN or Inf"
             ref_sq += float(np.sum(np.square(ref, dtype=np.float64)))
             upd_sq += float(np.sum(np.square(arr.astype(np.float64) - ref)))
-    # a zero global model (e.g. initialised to zeros) has no scale to compare with
-    if max_norm_ratio > 0 and ref_sq > 0 and np.sqrt(upd_sq) > max_norm_ratio * np.sqrt(ref_sq):
+    limit = norm_ratio_limit(max_norm_ratio, float(np.sqrt(ref_sq)))
+    if limit is not None and np.sqrt(upd_sq) > limit:
         return (f"update norm {np.sqrt(upd_sq):.3g} exceeds {max_norm_ratio} x the global "
                 f"model's norm {np.sqrt(ref_sq):.3g}")
     return None

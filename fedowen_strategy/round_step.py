@@ -38,13 +38,15 @@ class RoundOutcome:
 
     ``state`` is the new global model (``None`` keeps the old one: no usable update);
     ``parsed`` the replies after the guards (in client-id order, aligned with ``valuation``);
-    ``copies`` the client ids of exact copies (to ban); ``record`` and ``rows`` the round
-    record and ledger rows (:mod:`fedowen_strategy.round_record`).
+    ``copies`` the client ids of exact copies (to ban); ``links`` those of near-parallel
+    groups (one player each this round: the bandit's link memory); ``record`` and ``rows`` the
+    round record and ledger rows (:mod:`fedowen_strategy.round_record`).
     """
 
     state: dict[str, NDArray] | None
     parsed: ParsedReplies
     copies: list[list[str]]
+    links: list[list[str]]
     valuation: RoundValuation | None
     record: dict[str, Any]
     rows: list[dict[str, Any]]
@@ -84,7 +86,7 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
         log(WARNING, "round %d: no usable update (%d failed, %d rejected); global model kept",
             server_round, len(parsed.failed), len(parsed.rejected))
         record = round_record.round_record(selected, parsed, valuation.method, [], fields, None)
-        return RoundOutcome(None, parsed, guarded.copies, None, record, [])
+        return RoundOutcome(None, parsed, guarded.copies, guarded.links, None, record, [])
     states = [u.state for u in parsed.updates]
     # the states to value: the averaged ones, or (value_cap_multiple) the same at a tighter cap
     val = value_round(guarded.valued or states, [u.num_examples for u in parsed.updates],
@@ -93,5 +95,6 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
         server_round, len(states), valuation.method, val.seconds, val.n_evals)
     record = round_record.round_record(selected, parsed, valuation.method, guarded.copies,
                                        fields, val)
-    return RoundOutcome(weighted_average(states, val.weights), parsed, guarded.copies, val,
-                        record, round_record.ledger_rows(server_round, parsed, val))
+    return RoundOutcome(weighted_average(states, val.weights), parsed, guarded.copies,
+                        guarded.links, val, record,
+                        round_record.ledger_rows(server_round, parsed, val))

@@ -214,7 +214,7 @@ class FedOwen(FedAvg):
             extra=extra,
             server_update=None if step is None else lambda: step(global_state, server_round))
         self.linked.update(c for g in out.copies for c in g)
-        self.bandit.observe_links(out.record.get("links", []))
+        self.bandit.observe_links(out.links)
         if self.selection == "oort":
             self.bandit.observe_utility(
                 [u.client_id for u in out.parsed.updates], replies.oort_utilities(

@@ -14,19 +14,14 @@ so a server-side key (or a user's own key) never breaks a client.
 from __future__ import annotations
 
 import difflib
-import math
 import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-ADVERSARY_KINDS = ("label-flip", "noise", "free-rider", "sybil", "disguised-free-rider",
-                   "replay-free-rider", "colluding-sybil", "boosted", "sign-flip", "alie", "ipm",
-                   "adaptive")
-#: Kinds whose clients train and reply honestly: the ServerApp replaces their replies with the
-#: attack at the message boundary, from the round's honest updates (server_app.byzantine).
-SERVER_SIDE_KINDS = ("alie", "ipm", "adaptive")
+from fedowen_task.adversary.keys import AdversaryConfig, AdversaryKeys
+
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
@@ -54,8 +49,8 @@ def one_of(key: str, value: str, choices: Sequence[str]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class TaskConfig:
-    """The keys a ClientApp reads (defaults match pyproject.toml)."""
+class _DataKeys:
+    """The data, partition and local-training keys (defaults match pyproject.toml)."""
 
     dataset: str = "mnist"
     model: str = "auto"
@@ -74,14 +69,17 @@ class TaskConfig:
     local_epochs: int = 1
     weight_decay: float = 0.0
     client_max_samples: int = 0
-    adversary_fraction: float = 0.0
-    adversary_kind: str = "label-flip"
-    adversary_noise_std: float = 0.05
-    adversary_sybil_noise: float = 0.1
-    adversary_boost: float = 2.5
-    adversary_alie_z: float = 0.0
-    adversary_ipm_epsilon: float = 0.5
-    adversary_jitter: float = 0.0
+
+
+# Bases list their fields last base first: the data keys, then the adversary-* keys
+# (fedowen_task.adversary.keys), the order of pyproject.toml and of every config.json.
+@dataclass(frozen=True)
+class TaskConfig(AdversaryKeys, _DataKeys):
+    """The keys a ClientApp reads (defaults match pyproject.toml)."""
+
+    def adversary(self) -> AdversaryConfig:
+        """The run's simulated adversaries (:mod:`fedowen_task.adversary`)."""
+        return AdversaryConfig.of(self, self.seed)
 
     def model_name(self) -> str:
         """``model = "auto"``: ResNet-18 for CIFAR-10, LeNet otherwise (as in the paper)."""
@@ -91,7 +89,8 @@ class TaskConfig:
 
     def problems(self) -> list[str]:
         """Out-of-range values of the task keys."""
-        from fedowen_task.data import DATASETS  # imports torch: only when validating
+        from fedowen_task.adversary.attacks import kinds  # imports torch: only when validating
+        from fedowen_task.data import DATASETS
         from fedowen_task.models import MODELS
         from fedowen_task.partition import SCHEMES
 
@@ -113,26 +112,12 @@ class TaskConfig:
             (self.client_max_samples >= 0, "client-max-samples must be >= 0 (0 = no cap)"),
             (self.data_dir == "" or os.path.isabs(self.data_dir),
              f"data-dir={self.data_dir!r} must be an absolute path"),
-            (0 <= self.adversary_fraction <= 1,
-             f"adversary-fraction={self.adversary_fraction} must lie in [0, 1]"),
-            (self.adversary_noise_std >= 0, "adversary-noise-std must be >= 0"),
-            (self.adversary_sybil_noise >= 0,
-             f"adversary-sybil-noise={self.adversary_sybil_noise} must be >= 0"),
-            (self.adversary_boost > 0, f"adversary-boost={self.adversary_boost} must be > 0"),
-            (math.isfinite(self.adversary_alie_z) and self.adversary_alie_z >= 0,
-             f"adversary-alie-z={self.adversary_alie_z} must be a finite number >= 0 (0 = "
-             "Baruch et al.'s z_max from the round's replies and attackers)"),
-            (math.isfinite(self.adversary_ipm_epsilon) and self.adversary_ipm_epsilon > 0,
-             f"adversary-ipm-epsilon={self.adversary_ipm_epsilon} must be a finite number > 0"),
-            (math.isfinite(self.adversary_jitter) and self.adversary_jitter >= 0,
-             f"adversary-jitter={self.adversary_jitter} must be a finite number >= 0 (0: the "
-             "papers' identical vectors)"),
         ]
-        bad = [message for ok, message in checks if not ok]
+        bad = [message for ok, message in checks if not ok] + self.adversary_problems()
         bad += one_of("dataset", self.dataset.split(":", 1)[0], DATASETS)
         bad += one_of("model", self.model, ("auto", *MODELS))
         bad += one_of("partition-scheme", self.partition_scheme, SCHEMES)
-        bad += one_of("adversary-kind", self.adversary_kind, ADVERSARY_KINDS)
+        bad += one_of("adversary-kind", self.adversary_kind, kinds())
         return bad
 
 

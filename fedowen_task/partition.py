@@ -110,15 +110,6 @@ def _check_labels(labels: np.ndarray) -> np.ndarray:
     return labels
 
 
-def adversary_ids(num_partitions: int, fraction: float, seed: int) -> frozenset[int]:
-    """Partition ids of the ``round(fraction * num_partitions)`` adversaries."""
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"adversary-fraction={fraction!r} must lie in [0, 1]")
-    count = round(fraction * num_partitions)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xAD]))
-    return frozenset(int(i) for i in rng.permutation(num_partitions)[:count])
-
-
 def server_eval_split(
     labels: np.ndarray, fraction: float = 0.01, seed: SeedLike = 0
 ) -> tuple[np.ndarray, np.ndarray]:

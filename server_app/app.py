@@ -33,7 +33,7 @@ from fedowen_strategy.replies import record_to_state
 from fedowen_strategy.strategy import EvaluateHook, FedOwen, ServerStep
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_strategy.torch_utility.batched import resolve_device
-from fedowen_task.config import SERVER_SIDE_KINDS
+from fedowen_task.adversary.attacks import adversaries_record, attack_of
 from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
 from fedowen_task.partition import holdout_split
@@ -228,7 +228,7 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     latest = {"arrays": ArrayRecord(model.state_dict())}  # the global model after each round
     evaluate_fn = central_evaluation(cfg, ds, sets[2:], recorder, strategy, done, out_dir,
                                      latest)
-    if cfg.adversary_fraction > 0 and cfg.adversary_kind in SERVER_SIDE_KINDS:
+    if cfg.adversary_fraction > 0 and attack_of(cfg.adversary()).server is not None:
         # omniscient attacks: the attackers' replies are replaced here (server_app.byzantine)
         grid = ByzantineGrid(grid, cfg, len(nodes), on_round=lambda server_round, entry:
                              recorder.log_train(server_round, {"attack": entry}, []),
@@ -259,16 +259,7 @@ def _record_adversaries(cfg: RunConfig, num_nodes: int, recorder: RunRecorder) -
     """``adversaries.json``: who attacked, so reports need not recompute it. Simulation
     only: partitions are numbered 0..N-1 with N the nodes connected at the start
     (``num-supernodes``)."""
-    from fedowen_task.partition import adversary_ids  # the same pure function the clients use
-
-    ids = sorted(adversary_ids(num_nodes, cfg.adversary_fraction, cfg.seed))
-    recorder.write_json(ADVERSARIES_FILE, {
-        "kind": cfg.adversary_kind, "fraction": cfg.adversary_fraction, "seed": cfg.seed,
-        "num_partitions": num_nodes, "ids": [str(i) for i in ids],
-        "noise_std": cfg.adversary_noise_std, "sybil_noise": cfg.adversary_sybil_noise,
-        "boost": cfg.adversary_boost, "alie_z": cfg.adversary_alie_z,
-        "ipm_epsilon": cfg.adversary_ipm_epsilon, "jitter": cfg.adversary_jitter,
-        "server_side": cfg.adversary_kind in SERVER_SIDE_KINDS})
+    recorder.write_json(ADVERSARIES_FILE, adversaries_record(cfg.adversary(), num_nodes))
 
 
 def _write_payouts(out_dir: Path) -> list[Payout]:

@@ -1,9 +1,9 @@
 """Report of ``adversarial`` grids: accuracy under attack, and how FedOwen treats adversaries.
 
 Which partitions are adversarial is a pure function of (num-supernodes, adversary-fraction,
-seed) (:func:`fedowen_task.partition.adversary_ids`), so everything here is computed from the
-cells' ``rounds.jsonl``: per round, ``returned`` (partition ids that trained), ``phi`` and
-``weights``. Per FedOwen cell we report
+seed) (:meth:`fedowen_task.adversary.keys.AdversaryConfig.ids`), so everything here is
+computed from the cells' ``rounds.jsonl``: per round, ``returned`` (partition ids that
+trained), ``phi`` and ``weights``. Per FedOwen cell we report
 
 - the adversaries' mean *rank percentile* of phi within their round (0 = highest phi of the
   round, 1 = lowest) beside the honest clients' (0.5 = indistinguishable);
@@ -32,7 +32,6 @@ import numpy as np
 from fedowen_strategy.contribution import NO_PHI
 from fedowen_strategy.payouts import client_values, linked_clients, payouts
 from fedowen_task.config import TaskConfig
-from fedowen_task.partition import adversary_ids
 from sim.grid import Preset, app_config, expand_grid
 from sim.results import CellResult, Stat, markdown_table
 
@@ -96,9 +95,7 @@ def round_stats(rec: dict[str, Any], adv: frozenset[str]) -> dict[str, float]:
 
 def cell_adversaries(result: CellResult, num_partitions: int) -> frozenset[str]:
     """The cell's adversarial partition ids, as the strings the records use."""
-    cfg = result.cell.config
-    ids = adversary_ids(num_partitions, cfg.adversary_fraction, cfg.seed)
-    return frozenset(str(i) for i in ids)
+    return result.cell.config.adversary().client_ids(num_partitions)
 
 
 def cell_series(result: CellResult, num_partitions: int) -> dict[str, np.ndarray]:

@@ -15,7 +15,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedowen_task.partition import adversary_ids
 from server_app.config import RunConfig
 from server_app.run_plots import plot_payouts
 from server_app.store.payouts import PAYOUTS_FILE, run_payouts, write_payouts
@@ -27,8 +26,7 @@ def adversaries_from_config(run_dir: Path, num_partitions: int) -> list[str]:
     """Adversary ids of an older run (no ``adversaries.json``) from its ``config.json``."""
     recorded = json.loads((run_dir / "config.json").read_text())  # the app's fields, as written
     cfg = RunConfig(**{k: v for k, v in recorded.items() if k in RunConfig.__dataclass_fields__})
-    return [str(i) for i in sorted(adversary_ids(num_partitions, cfg.adversary_fraction,
-                                                 cfg.seed))]
+    return [str(i) for i in sorted(cfg.adversary().ids(num_partitions))]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,20 +9,21 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from client_app.adversary import (
+from client_app.app import train_handler
+from fedowen_task.adversary.attacks import ATTACKS, server_side
+from fedowen_task.adversary.client import (
+    ClientTurn,
     boosted_update,
     colluding_copy,
     disguised_update,
     flip_labels,
-    misbehave,
     noise_update,
     replay_update,
     sign_flipped_update,
 )
-from client_app.app import train_handler
-from fedowen_task.config import SERVER_SIDE_KINDS, TaskConfig
+from fedowen_task.adversary.keys import adversary_ids
+from fedowen_task.config import TaskConfig
 from fedowen_task.models import build_model
-from fedowen_task.partition import adversary_ids
 
 
 def test_adversary_ids_are_seeded_and_sized() -> None:
@@ -210,11 +211,12 @@ def test_sign_flipped_update_reverses_the_honest_one() -> None:
         2 * _norm(trained_floats, floats), rel=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["sign-flip", *SERVER_SIDE_KINDS])
-def test_misbehave_dispatches_the_new_kinds(kind: str) -> None:
+@pytest.mark.parametrize("kind", ["sign-flip", *server_side()])
+def test_the_table_dispatches_the_new_kinds(kind: str) -> None:
     glob, trained = _lenet_pair()
-    out = misbehave(kind, glob, trained, TaskConfig(), server_round=1, seed=0, attack_seed=1,
-                    memory=RecordDict())
+    turn = ClientTurn(TaskConfig().adversary(), server_round=1, seed=0, attack_seed=1,
+                      memory=RecordDict())
+    out = ATTACKS[kind].client_reply(glob, trained, turn)
     sign = -1.0 if kind == "sign-flip" else 1.0  # server-side kinds reply as honest ones
     for k in glob:
         torch.testing.assert_close(out[k] - glob[k], sign * (trained[k] - glob[k]))

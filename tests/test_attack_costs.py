@@ -56,7 +56,7 @@ def test_losses_pair_by_seed_and_collapse_is_any_of_the_last_ten_rounds() -> Non
 
 
 def test_weight_ratio_is_per_reply_attacker_over_honest() -> None:
-    from fedowen_task.partition import adversary_ids
+    from fedowen_task.adversary.keys import adversary_ids
 
     adv = sorted(adversary_ids(10, 0.2, 0))
     honest = [i for i in range(10) if i not in adv][:2]
@@ -95,7 +95,7 @@ def test_an_attacker_paid_above_honest_is_read_against_what_its_data_earns_clean
     # Prepare: seed 0's two adversaries (10 partitions, 20%). Seed "rich": they earn 3 a round
     # honest clients 1, in the clean run as in the attacked one (their data is worth it).
     # Seed "boost": clean they earn 1 like everyone, attacked 3 (the attack pays).
-    from fedowen_task.partition import adversary_ids
+    from fedowen_task.adversary.keys import adversary_ids
 
     adv = sorted(str(i) for i in adversary_ids(10, 0.2, 0))
     others = [str(i) for i in range(10) if str(i) not in adv]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedowen_strategy.bounds import bound_updates, round_bound, update_norm
+from fedowen_strategy.bounds import bound_updates, round_bound
 from fedowen_strategy.replies import ClientUpdate
+from fedowen_strategy.updates import update_norm
 
 REF = {"w": np.array([3.0, 4.0], np.float32), "n": np.array(7, np.int64)}
 

@@ -1,4 +1,5 @@
-"""Omniscient attacks at the ServerApp's message boundary (server_app.byzantine)."""
+"""Omniscient attacks (fedowen_task.adversary.server) at the ServerApp's message boundary
+(server_app.byzantine)."""
 
 from __future__ import annotations
 
@@ -18,17 +19,18 @@ from flwr.app import (
 
 from fedowen_strategy.bounds import lower_median
 from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, state_to_record
-from fedowen_task.config import ADVERSARY_KINDS, SERVER_SIDE_KINDS, ConfigError
-from fedowen_task.partition import adversary_ids
-from server_app.byzantine import (
-    ByzantineGrid,
+from fedowen_task.adversary.attacks import kinds, server_side
+from fedowen_task.adversary.keys import adversary_ids
+from fedowen_task.adversary.server import (
     adaptive_scale,
     alie_vector,
     baruch_z,
-    bound_in_force,
     ipm_vector,
+    jittered,
     median_faced,
 )
+from fedowen_task.config import ConfigError
+from server_app.byzantine import ByzantineGrid, attacker_bound
 from server_app.config import RunConfig, parse_run_config
 from sim.inline_grid import InProcessGrid
 
@@ -97,14 +99,15 @@ OFF = {"max_norm_ratio": 0.0, "update_bound": "none", "norm_cap": "none"}
     ({"strategy": "fltrust"}, None),                          # rescaled to the server's norm
     ({"strategy": "fedavg"}, None),                           # FedOwen's bounds do not apply
 ])
-def test_bound_in_force(settings: dict[str, Any], bound: float | None) -> None:
+def test_attacker_bound(settings: dict[str, Any], bound: float | None) -> None:
     cfg = RunConfig(**settings)
-    out = bound_in_force(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0)
+    out = attacker_bound(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0)
     assert out == (None if bound is None else pytest.approx(bound))
 
 
 def test_new_kinds_and_keys_are_validated() -> None:
-    assert {"sign-flip", *SERVER_SIDE_KINDS} <= set(ADVERSARY_KINDS)
+    assert {"sign-flip", *server_side()} <= set(kinds())
+    assert server_side() == ("alie", "ipm", "adaptive")
     cfg = parse_run_config({"adversary-kind": "alie", "adversary-alie-z": 1,
                             "adversary-ipm-epsilon": 0.1})
     assert cfg.adversary_alie_z == 1.0 and cfg.adversary_ipm_epsilon == 0.1
@@ -255,8 +258,6 @@ def test_grid_delegates_to_the_inner_grid() -> None:
 
 
 def test_jitter_keeps_the_attack_but_breaks_the_copies() -> None:
-    from server_app.byzantine import jittered
-
     # Prepare: two attackers with one ALIE vector
     base = np.tile(alie_vector(HONEST, 1.0), (2, 1))
     # Execute
@@ -270,9 +271,9 @@ def test_jitter_keeps_the_attack_but_breaks_the_copies() -> None:
     np.testing.assert_array_equal(base, np.tile(alie_vector(HONEST, 1.0), (2, 1)))  # untouched
 
 
-def test_bound_in_force_under_the_server_cap_is_the_servers_step() -> None:
+def test_attacker_bound_under_the_server_cap_is_the_servers_step() -> None:
     cfg = RunConfig(**{**OFF, "norm_cap": "server", "norm_cap_multiple": 1.5})
-    out = bound_in_force(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0,
+    out = attacker_bound(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0,
                          server_norm=5.0)
     assert out == pytest.approx(7.5)  # 1.5 x the server step's norm, not the median's 2
 

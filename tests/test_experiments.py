@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fedowen_task.partition import adversary_ids
+from fedowen_task.adversary.keys import adversary_ids
 from sim.adversarial import ledger_stats, moving_average, rank_percentiles, round_stats
 from sim.grid import PresetError, cell_id, load_preset, parse_preset
 from sim.report import write_report

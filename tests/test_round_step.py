@@ -93,6 +93,20 @@ def test_copies_are_reported_for_the_ban_and_share_one_weight() -> None:
     np.testing.assert_allclose(out.state["w"], alone.state["w"])
 
 
+def test_near_parallel_updates_come_back_as_the_rounds_typed_links() -> None:
+    # Prepare: c1's step sent again by c4 at 1.01 x its size: parallel, but no copy (the
+    # honest steps' pairwise cosines lie in 0.9993-0.9996, below the threshold)
+    parsed = round_of(1.0, ["c0", "c1", "c2"])
+    parsed.updates.append(ClientUpdate(104, "c4", {"w": 1.01 * parsed.updates[1].state["w"]},
+                                       10, 1.0))
+    # Execute
+    out = run(parsed, link_cosine=0.9999)
+    # Assert: linked, not banned; the strategy reads the field, rounds.jsonl the record's copy
+    assert out.copies == [] and out.links == [["c1", "c4"]]
+    assert out.record["links"] == out.links
+    assert run(round_of(1.0, ["c0", "c1", "c2"]), link_cosine=0.9999).links == []
+
+
 def test_a_round_without_usable_updates_keeps_the_global_model() -> None:
     # the one selected client failed: nothing to value
     out = run(ParsedReplies(failed={"c0": "timed out"}))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
@@ -27,32 +27,7 @@ from numpy.typing import NDArray
 
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import parse_replies, record_to_state, state_to_record
-
-State = Mapping[str, NDArray]
-
-
-def float_keys(state: State) -> list[str]:
-    """Keys of the floating arrays (integer counters such as BatchNorm's are not updates)."""
-    return [k for k, v in state.items() if np.issubdtype(v.dtype, np.floating)]
-
-
-def flat_delta(state: State, reference: State, keys: Sequence[str]) -> NDArray[np.float64]:
-    """``state - reference`` over ``keys`` as one float64 vector."""
-    return np.concatenate([(np.asarray(state[k], np.float64) - reference[k]).ravel()
-                           for k in keys]) if keys else np.zeros(0)
-
-
-def apply_delta(reference: State, delta: NDArray[np.float64], keys: Sequence[str]
-                ) -> dict[str, NDArray]:
-    """``reference + delta`` (``delta`` flat over ``keys``); other arrays kept as they are."""
-    out = {k: np.array(v, copy=True) for k, v in reference.items()}
-    start = 0
-    for key in keys:
-        ref = reference[key]
-        part = delta[start:start + ref.size].reshape(ref.shape)
-        out[key] = (ref.astype(np.float64) + part).astype(ref.dtype)
-        start += ref.size
-    return out
+from fedowen_strategy.updates import State, apply_delta, flat_delta, float_keys
 
 
 class UpdateWeighted(FedAvg):

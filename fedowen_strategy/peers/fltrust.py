@@ -38,7 +38,8 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
-from fedowen_strategy.peers import State, UpdateWeighted, flat_delta
+from fedowen_strategy.peers import UpdateWeighted
+from fedowen_strategy.updates import State, flat_delta
 
 #: ``(global state, server round) -> the global model trained on the root set``.
 ServerUpdate = Callable[[dict[str, NDArray], int], Mapping[str, NDArray]]

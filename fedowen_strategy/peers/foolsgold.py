@@ -30,7 +30,8 @@ from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
-from fedowen_strategy.peers import State, UpdateWeighted
+from fedowen_strategy.peers import UpdateWeighted
+from fedowen_strategy.updates import State
 
 _ROUNDING = 1e-9
 

@@ -1,0 +1,192 @@
+"""The client side of the attacks: what an adversarial ClientApp trains on and returns.
+
+Each attack of the table (:mod:`fedowen_task.adversary.attacks`) may poison the data before
+training (``data``: ``(x, y, num_classes) -> (x, y)``) and the model after it (``reply``:
+``(global_state, trained, turn) -> state``). An attack that returns without training
+(``idle``) gets the global model as ``trained``. States here are torch state dicts; floating
+tensors are the update, integer buffers counters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from fedowen_task.adversary.keys import AdversaryConfig
+
+#: A torch state dict.
+TorchState = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ClientTurn:
+    """What an adversarial client knows when it replies: the run's adversary config, the
+    round, its training ``seed`` (shared by Sybil copies), its own ``attack_seed`` and
+    ``memory``, its context state (kept across rounds)."""
+
+    cfg: AdversaryConfig
+    server_round: int
+    seed: int
+    attack_seed: int
+    memory: RecordDict
+
+
+#: Poisons a partition before training: ``(x, y, num_classes) -> (x, y)``.
+DataAttack = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+#: What the client returns: ``(global_state, trained, turn) -> state``.
+ClientAttack = Callable[[TorchState, TorchState, ClientTurn], dict[str, torch.Tensor]]
+
+
+def sybil_master(adversaries: frozenset[int]) -> int:
+    """The partition whose data and seed every Sybil copies (the smallest adversary id)."""
+    if not adversaries:
+        raise ValueError("sybil_master needs at least one adversary")
+    return min(adversaries)
+
+
+def flip_labels(y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``y -> C - 1 - y``: every label moves to another class (for C >= 2)."""
+    return (num_classes - 1) - y
+
+
+def noise_update(global_state: TorchState, noise_std: float, seed: int
+                 ) -> dict[str, torch.Tensor]:
+    """The global model with Gaussian noise added to every floating tensor."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for key, value in global_state.items():
+        if value.is_floating_point():
+            out[key] = value + noise_std * torch.randn(value.shape, generator=gen,
+                                                       dtype=value.dtype)
+        else:
+            out[key] = value.clone()
+    return out
+
+
+def _float_delta(state: TorchState, reference: TorchState) -> dict[str, torch.Tensor]:
+    return {k: state[k] - reference[k] for k, v in reference.items() if v.is_floating_point()}
+
+
+def _norm(tensors: Mapping[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float((t.double() ** 2).sum()) for t in tensors.values()))
+
+
+def _plus(reference: TorchState, delta: Mapping[str, torch.Tensor],
+          fallback: TorchState | None = None) -> dict[str, torch.Tensor]:
+    """``reference + delta`` on the floating tensors, the others from ``fallback`` (or kept)."""
+    other = fallback if fallback is not None else reference
+    return {k: (v + delta[k]).to(v.dtype) if k in delta else other[k].clone()
+            for k, v in reference.items()}
+
+
+def _gaussian(shapes: TorchState, norm: float, seed: int) -> dict[str, torch.Tensor]:
+    """A Gaussian direction over the floating tensors, scaled to ``norm`` in total."""
+    gen = torch.Generator().manual_seed(seed)
+    noise = {k: torch.randn(v.shape, generator=gen, dtype=torch.float64)
+             for k, v in shapes.items() if v.is_floating_point()}
+    scale = norm / max(_norm(noise), 1e-300)
+    return {k: (scale * v).to(shapes[k].dtype) for k, v in noise.items()}
+
+
+def disguised_update(global_state: TorchState, trained: TorchState, seed: int
+                     ) -> dict[str, torch.Tensor]:
+    """The global model plus Gaussian noise whose norm is the honest update's
+    ``||trained - global||`` (the training itself is thrown away)."""
+    norm = _norm(_float_delta(trained, global_state))
+    return _plus(global_state, _gaussian(global_state, norm, seed))
+
+
+def boosted_update(global_state: TorchState, trained: TorchState, factor: float
+                   ) -> dict[str, torch.Tensor]:
+    """``global + factor * (trained - global)`` (integer buffers as trained)."""
+    delta = {k: factor * d for k, d in _float_delta(trained, global_state).items()}
+    return _plus(global_state, delta, trained)
+
+
+def sign_flipped_update(global_state: TorchState, trained: TorchState
+                        ) -> dict[str, torch.Tensor]:
+    """``global - (trained - global)``: the honest update reversed (integer buffers as
+    trained)."""
+    return boosted_update(global_state, trained, -1.0)
+
+
+def colluding_copy(global_state: TorchState, trained: TorchState, relative_noise: float,
+                   seed: int) -> dict[str, torch.Tensor]:
+    """``trained`` plus Gaussian noise of norm ``relative_noise * ||trained - global||``."""
+    norm = relative_noise * _norm(_float_delta(trained, global_state))
+    return _plus(trained, _gaussian(trained, norm, seed))
+
+
+REPLAY_MODEL, REPLAY_ROUND = "replay-global", "replay-round"
+
+
+def replay_update(global_state: TorchState, memory: RecordDict, server_round: int
+                  ) -> dict[str, torch.Tensor]:
+    """``global_t + (global_t - global_s) / (t - s)`` with ``global_s`` the model this client
+    was sent last (round ``s < t``, kept in ``memory``, its context state); the global model
+    unchanged when it has none. Stores ``global_t`` for the next time."""
+    out = {k: v.clone() for k, v in global_state.items()}
+    if REPLAY_MODEL in memory.array_records and REPLAY_ROUND in memory.config_records:
+        past_round = memory.config_records[REPLAY_ROUND]["round"]
+        past = memory.array_records[REPLAY_MODEL].to_torch_state_dict()
+        if isinstance(past_round, int) and past_round < server_round:
+            delta = _float_delta(global_state, past)
+            out = _plus(global_state, {k: d / (server_round - past_round)
+                                       for k, d in delta.items()})
+    memory[REPLAY_MODEL] = ArrayRecord({k: v.clone() for k, v in global_state.items()})
+    memory[REPLAY_ROUND] = ConfigRecord({"round": server_round})
+    return out
+
+
+# The table's hooks: each adapts one attack above to the row's signature.
+
+def flipped(x: torch.Tensor, y: torch.Tensor, num_classes: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``label-flip``'s data: the labels flipped (:func:`flip_labels`)."""
+    return x, flip_labels(y, num_classes)
+
+
+def free_rider(global_state: TorchState, trained: TorchState, turn: ClientTurn
+               ) -> dict[str, torch.Tensor]:
+    """The global model unchanged."""
+    return {k: v.clone() for k, v in global_state.items()}
+
+
+def noise(global_state: TorchState, trained: TorchState, turn: ClientTurn
+          ) -> dict[str, torch.Tensor]:
+    """:func:`noise_update` of std ``adversary-noise-std`` (seeded by the training seed)."""
+    return noise_update(global_state, turn.cfg.noise_std, turn.seed)
+
+
+def disguised(global_state: TorchState, trained: TorchState, turn: ClientTurn
+              ) -> dict[str, torch.Tensor]:
+    """:func:`disguised_update` (seeded by the client's own attack seed)."""
+    return disguised_update(global_state, trained, turn.attack_seed)
+
+
+def replay(global_state: TorchState, trained: TorchState, turn: ClientTurn
+           ) -> dict[str, torch.Tensor]:
+    """:func:`replay_update` from the client's memory."""
+    return replay_update(global_state, turn.memory, turn.server_round)
+
+
+def colluding(global_state: TorchState, trained: TorchState, turn: ClientTurn
+              ) -> dict[str, torch.Tensor]:
+    """:func:`colluding_copy` with ``adversary-sybil-noise``."""
+    return colluding_copy(global_state, trained, turn.cfg.sybil_noise, turn.attack_seed)
+
+
+def boosted(global_state: TorchState, trained: TorchState, turn: ClientTurn
+            ) -> dict[str, torch.Tensor]:
+    """:func:`boosted_update` by ``adversary-boost``."""
+    return boosted_update(global_state, trained, turn.cfg.boost)
+
+
+def sign_flip(global_state: TorchState, trained: TorchState, turn: ClientTurn
+              ) -> dict[str, torch.Tensor]:
+    """:func:`sign_flipped_update`."""
+    return sign_flipped_update(global_state, trained)

@@ -1,0 +1,110 @@
+"""The adversaries' run-config keys, and the frozen adversary config built from them.
+
+:class:`AdversaryKeys` declares every ``adversary-*`` key of ``[tool.flwr.app.config]`` (the
+task config, :class:`fedowen_task.config.TaskConfig`, takes them from here, so a ClientApp
+reads them as its own) and their range rules. :class:`AdversaryConfig` is the one frozen
+view both apps and ``sim`` read: the keys under short names plus the run's seed, which names
+the adversaries (:func:`adversary_ids`). Which kinds exist is the table's business
+(:data:`fedowen_task.adversary.attacks.ATTACKS`); nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class AdversaryKeys:
+    """The ``adversary-*`` run-config keys (defaults match pyproject.toml)."""
+
+    adversary_fraction: float = 0.0
+    adversary_kind: str = "label-flip"
+    adversary_noise_std: float = 0.05
+    adversary_sybil_noise: float = 0.1
+    adversary_boost: float = 2.5
+    adversary_alie_z: float = 0.0
+    adversary_ipm_epsilon: float = 0.5
+    adversary_jitter: float = 0.0
+
+    def adversary_problems(self) -> list[str]:
+        """Out-of-range values of the adversary keys (the kind is checked against the table
+        by :meth:`fedowen_task.config.TaskConfig.problems`)."""
+        checks = [
+            (0 <= self.adversary_fraction <= 1,
+             f"adversary-fraction={self.adversary_fraction} must lie in [0, 1]"),
+            (self.adversary_noise_std >= 0, "adversary-noise-std must be >= 0"),
+            (self.adversary_sybil_noise >= 0,
+             f"adversary-sybil-noise={self.adversary_sybil_noise} must be >= 0"),
+            (self.adversary_boost > 0, f"adversary-boost={self.adversary_boost} must be > 0"),
+            (math.isfinite(self.adversary_alie_z) and self.adversary_alie_z >= 0,
+             f"adversary-alie-z={self.adversary_alie_z} must be a finite number >= 0 (0 = "
+             "Baruch et al.'s z_max from the round's replies and attackers)"),
+            (math.isfinite(self.adversary_ipm_epsilon) and self.adversary_ipm_epsilon > 0,
+             f"adversary-ipm-epsilon={self.adversary_ipm_epsilon} must be a finite number > 0"),
+            (math.isfinite(self.adversary_jitter) and self.adversary_jitter >= 0,
+             f"adversary-jitter={self.adversary_jitter} must be a finite number >= 0 (0: the "
+             "papers' identical vectors)"),
+        ]
+        return [message for ok, message in checks if not ok]
+
+
+def adversary_ids(num_partitions: int, fraction: float, seed: int) -> frozenset[int]:
+    """Partition ids of the ``round(fraction * num_partitions)`` adversaries: a pure function
+    of its arguments, so the clients, the ServerApp and the reports name the same ones."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"adversary-fraction={fraction!r} must lie in [0, 1]")
+    count = round(fraction * num_partitions)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xAD]))
+    return frozenset(int(i) for i in rng.permutation(num_partitions)[:count])
+
+
+@dataclass(frozen=True)
+class AdversaryConfig:
+    """A run's simulated adversaries: ``adversary-<name>`` as ``<name>``, and the run's seed.
+
+    Build it from a parsed run config (:meth:`of`, or ``TaskConfig.adversary()``); a key added
+    to :class:`AdversaryKeys` needs its field here too (:meth:`of` fails loudly otherwise).
+    """
+
+    fraction: float
+    kind: str
+    noise_std: float
+    sybil_noise: float
+    boost: float
+    alie_z: float
+    ipm_epsilon: float
+    jitter: float
+    seed: int
+
+    @classmethod
+    def of(cls, keys: AdversaryKeys, seed: int) -> AdversaryConfig:
+        """The adversary config of a run config's keys and seed."""
+        return cls(seed=seed, **{f.name.removeprefix("adversary_"): getattr(keys, f.name)
+                                 for f in fields(AdversaryKeys)})
+
+    @property
+    def active(self) -> bool:
+        """Whether the run has adversaries at all (``adversary-fraction > 0``)."""
+        return self.fraction > 0
+
+    def ids(self, num_partitions: int) -> frozenset[int]:
+        """The adversarial partition ids (:func:`adversary_ids`)."""
+        return adversary_ids(num_partitions, self.fraction, self.seed)
+
+    def client_ids(self, num_partitions: int) -> frozenset[str]:
+        """The adversaries as the client ids the records use (a simulated client's id is its
+        partition id)."""
+        return frozenset(str(i) for i in self.ids(num_partitions))
+
+    def record(self, num_partitions: int) -> dict[str, Any]:
+        """Who attacks and how (``adversaries.json``, less what the table adds): kind,
+        fraction, seed, the partitions and their ids, then every parameter."""
+        params = {f.name: getattr(self, f.name) for f in fields(self)
+                  if f.name not in ("kind", "fraction", "seed")}
+        return {"kind": self.kind, "fraction": self.fraction, "seed": self.seed,
+                "num_partitions": num_partitions,
+                "ids": [str(i) for i in sorted(self.ids(num_partitions))], **params}

@@ -1,0 +1,163 @@
+"""The server side of the attacks: omniscient attacks on the round's honest updates.
+
+An attack with a ``server`` hook in the table (:mod:`fedowen_task.adversary.attacks`) needs
+what a client cannot see: the other clients' updates, the standard omniscient threat model
+of Byzantine-robustness benchmarks (Blades, ByzFL). Its clients train and reply as honest
+ones; the ServerApp (``server_app.byzantine``) replaces their replies at the message
+boundary with the rows the hook returns, so the attack acts the same under every strategy
+and backend. Over the flat float64 updates ``d_i = trained_i - global`` (floating arrays):
+
+- ``alie`` ("A little is enough", Baruch et al., NeurIPS 2019): every attacker sends
+  ``mean - z * std`` (coordinate-wise, population std) of the honest updates, with
+  ``adversary-alie-z`` or, when it is 0, the paper's ``z_max`` for the round's ``n`` replies
+  and ``m`` attackers (:func:`baruch_z`);
+- ``ipm`` (inner-product manipulation, Xie et al., UAI 2020): every attacker sends
+  ``-epsilon * mean`` (``adversary-ipm-epsilon``), whose inner product with the honest mean
+  is negative;
+- ``adaptive``: each attacker keeps its own honest update (its direction scores like an
+  honest one on the server's signal) and scales it to sit just under the tightest norm the
+  defence lets through unchanged (the round's ``bound``, which the ServerApp reads from the
+  defence's own function); where none is in force it scales by ``adversary-boost``.
+
+Honest statistics come from the round's honest replies; with fewer than 2 of them the
+attackers use their own honest updates instead (Baruch et al.'s non-omniscient variant).
+ALIE and IPM attackers of one round send the same vector, as in the papers: exact copies.
+``adversary-jitter`` > 0 adds to each attacker's vector Gaussian noise of that norm relative
+to the vector's (:func:`jittered`), so they are no longer copies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedowen_task.adversary.keys import AdversaryConfig
+
+#: The adaptive attacker's margin under the bound (floating-point slack in the server's check).
+MARGIN = 0.99
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """What the omniscient attackers see of one round.
+
+    ``honest`` and ``own`` are ``(h, d)`` and ``(m, d)``: the honest clients' updates and the
+    attackers' own honest ones; ``replies`` the round's usable train replies (``n``);
+    ``own_examples`` each attacker's ``num-examples``; ``bound(examples)`` the largest norm an
+    attacker's update of that many examples may have and pass the defence unchanged, as the
+    round's attackers face it (None: no bound in force).
+    """
+
+    honest: NDArray
+    own: NDArray
+    replies: int
+    own_examples: Sequence[int]
+    bound: Callable[[int], float | None]
+
+
+#: The updates the ``m`` attackers send (``(m, d)``) and the attack's parameters (recorded).
+ServerAttack = Callable[[RoundView, AdversaryConfig], tuple[NDArray, dict[str, Any]]]
+
+
+def alie_vector(honest: NDArray, z: float) -> NDArray:
+    """``mean - z * std`` of the rows of ``honest`` (coordinate-wise, population std)."""
+    rows = _rows(honest)
+    return rows.mean(axis=0) - z * rows.std(axis=0)
+
+
+def ipm_vector(honest: NDArray, epsilon: float) -> NDArray:
+    """``-epsilon * mean`` of the rows of ``honest``."""
+    return -epsilon * _rows(honest).mean(axis=0)
+
+
+def jittered(deltas: NDArray, relative: float, seed: int, server_round: int,
+             clients: Sequence[str]) -> NDArray:
+    """Each row plus Gaussian noise of norm ``relative`` x the row's, from a generator seeded
+    by (seed, round, client id): the same attack, no longer an exact copy of the others'."""
+    out = np.array(deltas, dtype=np.float64, copy=True)
+    for i, client in enumerate(clients):
+        key = [seed, server_round, *(ord(ch) for ch in client)]
+        noise = np.random.default_rng(np.random.SeedSequence(key)).normal(size=out.shape[1])
+        scale = np.linalg.norm(noise)
+        if scale > 0:
+            out[i] += relative * np.linalg.norm(out[i]) * noise / scale
+    return out
+
+
+def baruch_z(n: int, m: int) -> float:
+    """Baruch et al.'s ``z_max``: ``s = floor(n/2 + 1) - m`` honest supporters needed,
+    ``z = Phi^{-1}((n - s) / n)``. ``s`` is kept in ``[1, n - 1]`` (attackers at least half of
+    the round would need none; a probability of 0 or 1 has no quantile); 0 for ``n < 2``."""
+    if n < 1 or not 0 <= m <= n:
+        raise ValueError(f"baruch_z needs n >= 1 replies and 0 <= m <= n attackers, got "
+                         f"n={n}, m={m}")
+    if n < 2:
+        return 0.0
+    s = min(max(math.floor(n / 2 + 1) - m, 1), n - 1)
+    return NormalDist().inv_cdf((n - s) / n)
+
+
+def adaptive_scale(own_norm: float, bound: float | None, boost: float) -> float:
+    """The factor that puts an update of norm ``own_norm`` at ``0.99 x bound``; ``boost``
+    when no bound is in force; 1 for a zero update (nothing to scale)."""
+    if bound is None:
+        return boost
+    if own_norm <= 0.0:
+        return 1.0
+    return MARGIN * bound / own_norm
+
+
+def median_faced(others: Sequence[float], attackers: int, factor: float) -> float | None:
+    """The round's lower-median norm (positive norms) that the server computes when the
+    ``attackers`` each send ``factor`` x it beside the honest ``others``: the attack moves the
+    median it is measured against, so an omniscient attacker solves for it. None when the
+    attackers' own updates would set it (they are at least the median's rank)."""
+    pos = sorted(v for v in others if v > 0.0)
+    rank = (len(pos) + attackers - 1) // 2  # the lower median's index among all replies
+    if factor >= 1.0:  # the attackers sit at or above it: an honest norm of rank `rank`
+        return pos[rank] if rank < len(pos) else None
+    # just under it: all `attackers` rank below, so it is the honest norm `attackers` lower
+    return pos[rank - attackers] if attackers <= rank < len(pos) + attackers else None
+
+
+def _statistics(view: RoundView) -> tuple[NDArray, dict[str, Any]]:
+    """The honest updates, or the attackers' own with fewer than 2 of them; and which."""
+    reference = view.honest if view.honest.shape[0] >= 2 else view.own
+    return reference, {"statistics_from": "honest" if reference is view.honest
+                       else "attackers"}
+
+
+def alie(view: RoundView, cfg: AdversaryConfig) -> tuple[NDArray, dict[str, Any]]:
+    """Every attacker sends :func:`alie_vector` at ``adversary-alie-z`` or :func:`baruch_z`."""
+    reference, source = _statistics(view)
+    z = cfg.alie_z or baruch_z(view.replies, view.own.shape[0])
+    return np.tile(alie_vector(reference, z), (view.own.shape[0], 1)), {"z": z, **source}
+
+
+def ipm(view: RoundView, cfg: AdversaryConfig) -> tuple[NDArray, dict[str, Any]]:
+    """Every attacker sends :func:`ipm_vector` at ``adversary-ipm-epsilon``."""
+    reference, source = _statistics(view)
+    eps = cfg.ipm_epsilon
+    return np.tile(ipm_vector(reference, eps), (view.own.shape[0], 1)), {"epsilon": eps,
+                                                                         **source}
+
+
+def adaptive(view: RoundView, cfg: AdversaryConfig) -> tuple[NDArray, dict[str, Any]]:
+    """Each attacker's own update scaled to ``0.99 x`` its bound (:func:`adaptive_scale`)."""
+    bounds = [view.bound(ex) for ex in view.own_examples]
+    factors = [adaptive_scale(float(np.linalg.norm(row)), b, cfg.boost)
+               for row, b in zip(view.own, bounds, strict=True)]
+    return view.own * np.asarray(factors)[:, None], {"bounds": bounds, "factors": factors}
+
+
+def _rows(matrix: NDArray) -> NDArray:
+    rows = np.asarray(matrix, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[0] < 1:
+        raise ValueError(f"expected an (h, d) array of h >= 1 updates, got shape {rows.shape}")
+    return rows
