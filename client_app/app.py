@@ -172,16 +172,18 @@ def train_handler(msg: Message, context: Context) -> Message:
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     squares = bool(train_config.get(LOSS_SQUARES_FIELD, 0))  # Oort asks
     stats = {"loss": float("nan"), "loss_squares": 0.0}
+    ds = _dataset(cfg, context)
+    turn = ClientTurn(cfg.adversary(), server_round, seed,
+                      _seed(cfg.seed, server_round, f"attack-{client_id}"), context.state,
+                      ds.num_classes, ds.name)
     if attack is None or not attack.idle:
         if attack is not None and attack.data is not None:  # the model's classes: the data's
-            x, y = attack.data(x, y, _dataset(cfg, context).num_classes)
+            x, y = attack.data(x, y, turn)
         stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
                       batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
                       proximal_mu=float(mu), seed=seed, loss_squares=squares)
     state = dict(model.state_dict())
     if attack is not None:
-        turn = ClientTurn(cfg.adversary(), server_round, seed,
-                          _seed(cfg.seed, server_round, f"attack-{client_id}"), context.state)
         state = attack.client_reply(global_state, state, turn)
     metrics = MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y)})
     if squares:

@@ -13,78 +13,30 @@ the value a pixel of intensity 1.0 takes there, per channel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
+from fedowen_task.adversary.keys import Trigger
 from fedowen_task.data import NORMALIZATION, canonical_name
 
-SHAPES = ("square", "plus")
-POSITIONS = ("bottom-right", "top-left", "center")
 
-
-@dataclass(frozen=True)
-class Trigger:
-    """What the attacker stamps and where, what it relabels to and how much of its data.
-
-    Parameters
-    ----------
-    shape : {"square", "plus"}
-        A filled ``size x size`` square, or a plus of arms ``size`` long through its centre.
-    size : int
-        Side of the trigger's bounding box, in pixels (>= 1).
-    position : {"bottom-right", "top-left", "center"}
-        Where the box sits (one pixel from the corner, or centred).
-    target : int
-        The class stamped images are relabelled to.
-    poison_fraction : float
-        Share of the attacker's training images stamped and relabelled, in (0, 1].
-    """
-
-    shape: str = "square"
-    size: int = 3
-    position: str = "bottom-right"
-    target: int = 0
-    poison_fraction: float = 0.5
-
-    def problems(self) -> list[str]:
-        """What is wrong with these settings (empty when nothing)."""
-        bad = []
-        if self.shape not in SHAPES:
-            bad.append(f"backdoor shape={self.shape!r} is not one of {', '.join(SHAPES)}")
-        if self.position not in POSITIONS:
-            bad.append(f"backdoor position={self.position!r} is not one of "
-                       f"{', '.join(POSITIONS)}")
-        if self.size < 1:
-            bad.append(f"backdoor size={self.size} must be >= 1 (pixels)")
-        if self.target < 0:
-            bad.append(f"backdoor target={self.target} must be a class index >= 0")
-        if not 0.0 < self.poison_fraction <= 1.0:
-            bad.append(f"backdoor poison fraction={self.poison_fraction} must lie in (0, 1]")
-        return bad
-
-    def __post_init__(self) -> None:
-        if bad := self.problems():
-            raise ValueError("; ".join(bad))
-
-    def mask(self, height: int, width: int) -> torch.Tensor:
-        """``(height, width)`` booleans: the trigger's pixels."""
-        if self.size + 2 > min(height, width):
-            raise ValueError(f"backdoor size={self.size} does not fit a {height}x{width} "
-                             "image with a one-pixel margin")
-        top, left = {"bottom-right": (height - 1 - self.size, width - 1 - self.size),
-                     "top-left": (1, 1),
-                     "center": ((height - self.size) // 2, (width - self.size) // 2)
-                     }[self.position]
-        box = torch.ones(self.size, self.size, dtype=torch.bool)
-        if self.shape == "plus":
-            box[:] = False
-            box[self.size // 2, :] = True
-            box[:, self.size // 2] = True
-        out = torch.zeros(height, width, dtype=torch.bool)
-        out[top:top + self.size, left:left + self.size] = box
-        return out
+def trigger_mask(trigger: Trigger, height: int, width: int) -> torch.Tensor:
+    """``(height, width)`` booleans: the trigger's pixels."""
+    if trigger.size + 2 > min(height, width):
+        raise ValueError(f"adversary-trigger-size={trigger.size} does not fit a "
+                         f"{height}x{width} image with a one-pixel margin")
+    top, left = {"bottom-right": (height - 1 - trigger.size, width - 1 - trigger.size),
+                 "top-left": (1, 1),
+                 "center": ((height - trigger.size) // 2, (width - trigger.size) // 2)
+                 }[trigger.position]
+    box = torch.ones(trigger.size, trigger.size, dtype=torch.bool)
+    if trigger.shape == "plus":
+        box[:] = False
+        box[trigger.size // 2, :] = True
+        box[:, trigger.size // 2] = True
+    out = torch.zeros(height, width, dtype=torch.bool)
+    out[top:top + trigger.size, left:left + trigger.size] = box
+    return out
 
 
 def white(dataset: str) -> torch.Tensor:
@@ -97,7 +49,7 @@ def stamp(x: torch.Tensor, trigger: Trigger, value: torch.Tensor) -> torch.Tenso
     """A copy of the images ``(N, C, H, W)`` with the trigger's pixels set to ``value``
     (every channel)."""
     out = x.clone()
-    mask = trigger.mask(x.shape[-2], x.shape[-1])
+    mask = trigger_mask(trigger, x.shape[-2], x.shape[-1])
     out[:, :, mask] = value.view(-1, 1).to(out.dtype)
     return out
 

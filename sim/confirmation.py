@@ -443,7 +443,10 @@ _PER_RUN = ("seed", "output_dir", "data_dir", "resume_from")
 #: naming the same runs.
 ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", "link_memory": 0,
                         "poc_d": 20, "oort_exploration_min": 0.3, "selection_reward": "rank",
-                        "selection_level": 0.01, "selection_cap": 0.0}
+                        "selection_level": 0.01, "selection_cap": 0.0,
+                        "adversary_trigger": "square", "adversary_trigger_size": 3,
+                        "adversary_trigger_position": "bottom-right", "adversary_target": 0,
+                        "adversary_poison_fraction": 0.5}
 
 
 def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:

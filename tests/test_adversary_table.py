@@ -52,7 +52,7 @@ def _reverse(view: RoundView, cfg: AdversaryConfig) -> tuple[NDArray, dict[str, 
 def marker_attack() -> Iterator[list[int]]:
     """The test row, in the table for one test; yields the partition sizes its data hook saw."""
     seen: list[int] = []
-    ATTACKS[KIND] = Attack(data=lambda x, y, c: _marked(x, y, c, seen), reply=_marker,
+    ATTACKS[KIND] = Attack(data=lambda x, y, t: _marked(x, y, t.num_classes, seen), reply=_marker,
                            server=_reverse)
     try:
         yield seen

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedowen_task.backdoor import Trigger, attack_success, poison, stamp, white
+from fedowen_task.adversary.keys import Trigger
+from fedowen_task.backdoor import attack_success, poison, stamp, trigger_mask, white
 
 
 def test_the_trigger_stamps_exactly_its_pixels() -> None:
@@ -16,18 +17,18 @@ def test_the_trigger_stamps_exactly_its_pixels() -> None:
     # Execute / Assert: hand-placed pixels (one-pixel margin at the corner)
     expected = torch.zeros(8, 8, dtype=torch.bool)
     expected[4:7, 4:7] = True
-    assert torch.equal(square.mask(8, 8), expected)
+    assert torch.equal(trigger_mask(square, 8, 8), expected)
     cross = torch.zeros(8, 8, dtype=torch.bool)
     cross[3, 2:5] = True
     cross[2:5, 3] = True
-    assert torch.equal(plus.mask(8, 8), cross)
+    assert torch.equal(trigger_mask(plus, 8, 8), cross)
     # every channel of the stamped pixels takes the value, nothing else moves
     x = torch.randn(2, 3, 8, 8)
     out = stamp(x, square, torch.tensor([7.0, 8.0, 9.0]).view(-1, 1, 1))
     assert torch.equal(out[:, :, ~expected], x[:, :, ~expected])
     assert torch.all(out[:, 0, expected] == 7.0) and torch.all(out[:, 2, expected] == 9.0)
     with pytest.raises(ValueError, match="does not fit"):
-        Trigger(size=7).mask(8, 8)
+        trigger_mask(Trigger(size=7), 8, 8)
 
 
 def test_poison_stamps_and_relabels_the_configured_share() -> None:

@@ -63,6 +63,7 @@ ATTACKS: dict[str, Attack] = {
     "alie": Attack(server=server.alie),
     "ipm": Attack(server=server.ipm),
     "adaptive": Attack(server=server.adaptive),
+    "backdoor": Attack(data=client.backdoored, reply=client.boosted),
 }
 
 

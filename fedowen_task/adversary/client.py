@@ -1,7 +1,7 @@
 """The client side of the attacks: what an adversarial ClientApp trains on and returns.
 
 Each attack of the table (:mod:`fedowen_task.adversary.attacks`) may poison the data before
-training (``data``: ``(x, y, num_classes) -> (x, y)``) and the model after it (``reply``:
+training (``data``: ``(x, y, turn) -> (x, y)``) and the model after it (``reply``:
 ``(global_state, trained, turn) -> state``). An attack that returns without training
 (``idle``) gets the global model as ``trained``. States here are torch state dicts; floating
 tensors are the update, integer buffers counters.
@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
@@ -33,10 +34,13 @@ class ClientTurn:
     seed: int
     attack_seed: int
     memory: RecordDict
+    num_classes: int = 0
+    dataset: str = ""
 
 
-#: Poisons a partition before training: ``(x, y, num_classes) -> (x, y)``.
-DataAttack = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+#: Poisons a partition before training: ``(x, y, turn) -> (x, y)``.
+DataAttack = Callable[[torch.Tensor, torch.Tensor, "ClientTurn"],
+                      tuple[torch.Tensor, torch.Tensor]]
 #: What the client returns: ``(global_state, trained, turn) -> state``.
 ClientAttack = Callable[[TorchState, TorchState, ClientTurn], dict[str, torch.Tensor]]
 
@@ -144,10 +148,25 @@ def replay_update(global_state: TorchState, memory: RecordDict, server_round: in
 
 # The table's hooks: each adapts one attack above to the row's signature.
 
-def flipped(x: torch.Tensor, y: torch.Tensor, num_classes: int
+def flipped(x: torch.Tensor, y: torch.Tensor, turn: ClientTurn
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """``label-flip``'s data: the labels flipped (:func:`flip_labels`)."""
-    return x, flip_labels(y, num_classes)
+    return x, flip_labels(y, turn.num_classes)
+
+
+def backdoored(x: torch.Tensor, y: torch.Tensor, turn: ClientTurn
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``backdoor``'s data: ``adversary-poison-fraction`` of the images, drawn afresh each
+    round by the attack seed, stamped with the trigger and relabelled to the target
+    (:func:`fedowen_task.backdoor.poison`)."""
+    from fedowen_task.backdoor import poison, white
+
+    trigger = turn.cfg.backdoor()
+    if trigger.target >= turn.num_classes:
+        raise ValueError(f"adversary-target={trigger.target} is not a class of "
+                         f"{turn.dataset} (0..{turn.num_classes - 1})")
+    x, y, _ = poison(x, y, trigger, white(turn.dataset), np.random.default_rng(turn.attack_seed))
+    return x, y
 
 
 def free_rider(global_state: TorchState, trained: TorchState, turn: ClientTurn

@@ -16,6 +16,51 @@ from typing import Any
 
 import numpy as np
 
+#: The backdoor trigger's shapes and positions (:class:`Trigger`).
+TRIGGER_SHAPES = ("square", "plus")
+TRIGGER_POSITIONS = ("bottom-right", "top-left", "center")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """A backdoor's trigger (``adversary-kind = "backdoor"``; stamped by
+    :mod:`fedowen_task.backdoor`).
+
+    Parameters
+    ----------
+    shape : {"square", "plus"}
+        A filled ``size x size`` square, or a plus of arms ``size`` long through its centre.
+    size : int
+        Side of the trigger's bounding box, in pixels (>= 1).
+    position : {"bottom-right", "top-left", "center"}
+        Where the box sits (one pixel from the corner, or centred).
+    target : int
+        The class stamped images are relabelled to.
+    poison_fraction : float
+        Share of the attacker's training images stamped and relabelled each round, in (0, 1].
+    """
+
+    shape: str = "square"
+    size: int = 3
+    position: str = "bottom-right"
+    target: int = 0
+    poison_fraction: float = 0.5
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, by run-config key (empty when nothing)."""
+        checks = [
+            (self.shape in TRIGGER_SHAPES,
+             f"adversary-trigger={self.shape!r} is not one of {', '.join(TRIGGER_SHAPES)}"),
+            (self.position in TRIGGER_POSITIONS,
+             f"adversary-trigger-position={self.position!r} is not one of "
+             f"{', '.join(TRIGGER_POSITIONS)}"),
+            (self.size >= 1, f"adversary-trigger-size={self.size} must be >= 1 (pixels)"),
+            (self.target >= 0, f"adversary-target={self.target} must be a class index >= 0"),
+            (0.0 < self.poison_fraction <= 1.0,
+             f"adversary-poison-fraction={self.poison_fraction} must lie in (0, 1]"),
+        ]
+        return [message for ok, message in checks if not ok]
+
 
 @dataclass(frozen=True)
 class AdversaryKeys:
@@ -29,6 +74,11 @@ class AdversaryKeys:
     adversary_alie_z: float = 0.0
     adversary_ipm_epsilon: float = 0.5
     adversary_jitter: float = 0.0
+    adversary_trigger: str = "square"
+    adversary_trigger_size: int = 3
+    adversary_trigger_position: str = "bottom-right"
+    adversary_target: int = 0
+    adversary_poison_fraction: float = 0.5
 
     def adversary_problems(self) -> list[str]:
         """Out-of-range values of the adversary keys (the kind is checked against the table
@@ -49,7 +99,10 @@ class AdversaryKeys:
              f"adversary-jitter={self.adversary_jitter} must be a finite number >= 0 (0: the "
              "papers' identical vectors)"),
         ]
-        return [message for ok, message in checks if not ok]
+        trigger = Trigger(self.adversary_trigger, self.adversary_trigger_size,
+                          self.adversary_trigger_position, self.adversary_target,
+                          self.adversary_poison_fraction)
+        return [message for ok, message in checks if not ok] + trigger.problems()
 
 
 def adversary_ids(num_partitions: int, fraction: float, seed: int) -> frozenset[int]:
@@ -78,6 +131,11 @@ class AdversaryConfig:
     alie_z: float
     ipm_epsilon: float
     jitter: float
+    trigger: str
+    trigger_size: int
+    trigger_position: str
+    target: int
+    poison_fraction: float
     seed: int
 
     @classmethod
@@ -85,6 +143,11 @@ class AdversaryConfig:
         """The adversary config of a run config's keys and seed."""
         return cls(seed=seed, **{f.name.removeprefix("adversary_"): getattr(keys, f.name)
                                  for f in fields(AdversaryKeys)})
+
+    def backdoor(self) -> Trigger:
+        """The backdoor's trigger these keys describe."""
+        return Trigger(self.trigger, self.trigger_size, self.trigger_position, self.target,
+                       self.poison_fraction)
 
     @property
     def active(self) -> bool:
