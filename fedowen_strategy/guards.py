@@ -22,13 +22,12 @@ parse_replies`); it lives here because it is a guard of the same kind.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from fedowen_strategy.aggregation import duplicate_groups
@@ -44,6 +43,8 @@ from fedowen_strategy.bounds import (
 from fedowen_strategy.links import cosine_matrix, link_groups, merge_groups, upper_triangle
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate
+
+log = logging.getLogger(__name__)
 
 #: Rounds of at most this many updates record their pairwise cosines.
 RECORD_COSINES_UP_TO = 32
@@ -210,11 +211,11 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     if out.updates:
         out.groups = _groups(out, global_state, guards, value_players)
     if out.copies:
-        log(WARNING, "round %d: copies share one weight and are linked (not selected again, no "
-            "payout): %s", server_round, out.copies)
+        log.warning("round %d: copies share one weight and are linked (not selected again, no "
+                    "payout): %s", server_round, out.copies)
     if "links" in out.record:
-        log(INFO, "round %d: near-parallel updates play as one (cosine > %g): %s", server_round,
-            guards.link_cosine, out.record["links"])
+        log.info("round %d: near-parallel updates play as one (cosine > %g): %s", server_round,
+                 guards.link_cosine, out.record["links"])
     return out
 
 

@@ -11,14 +11,13 @@ softmax weights and the round record).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from functools import partial
-from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
@@ -33,6 +32,8 @@ from fedowen_strategy.identity import IdentityBook, Roster
 from fedowen_strategy.round_step import aggregate_round
 from fedowen_strategy.selection import SelectionParams, round_size
 from fedowen_task.protocol import LOCAL_LOSS_FIELD, LOSS_SQUARES_FIELD
+
+log = logging.getLogger(__name__)
 
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
 EvaluateHook = Callable[[int, dict[str, Any]], None]
@@ -139,10 +140,10 @@ class FedOwen(FedAvg):
     def summary(self) -> None:
         """Log the settings."""
         k = self.clients_per_round or f"fraction_train={self.fraction_train:g}"
-        log(INFO, "FedOwen: k=%s, selection=%s, fraction_evaluate=%g", k, self.selection,
-            self.fraction_evaluate)
+        log.info("FedOwen: k=%s, selection=%s, fraction_evaluate=%g", k, self.selection,
+                 self.fraction_evaluate)
         for settings in (self.valuation, self.selection_params, self.guards):
-            log(INFO, "FedOwen: %s", settings)
+            log.info("FedOwen: %s", settings)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -170,9 +171,9 @@ class FedOwen(FedAvg):
         self._choice_cost = {}
         if "candidates" in choice.record:  # Power-of-Choice: name the candidates, not indices
             self._choice["candidates"] = [keys[i] for i in choice.record["candidates"]]
-        log(INFO, "configure_train: round %d, %s %d of %d clients: %s", server_round,
-            choice.how, len(choice.indices), len(selectable),
-            ", ".join(replies.short_label(c) for c in self._selected))
+        log.info("configure_train: round %d, %s %d of %d clients: %s", server_round,
+                 choice.how, len(choice.indices), len(selectable),
+                 ", ".join(replies.short_label(c) for c in self._selected))
         config["server-round"] = server_round
         if self.selection == "oort":
             config[LOSS_SQUARES_FIELD] = 1
@@ -237,8 +238,8 @@ class FedOwen(FedAvg):
         try:
             metrics = super().aggregate_evaluate(server_round, replies)
         except (TypeError, ValueError, KeyError, InconsistentMessageReplies) as err:
-            log(WARNING, "round %d: client evaluation metrics not aggregated: %s",
-                server_round, err)
+            log.warning("round %d: client evaluation metrics not aggregated: %s",
+                        server_round, err)
             return None
         if metrics and self.on_evaluate is not None:
             self.on_evaluate(server_round + self.round_offset, dict(metrics))
