@@ -180,9 +180,8 @@ def train_handler(msg: Message, context: Context) -> Message:
     if kind not in IDLE_KINDS:
         if kind == "label-flip":  # the model's classes are the dataset's
             y = flip_labels(y, _dataset(cfg, context).num_classes)
-        stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
-                      batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
-                      proximal_mu=float(mu), seed=seed, loss_squares=squares)
+        stats = train(model, x, y, **cfg.train_config().train_kwargs(), proximal_mu=float(mu),
+                      seed=seed, loss_squares=squares)
     state = misbehave(kind, global_state, model.state_dict(), cfg, server_round=server_round,
                       seed=seed, attack_seed=_seed(cfg.seed, server_round, f"attack-{client_id}"),
                       memory=context.state)

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from fedowen_task.training import TrainConfig, train
+from fedowen_task.recipe import TrainConfig
+from fedowen_task.training import train
 from server_app.config import RunConfig
 
 
@@ -79,8 +81,7 @@ def root_trainer(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tenso
     """The global model trained for ``epochs`` on ``size`` examples of the evaluation set
     (0: all of it) with the clients' optimiser settings."""
     x, y = root_set(sets[0], sets[1], size, cfg.seed)
-    settings = TrainConfig(lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
-                           local_epochs=epochs, weight_decay=cfg.weight_decay)
+    settings = replace(cfg.train_config(), local_epochs=epochs)
     return RootTrainer(model, x, y, settings, cfg.seed, device)
 
 
