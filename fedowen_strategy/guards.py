@@ -25,24 +25,25 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
 from fedowen_strategy.aggregation import duplicate_groups
 from fedowen_strategy.bounds import (
     NORM_CAPS,
+    UPDATE_BOUNDS,
     VALUE_CAP_MODES,
     bound_updates,
     cap_norms,
     lower_median,
-    resolve_norm_cap,
     update_norm,
 )
 from fedowen_strategy.links import cosine_matrix, link_groups, merge_groups, upper_triangle
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate
+from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ RECORD_COSINES_UP_TO = 32
 
 
 @dataclass(frozen=True)
-class Guards:
+class Guards(Settings):
     """The update guards (defaults: the app's).
 
     Parameters
@@ -67,7 +68,8 @@ class Guards:
         Norm normalisation before valuation and aggregation: every update rescaled to at most
         ``norm_cap_multiple`` x a reference norm, the round's lower-median update norm
         (``median``) or the norm of one server step's update (``server``); ``auto`` is
-        ``median`` for a method that computes contributions and ``none`` for the others.
+        ``median`` for a method that computes contributions and ``none`` for the others
+        (:func:`fedowen_strategy.contribution.resolve_auto`).
     norm_cap_multiple : float
         The multiple of the reference norm (> 0).
     value_cap_multiple : float
@@ -109,42 +111,35 @@ class Guards:
     link_cosine: float = 0.98
     duplicate_tolerance: float = 1e-6
 
-    def __post_init__(self) -> None:
-        if not self.max_norm_ratio >= 0:
-            raise ValueError(f"max_norm_ratio={self.max_norm_ratio!r} must be >= 0 (0 = off)")
-        bound_updates([], {}, self.update_bound, self.update_bound_multiple)  # validates both
-        if self.norm_cap not in NORM_CAPS or not self.norm_cap_multiple > 0:
-            raise ValueError(f"norm_cap={self.norm_cap!r} must be one of {NORM_CAPS} and "
-                             f"norm_cap_multiple={self.norm_cap_multiple!r} > 0")
-        if not self.value_cap_multiple >= 0:
-            raise ValueError(f"value_cap_multiple={self.value_cap_multiple!r} must be >= 0 "
-                             "(0 = value the updates as they are averaged)")
-        if self.value_cap_mode not in VALUE_CAP_MODES:
-            raise ValueError(f"value_cap_mode={self.value_cap_mode!r} must be one of "
-                             f"{VALUE_CAP_MODES}")
-        if self.value_cap_mode == "exactly" and not self.value_cap_multiple > 0:
-            raise ValueError("value_cap_mode='exactly' values every update at "
-                             "value_cap_multiple x the reference: set value_cap_multiple > 0 "
-                             "(e.g. 1.0)")
-        link_groups(np.zeros((0, 0)), self.link_cosine)  # validates it
-        if not 0 <= self.duplicate_tolerance < 1:
-            raise ValueError(f"duplicate_tolerance={self.duplicate_tolerance!r} must lie in "
-                             "[0, 1) (0 = off)")
-
-    def norm_cap_for(self, no_phi: bool, server_step: bool = True) -> str:
-        """``norm_cap`` with ``auto`` resolved for a method that computes contributions
-        (``no_phi`` False) or not; ``server_step``: whether a server step is at hand.
-
-        Raises
-        ------
-        ValueError
-            When the cap is ``server`` and there is no server step.
-        """
-        mode = resolve_norm_cap(self.norm_cap, no_phi)
-        if mode == "server" and not server_step:
-            raise ValueError("norm_cap='server' needs server_step (one server training step on "
-                             "the evaluation set); or use norm_cap='median'")
-        return mode
+    def problems(self, keys: Keys = NO_KEYS) -> list[str]:
+        """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""
+        k = partial(key, keys)
+        checks = [
+            (self.max_norm_ratio >= 0,
+             f"{k('max_norm_ratio')}={self.max_norm_ratio!r} must be >= 0 (0 = off)"),
+            (self.update_bound_multiple > 1,
+             f"{k('update_bound_multiple')}={self.update_bound_multiple!r} must be > 1 (e.g. 3)"),
+            (self.norm_cap_multiple > 0,
+             f"{k('norm_cap_multiple')}={self.norm_cap_multiple!r} must be > 0 (1: the "
+             "reference norm)"),
+            (self.value_cap_multiple >= 0,
+             f"{k('value_cap_multiple')}={self.value_cap_multiple!r} must be >= 0 (0: value "
+             "the updates as they are averaged)"),
+            (0 <= self.link_cosine < 1,
+             f"{k('link_cosine')}={self.link_cosine!r} must lie in [0, 1) (0 = off)"),
+            (0 <= self.duplicate_tolerance < 1,
+             f"{k('duplicate_tolerance')}={self.duplicate_tolerance!r} must lie in [0, 1) "
+             "(0 = off)"),
+        ]
+        found = [message for ok, message in checks if not ok]
+        found += one_of(k("update_bound"), self.update_bound, UPDATE_BOUNDS)
+        found += one_of(k("norm_cap"), self.norm_cap, NORM_CAPS)
+        found += one_of(k("value_cap_mode"), self.value_cap_mode, VALUE_CAP_MODES)
+        if self.value_cap_mode == "exactly" and self.value_cap_multiple == 0:
+            found.append(f"{k('value_cap_mode')}='exactly' values every update at "
+                         f"{k('value_cap_multiple')} x the norm cap's reference: set "
+                         f"{k('value_cap_multiple')} > 0 (e.g. 1.0)")
+        return found
 
 
 @dataclass
@@ -178,7 +173,7 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     Parameters
     ----------
     norm_cap : str
-        The resolved norm cap (:meth:`Guards.norm_cap_for`).
+        The resolved norm cap (:func:`fedowen_strategy.contribution.resolve_auto`).
     value_players : bool
         Whether the method values players (near-parallel updates are linked only then).
     server_round : int

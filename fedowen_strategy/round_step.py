@@ -67,7 +67,7 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
     selected : sequence of str
         The client ids asked to train (for the record).
     norm_cap : str
-        The resolved norm cap (:meth:`~fedowen_strategy.guards.Guards.norm_cap_for`).
+        The resolved norm cap (:func:`~fedowen_strategy.contribution.resolve_auto`).
     rng : numpy.random.Generator
         The valuation stream.
     extra : mapping, optional

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from fedowen_strategy import nodes, replies, round_record
 from fedowen_strategy.bandit import Bandit
-from fedowen_strategy.contribution import NO_PHI, UtilityFactory, ValuationSettings, resolve_axes
+from fedowen_strategy.contribution import UtilityFactory, ValuationSettings, resolve_auto
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
 from fedowen_strategy.guards import Guards
 from fedowen_strategy.identity import IdentityBook, Roster
@@ -61,7 +61,9 @@ class FedOwen(FedAvg):
     valuation, selection_params, guards : ValuationSettings, SelectionParams, Guards
         The estimator and aggregation; Algorithm 2's constants; the update guards.
     selection : {"auto", "adaptive", "random", "posterior", "power-of-choice", "oort"}
-        ``auto``: adaptive for a valuation method, random for ``none`` and ``multikrum``;
+        ``auto``: adaptive for a valuation method, random for ``none`` and ``multikrum``
+        (``choices``, with the aggregation and norm cap: :func:`~fedowen_strategy.
+        contribution.resolve_auto`);
         the rest: :mod:`~fedowen_strategy.selectors` (Power-of-Choice queries its candidates'
         local loss with a ``query`` message; Oort asks the trained clients for their squared
         losses in the train config).
@@ -91,14 +93,16 @@ class FedOwen(FedAvg):
                              "to derive k from fraction_train)")
         self.valuation = (valuation or ValuationSettings()).check_utility(utility_factory)
         self.guards = guards or Guards()
-        self.norm_cap = self.guards.norm_cap_for(self.valuation.method in NO_PHI,
-                                                 server_step is not None)
+        self.choices = resolve_auto(self.valuation.method, selection, self.valuation.aggregation,
+                                    self.guards.norm_cap)
+        if self.choices.norm_cap == "server" and server_step is None:
+            raise ValueError("norm_cap='server' needs server_step (one server training step on "
+                             "the evaluation set); or use norm_cap='median'")
         if clients_per_round:  # wait for k nodes
             fedavg["min_available_nodes"] = clients_per_round
         super().__init__(**fedavg)
         self.clients_per_round, self.utility_factory = clients_per_round, utility_factory
-        self.selection, _ = resolve_axes(self.valuation.method, selection,
-                                         self.valuation.aggregation)
+        self.selection, self.norm_cap = self.choices.selection, self.choices.norm_cap
         self.selection_params = selection_params or SelectionParams()
         self.node_wait_timeout, self.query_timeout = node_wait_timeout, query_timeout
         self.server_step, self.on_round, self.on_evaluate = server_step, on_round, on_evaluate

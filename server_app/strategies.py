@@ -96,7 +96,7 @@ def strategy_problems(cfg: Any) -> list[str]:
         if cfg.strategy_params:
             bad.append(f"strategy-params={cfg.strategy_params!r} applies to Flower's strategies; "
                        "FedOwen takes its own keys (valuation, selection, ...)")
-        if cfg.proximal_mu:
+        if cfg.proximal_mu > 0:  # < 0: RunConfig's range says so
             bad.append(f"proximal-mu={cfg.proximal_mu} is FedProx's: set strategy='fedprox'")
         return bad
     try:
@@ -115,7 +115,7 @@ def strategy_problems(cfg: Any) -> list[str]:
                        f"{did_you_mean(name, known)}; it takes {', '.join(known)}")
         elif isinstance(spec.default, float) and not isinstance(value, int | float):
             bad.append(f"strategy-params: {name}={value!r} should be a number")
-    if cfg.proximal_mu and "proximal_mu" not in signature.parameters:
+    if cfg.proximal_mu > 0 and "proximal_mu" not in signature.parameters:
         bad.append(f"proximal-mu={cfg.proximal_mu} is FedProx's; {cfg.strategy} ignores it")
     if cfg.resume_from and cfg.strategy not in RESUMABLE:
         bad.append(f"resume-from: strategy={cfg.strategy!r} keeps server state this app does "
