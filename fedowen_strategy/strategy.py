@@ -67,6 +67,9 @@ class FedOwen(FedAvg):
         the rest: :mod:`~fedowen_strategy.selectors` (Power-of-Choice queries its candidates'
         local loss with a ``query`` message; Oort asks the trained clients for their squared
         losses in the train config).
+    fraction_evaluate : float
+        Federated evaluation's share of the nodes, as in ``FedAvg`` but off by default as in
+        the app (whose ServerApp evaluates centrally).
     seed : int
         Seeds the selection and valuation streams.
     node_wait_timeout, query_timeout : float
@@ -87,7 +90,8 @@ class FedOwen(FedAvg):
                  seed: int = 0, node_wait_timeout: float = nodes.NODE_WAIT_TIMEOUT,
                  query_timeout: float = nodes.ROUND_TIMEOUT,
                  server_step: ServerStep | None = None, on_round: RoundHook | None = None,
-                 on_evaluate: EvaluateHook | None = None, **fedavg: Any) -> None:
+                 on_evaluate: EvaluateHook | None = None, fraction_evaluate: float = 0.0,
+                 **fedavg: Any) -> None:
         if clients_per_round is not None and clients_per_round < 1:
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1 (or None "
                              "to derive k from fraction_train)")
@@ -100,7 +104,7 @@ class FedOwen(FedAvg):
                              "the evaluation set); or use norm_cap='median'")
         if clients_per_round:  # wait for k nodes
             fedavg["min_available_nodes"] = clients_per_round
-        super().__init__(**fedavg)
+        super().__init__(fraction_evaluate=fraction_evaluate, **fedavg)
         self.clients_per_round, self.utility_factory = clients_per_round, utility_factory
         self.selection, self.norm_cap = self.choices.selection, self.choices.norm_cap
         self.selection_params = selection_params or SelectionParams()

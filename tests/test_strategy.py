@@ -237,7 +237,7 @@ def test_game_valuation_without_utility_fails_at_construction() -> None:
     with pytest.raises(ValueError, match=r"needs utility_factory: pass .*CoalitionUtility"):
         FedOwen(clients_per_round=3, valuation=ValuationSettings(method="owen"))
     # methods that value no coalitions need none
-    assert FedOwen(valuation=ValuationSettings(method="none")).fraction_evaluate == 1.0
+    assert FedOwen(valuation=ValuationSettings(method="none")).fraction_evaluate == 0.0
 
 
 def test_drop_in_for_fedavg_arguments_metrics_and_logs() -> None:
