@@ -37,11 +37,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.replies import ClientUpdate
+if TYPE_CHECKING:  # only a type here: the numpy-only valuation side imports NORM_CAPS
+    from fedowen_strategy.replies import ClientUpdate
 
 log = logging.getLogger(__name__)
 
