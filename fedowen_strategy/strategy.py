@@ -12,7 +12,7 @@ softmax weights and the round record).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
 EvaluateHook = Callable[[int, dict[str, Any]], None]
 #: ``(global_state, server_round) -> state``: one server training step (``norm-cap = server``).
-ServerStep = Callable[[dict[str, Any], int], dict[str, Any]]
+ServerStep = Callable[[Mapping[str, NDArray], int], Mapping[str, NDArray]]
 MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
 
 

@@ -14,7 +14,7 @@ the server, is in each round's ``aggregation_seconds``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -85,10 +85,22 @@ def root_trainer(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tenso
     return RootTrainer(model, x, y, settings, cfg.seed, device)
 
 
-def peer_arguments(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tensor, ...],
-                   device: torch.device) -> dict[str, Any]:
-    """Constructor arguments of ``cfg.strategy`` that the run config cannot hold."""
-    if cfg.strategy != "fltrust":
-        return {}
+def fltrust_arguments(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tensor, ...],
+                      device: torch.device) -> dict[str, Any]:
+    """FLTrust's ``server_update``: the root-set trainer."""
     return {"server_update": root_trainer(cfg, model, sets, device, cfg.fltrust_root_size,
                                           cfg.fltrust_root_epochs)}
+
+
+#: Strategy name -> the constructor arguments the run config cannot hold.
+PEER_ARGUMENTS: dict[str, Callable[[RunConfig, torch.nn.Module, tuple[torch.Tensor, ...],
+                                    torch.device], dict[str, Any]]] = {
+    "fltrust": fltrust_arguments}
+
+
+def peer_arguments(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tensor, ...],
+                   device: torch.device) -> dict[str, Any]:
+    """Constructor arguments of ``cfg.strategy`` that the run config cannot hold (none for
+    most strategies)."""
+    arguments = PEER_ARGUMENTS.get(cfg.strategy)
+    return arguments(cfg, model, sets, device) if arguments else {}

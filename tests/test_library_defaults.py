@@ -22,8 +22,8 @@ from fedowen_strategy import FedOwen, Guards, SelectionParams, ValuationSettings
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.config import parse_params
 from fedowen_task.recipe import TrainConfig
-from server_app.app import build_strategy
 from server_app.config import SETTINGS_KEYS, RunConfig
+from server_app.factory import build_strategy
 from sim.inline_grid import InProcessGrid
 from tests.test_config import pyproject_defaults
 from tests.test_example_serverapp import load_example, make_client
