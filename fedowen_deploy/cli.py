@@ -1,12 +1,16 @@
 """Run one FedOwen simulation through a real ``flwr run`` (Ray) and say where results went.
 
-    python -m sim.run --rounds 5 --valuation owen --set alpha=0.01
+    python -m fedowen_deploy.cli --rounds 5 --valuation owen --set alpha=0.01
 
-Defaults are the paper's: MNIST, 100 virtual clients, 10 per round, 100 rounds. The data dir
-is ``--data-dir``, else ``$FEDOWEN_DATA``, else ``../shared/data`` beside the repo when it
-exists, else ``~/.cache/fedowen/data``; the run config and the data are checked before any
-SuperLink starts (a missing dataset fails in seconds naming the path it searched;
-``--set download=true`` fetches it on a machine with internet access).
+(``scripts/run.sh`` sets up the venv and runs it.) Defaults are the paper's: MNIST, 100
+virtual clients, 10 per round, 100 rounds. The data dir is ``--data-dir``, else
+``$FEDOWEN_DATA``, else ``../shared/data`` beside the repo when it exists, else
+``~/.cache/fedowen/data``; the results go to ``--output-dir``, else a new
+``<time>-<dataset>-<valuation>`` folder where the app puts runs without an output dir
+(:func:`server_app.config.output_root`: ``$FEDOWEN_OUTPUT``, else ``~/fedowen-runs``). The run
+config and the data are checked before any SuperLink starts (a missing dataset fails in
+seconds naming the path it searched; ``--set download=true`` fetches it on a machine with
+internet access).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from fedowen_deploy.launcher import APP_DIR, LocalSuperLink, flwr_run
 from fedowen_deploy.procs import Terminated, exit_on_signals
 from fedowen_strategy.contribution import METHODS
 from fedowen_task.config import parse_scalar
-from server_app.config import RunConfig, parse_run_config
+from server_app.config import RunConfig, output_root, parse_run_config
 from server_app.store.checkpoint import CHECKPOINT_FILE
 from server_app.strategies import NAMES as STRATEGY_NAMES
 
@@ -42,7 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="default: $FEDOWEN_DATA, else ../shared/data beside the repo, else "
                    "~/.cache/fedowen/data")
     p.add_argument("--output-dir", type=Path, default=None,
-                   help="default: outputs/<time>-<dataset>-<valuation> in the repo")
+                   help="default: <time>-<dataset>-<valuation> in $FEDOWEN_OUTPUT, else in "
+                   "~/fedowen-runs")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other run-config key of pyproject.toml, repeatable")
     p.add_argument("--cpus-per-client", type=float, default=1.0)
@@ -60,7 +65,7 @@ def build_run_config(args: argparse.Namespace) -> dict[str, Any]:
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     method = args.valuation if args.strategy == "fedowen" else args.strategy.replace(":", "-")
-    out = args.output_dir or APP_DIR / "outputs" / f"{stamp}-{args.dataset}-{method}"
+    out = args.output_dir or output_root() / f"{stamp}-{args.dataset}-{method}"
     cfg: dict[str, Any] = {
         "num-server-rounds": args.rounds, "clients-per-round": args.clients_per_round,
         "dataset": args.dataset, "valuation": args.valuation, "strategy": args.strategy,

@@ -186,13 +186,12 @@ class RunConfig(TaskConfig):
 
     def resolved_output_dir(self, run_id: int) -> Path:
         """``resume-from`` (a resumed run continues in place), else ``output-dir``, else
-        ``$FEDOWEN_OUTPUT/run-<id>``, else ``~/fedowen-runs/run-<id>``."""
+        ``run-<id>`` in :func:`output_root`."""
         if self.resume_from:
             return Path(self.resume_from)
         if self.output_dir:
             return Path(self.output_dir)
-        root = os.environ.get("FEDOWEN_OUTPUT") or str(Path.home() / "fedowen-runs")
-        return Path(root) / f"run-{run_id}"
+        return output_root() / f"run-{run_id}"
 
     def problems(self) -> list[str]:
         """Task problems, the server's own keys, the library settings' (named by their keys),
@@ -274,6 +273,11 @@ class RunConfig(TaskConfig):
                 return [f"valuation={self.valuation!r}: {p}"
                         f"{hint if p.startswith('budget=') else ''}" for p in found]
         return []
+
+
+def output_root() -> Path:
+    """Where runs without an ``output-dir`` go: ``$FEDOWEN_OUTPUT``, else ``~/fedowen-runs``."""
+    return Path(os.environ.get("FEDOWEN_OUTPUT") or Path.home() / "fedowen-runs")
 
 
 def _strategy_problems(cfg: RunConfig) -> list[str]:
