@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ConfigRecord, Context
 from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid, ServerApp
 
@@ -30,8 +30,8 @@ from fedowen_task.data import load_dataset, resolve_data_dir
 from fedowen_task.models import build_model
 from server_app.byzantine import ByzantineGrid
 from server_app.config import RunConfig, parse_run_config
-from server_app.evaluation import CentralEvaluation, server_sets
-from server_app.factory import ServerParts, make_strategy, strategy_label
+from server_app.evaluation import CentralEvaluation, ServerParts, server_sets
+from server_app.factory import make_strategy, strategy_label
 from server_app.finish import already_finished, finish
 from server_app.progress import Unactionable, quiet, round_banner
 from server_app.store.checkpoint import check_run_config, load_checkpoint
@@ -81,8 +81,8 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     if done >= cfg.num_server_rounds:
         return already_finished(cfg, recorder, model, done)
     record_start(cfg, recorder, done, len(nodes))
-    evaluation = CentralEvaluation(cfg, ds, sets, recorder, strategy, done=done,
-                                   out_dir=out_dir, initial=ArrayRecord(model.state_dict()))
+    evaluation = CentralEvaluation(cfg, parts, strategy, done=done, model=build_model(
+        cfg.model_name(), ds.in_channels, ds.num_classes))
     grid = attacked(grid, cfg, len(nodes), recorder, strategy)
     started = time.perf_counter()
     # one line per round (server_app.progress; verbose: all), rounds numbered after a resume
@@ -90,8 +90,7 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
         strategy.start(grid=grid, initial_arrays=evaluation.end.arrays,
                        num_rounds=cfg.num_server_rounds - done, timeout=cfg.round_timeout,
                        train_config=ConfigRecord(), evaluate_fn=evaluation)
-    return finish(cfg, strategy_label(cfg), recorder, evaluation.end.arrays, done,
-                  time.perf_counter() - started)
+    return finish(cfg, recorder, evaluation.end.arrays, done, time.perf_counter() - started)
 
 
 def set_torch_threads(threads: int) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -24,9 +23,7 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord
 
 from fedowen_strategy.replies import record_to_state
-from fedowen_strategy.torch_utility.batched import resolve_device
 from fedowen_task.data import DatasetArrays, to_tensor
-from fedowen_task.models import build_model
 from fedowen_task.partition import holdout_split
 from fedowen_task.training import evaluate
 from server_app.config import RunConfig
@@ -70,6 +67,17 @@ def server_sets(cfg: RunConfig, ds: DatasetArrays) -> ServerSets:
 
 
 @dataclass(frozen=True)
+class ServerParts:
+    """What the ServerApp holds: the global model, the server's data, the torch device and
+    the run's recorder (strategies and the central evaluation take what they need)."""
+
+    model: torch.nn.Module
+    sets: ServerSets
+    device: torch.device
+    recorder: RunRecorder
+
+
+@dataclass(frozen=True)
 class RoundEnd:
     """The latest evaluated round: its global model (the final model, even when no round
     aggregated) and when its evaluation finished (``time.perf_counter``)."""
@@ -84,23 +92,26 @@ class CentralEvaluation:
 
     Parameters
     ----------
+    parts : ServerParts
+        The server's data, device and recorder; its model is where the rounds start
+        (:attr:`end` until the first evaluation).
+    strategy : ServerStrategy
+        Whose state each checkpoint keeps.
     done : int
         Rounds completed before this invocation (a resume): round ``r`` of ``start`` is
         round ``r + done`` of the run, and round 0 of a resume is recorded already.
-    initial : ArrayRecord
-        The model the rounds start from (:attr:`end` until the first evaluation).
+    model : torch.nn.Module
+        The evaluation's own model of the run's architecture, which each round's weights are
+        loaded into.
     """
 
-    def __init__(self, cfg: RunConfig, ds: DatasetArrays, sets: ServerSets,
-                 recorder: RunRecorder, strategy: ServerStrategy, *, done: int,
-                 out_dir: Path, initial: ArrayRecord) -> None:
-        self.cfg, self.sets, self.recorder, self.strategy = cfg, sets, recorder, strategy
-        self.done, self.out_dir = done, out_dir
-        self.model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes)
-        self.device = resolve_device(cfg.torch_device())
+    def __init__(self, cfg: RunConfig, parts: ServerParts, strategy: ServerStrategy, *,
+                 done: int, model: torch.nn.Module) -> None:
+        self.cfg, self.strategy, self.done, self.model = cfg, strategy, done, model
+        self.sets, self.recorder, self.device = parts.sets, parts.recorder, parts.device
         self.started = time.perf_counter()
         self.progress = Progress(cfg.num_server_rounds, done)
-        self.end = RoundEnd(initial, self.started)
+        self.end = RoundEnd(ArrayRecord(parts.model.state_dict()), self.started)
 
     def __call__(self, local_round: int, arrays: ArrayRecord) -> MetricRecord:
         # the round's wall time: selection, client training, aggregation (not evaluation)
@@ -115,7 +126,7 @@ class CentralEvaluation:
             **measured, "round_seconds": round_seconds,
             "elapsed_seconds": time.perf_counter() - self.started})
         if server_round > 0:
-            save_checkpoint(self.out_dir / CHECKPOINT_FILE, server_round,
+            save_checkpoint(self.recorder.output_dir / CHECKPOINT_FILE, server_round,
                             record_to_state(arrays), self.strategy.state_dict(),
                             self.cfg.federation_config())
         log.info("%s", self.progress.line(server_round, line), extra=PROGRESS)

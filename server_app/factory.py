@@ -14,27 +14,14 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from fedowen_strategy.contribution import UtilityFactory
 from fedowen_strategy.strategy import EvaluateHook, FedOwen, ServerStep
 from fedowen_strategy.torch_utility import CoalitionUtility
 from server_app.config import RunConfig
-from server_app.evaluation import ServerSets
+from server_app.evaluation import ServerParts
 from server_app.peers import PerRound, peer_arguments, root_trainer
 from server_app.store.records import RunRecorder
 from server_app.strategies import ServerStrategy, build_flower_strategy
-
-
-@dataclass(frozen=True)
-class ServerParts:
-    """What the ServerApp gives a strategy: the global model, the server's data, the torch
-    device and the run's recorder."""
-
-    model: torch.nn.Module
-    sets: ServerSets
-    device: torch.device
-    recorder: RunRecorder
 
 
 def client_evaluation(recorder: RunRecorder) -> EvaluateHook:

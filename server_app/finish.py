@@ -13,6 +13,7 @@ from flwr.app import ArrayRecord
 
 from fedowen_strategy.payouts import Payout
 from server_app.config import RunConfig
+from server_app.factory import strategy_label
 from server_app.progress import summary_lines
 from server_app.store.payouts import PAYOUTS_FILE, run_payouts, write_payouts
 from server_app.store.records import RunRecorder, read_rounds
@@ -22,7 +23,7 @@ FINAL_MODEL = "final_model.pt"
 SUMMARY_FILE = "summary.json"
 
 
-def finish(cfg: RunConfig, label: str, recorder: RunRecorder, final: ArrayRecord, done: int,
+def finish(cfg: RunConfig, recorder: RunRecorder, final: ArrayRecord, done: int,
            seconds: float) -> dict[str, Any]:
     """Save the final model, the summary, the payouts and the plots; log the summary lines;
     return the summary. ``final`` is the last evaluated model: Flower's ``Result.arrays``
@@ -33,7 +34,8 @@ def finish(cfg: RunConfig, label: str, recorder: RunRecorder, final: ArrayRecord
     recorder.write_json(SUMMARY_FILE, summary)
     payouts = _write_payouts(out_dir)
     _draw(out_dir)
-    for line in summary_lines(label, summary, read_rounds(out_dir), out_dir, payouts):
+    for line in summary_lines(strategy_label(cfg), summary, read_rounds(out_dir), out_dir,
+                              payouts):
         log.info("%s", line)
     return summary
 

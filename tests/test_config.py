@@ -134,7 +134,7 @@ def test_the_value_cap_is_on_by_default_and_follows_the_norm_cap() -> None:
     # norm-cap none leaves no reference to value at: a valid config, valued as averaged
     # (tests/test_round_step.py shows the round)
     cfg = parse_run_config({"norm-cap": "none"})
-    assert (cfg.norm_cap_mode(), cfg.guards().value_cap_multiple) == ("none", 1.0)
+    assert (cfg.choices().norm_cap, cfg.guards().value_cap_multiple) == ("none", 1.0)
 
 
 def test_valuing_exactly_at_the_cap_needs_a_value_cap() -> None:
