@@ -44,10 +44,12 @@ from benchmarks._common import load_average, machine_info, markdown_table, write
 from fedowen_deploy.launcher import LocalSuperLink, flwr_run
 from fedowen_strategy.contribution import value_round
 from fedowen_strategy.torch_utility import CoalitionUtility
+from fedowen_strategy.torch_utility.batched import resolve_device
 from fedowen_task.data import load_dataset, resolve_data_dir
 from fedowen_task.models import build_model, state_to_numpy
-from server_app.app import build_strategy, pick_device, server_sets
 from server_app.config import parse_run_config
+from server_app.evaluation import server_sets
+from server_app.factory import build_strategy
 from server_app.store.records import read_rounds
 from sim.inline import inline_run
 
@@ -109,7 +111,7 @@ def _inprocess_child(args: argparse.Namespace, queue: Any) -> None:
               for _ in range(args.clients)]
     sizes = rng.integers(50, 200, args.clients).tolist()
     factory = CoalitionUtility(model, sets[0], sets[1], metric=cfg.utility_metric,
-                               device=pick_device(cfg.device))
+                               device=resolve_device(cfg.torch_device()))
     settings = build_strategy(cfg, factory, None).valuation
     out = []
     for r in range(args.rounds):

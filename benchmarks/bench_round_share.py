@@ -123,9 +123,8 @@ def play(run_config: dict[str, Any], num_nodes: int
 def value(game: Captured, cfg: RunConfig, method: str, budget_m: int, params: dict[str, Any],
           factory: CoalitionUtility, seed: list[int]) -> RoundValuation:
     """The round valued as the app values it, with another estimator and budget."""
-    _, aggregation = cfg.axes()
     settings = ValuationSettings(method=method, budget_m=budget_m, params=params,
-                                 game=cfg.game, aggregation=aggregation)
+                                 game=cfg.game, aggregation=cfg.choices().aggregation)
     return value_round(game.states, game.num_examples, game.global_state, settings, factory,
                        np.random.default_rng(seed))
 

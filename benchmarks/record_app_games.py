@@ -1,7 +1,7 @@
 r"""Record real rounds as the app plays them: full 2^n coalition tables (the estimator battery).
 
 Each *run* is the app in one process: the ServerApp's strategy
-(:func:`server_app.app.build_strategy`, FedOwen with the run config's defaults: ``owen`` at
+(:func:`server_app.factory.build_strategy`, FedOwen with the run config's defaults: ``owen`` at
 M = 4 on the delta game with neg-loss, softmax aggregation on the l1 scale, Algorithm 2's
 selection, the 2 x median norm cap, link-cosine 0.98) over the in-process grid
 (:class:`sim.inline_grid.InProcessGrid`) whose 100 nodes are served by the real ClientApp
@@ -61,8 +61,9 @@ from fedowen_strategy.valuation.exact import all_coalitions
 from fedowen_task.data import load_dataset, resolve_data_dir
 from fedowen_task.models import build_model
 from fedowen_task.training import evaluate
-from server_app.app import build_strategy, server_sets
 from server_app.config import RunConfig, parse_run_config
+from server_app.evaluation import server_sets
+from server_app.factory import build_strategy
 from server_app.progress import quiet
 from sim.inline_grid import InProcessGrid, task_identity
 

@@ -179,9 +179,8 @@ def train_handler(msg: Message, context: Context) -> Message:
     if attack is None or not attack.idle:
         if attack is not None and attack.data is not None:  # the model's classes: the data's
             x, y = attack.data(x, y, turn)
-        stats = train(model, x, y, epochs=cfg.local_epochs, lr=cfg.lr, momentum=cfg.momentum,
-                      batch_size=cfg.batch_size, weight_decay=cfg.weight_decay,
-                      proximal_mu=float(mu), seed=seed, loss_squares=squares)
+        stats = train(model, x, y, **cfg.train_config().train_kwargs(), proximal_mu=float(mu),
+                      seed=seed, loss_squares=squares)
     state = dict(model.state_dict())
     if attack is not None:
         state = attack.client_reply(global_state, state, turn)

@@ -3,8 +3,14 @@
 ``fedowen_strategy.valuation`` (Shapley-value estimators over utility games) needs only
 numpy. ``FedOwen`` (the Flower strategy), its settings ``ValuationSettings``,
 ``SelectionParams`` and ``Guards`` (whose defaults are the app's) and ``CoalitionUtility`` (a
-ready utility for torch models) are imported lazily, so that importing the valuation library
-pulls in neither Flower nor torch.
+ready utility for torch models) are imported on first use (a module ``__getattr__``,
+PEP 562): importing any submodule runs this file first, and ``FedOwen`` needs Flower and
+``CoalitionUtility`` torch, which the valuation library must not pull in
+(tests/test_architecture.py checks it).
+
+Every module logs through ``logging.getLogger(__name__)``; the ServerApp routes the
+``fedowen_strategy`` loggers through Flower's handlers (``server_app.app.route_library_logs``).
+Elsewhere configure logging as usual, e.g. ``logging.basicConfig(level=logging.INFO)``.
 """
 
 from __future__ import annotations

@@ -37,12 +37,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.replies import ClientUpdate
 from fedowen_strategy.updates import update_norm
+
+if TYPE_CHECKING:  # only a type here: the numpy-only valuation side imports NORM_CAPS
+    from fedowen_strategy.replies import ClientUpdate
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ log = logging.getLogger(__name__)
 UPDATE_BOUNDS = ("none", "clip", "reject")
 #: ``norm-cap`` values: the reference norm every update is rescaled to at most (``auto``:
 #: :data:`AUTO_NORM_CAP` for methods that compute contributions, ``none`` for the FedAvg
-#: baselines).
+#: baselines; :func:`fedowen_strategy.contribution.resolve_auto` decides).
 NORM_CAPS = ("auto", "none", "median", "server")
 #: How the valuation's cap (``value-cap-multiple``) rescales an update: to at most the cap, or
 #: every non-zero update to exactly it (the update's direction valued, never its size).
@@ -62,15 +65,6 @@ VALUE_CAP_MODES = ("at-most", "exactly")
 #: costs nothing without attack but let the adaptive and label-flip attackers through. What it
 #: costs one-class clients at alpha 0.01 is in the README's defaults section.
 AUTO_NORM_CAP = "median"
-
-
-def resolve_norm_cap(mode: str, no_phi: bool) -> str:
-    """``norm-cap`` with ``auto`` resolved (``none`` when the method computes no phi)."""
-    if mode not in NORM_CAPS:
-        raise ValueError(f"norm-cap={mode!r} is not one of {', '.join(NORM_CAPS)}")
-    if mode == "auto":
-        return "none" if no_phi else AUTO_NORM_CAP
-    return mode
 
 
 @dataclass

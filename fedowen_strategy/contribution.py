@@ -31,6 +31,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -43,7 +44,10 @@ from fedowen_strategy.aggregation import (
     mix_and_cap,
     round_weights,
 )
+from fedowen_strategy.bounds import AUTO_NORM_CAP, NORM_CAPS
+from fedowen_strategy.links import quotient, split_among
 from fedowen_strategy.selection import NEEDS_PHI_SELECTIONS, SELECTIONS
+from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 from fedowen_strategy.shapfed import last_layer_key, shapfed_scores
 from fedowen_strategy.valuation import ESTIMATORS, FLAT, estimate
 
@@ -64,9 +68,9 @@ GAMES = ("average", "delta")
 
 
 @dataclass(frozen=True)
-class ValuationSettings:
+class ValuationSettings(Settings):
     """How a round is valued and aggregated (defaults: the app's; see the module docstring
-    for ``phi_scale``); ``aggregation = "auto"`` resolves as in :func:`resolve_axes`."""
+    for ``phi_scale``); ``aggregation = "auto"`` resolves as :func:`resolve_auto` says."""
 
     method: str = "owen-antithetic"
     budget_m: int = 4
@@ -80,23 +84,38 @@ class ValuationSettings:
     weight_cap: float = 1.0
 
     def __post_init__(self) -> None:
-        mix_and_cap(np.ones(1), self.uniform_mix, self.weight_cap)  # validates both
-        if self.game not in GAMES:
-            raise ValueError(f"game={self.game!r} is not one of {GAMES}")
-        if self.method not in METHODS:
-            raise ValueError(f"valuation={self.method!r} is not one of {', '.join(METHODS)}")
+        super().__post_init__()
+        resolved = resolve_auto(self.method, aggregation=self.aggregation).aggregation
+        object.__setattr__(self, "aggregation", resolved)
+
+    def problems(self, keys: Keys = NO_KEYS) -> list[str]:
+        """Everything wrong with these settings (:class:`~fedowen_strategy.settings.
+        Settings`); the estimator's parameters and budget for n players are
+        :func:`fedowen_strategy.valuation.estimate_problems`'."""
+        k = partial(key, keys)
+        checks = [
+            (0 <= self.uniform_mix <= 1,
+             f"{k('uniform_mix')}={self.uniform_mix!r} must lie in [0, 1]"),
+            (0 < self.weight_cap <= 1, f"{k('weight_cap')}={self.weight_cap!r} must lie in (0, 1]"),
+            (self.budget_m >= 1, f"{k('budget_m')}={self.budget_m!r} must be >= 1 (paper: 4)"),
+            (self.temperature > 0, f"{k('temperature')}={self.temperature!r} must be > 0 "
+             "(paper: 1)"),
+            (self.krum_malicious >= 0,
+             f"{k('krum_malicious')}={self.krum_malicious!r} must be >= 0"),
+        ]
+        found = [message for ok, message in checks if not ok]
+        found += one_of(k("method"), self.method, METHODS)
+        found += one_of(k("game"), self.game, GAMES)
+        found += one_of(k("phi_scale"), self.phi_scale, PHI_SCALES)
+        found += aggregation_problems(self.method, self.aggregation, keys)
         spec = ESTIMATORS.get(self.method)
-        if spec is not None and spec.uses_first_order and self.game != "delta":
-            raise ValueError(f"valuation={self.method!r} uses the delta game's first-order "
-                             f"terms: set game='delta' (got {self.game!r})")
-        _, aggregation = resolve_axes(self.method, "random", self.aggregation)
-        object.__setattr__(self, "aggregation", aggregation)
-        if self.budget_m < 1:
-            raise ValueError(f"budget M={self.budget_m!r} must be >= 1 (paper: 4)")
-        if self.phi_scale not in PHI_SCALES:
-            raise ValueError(f"phi-scale={self.phi_scale!r} is not one of {PHI_SCALES}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature!r} must be > 0 (paper: 1)")
+        if spec is not None and spec.uses_first_order and self.game == "average":
+            found.append(f"{k('method')}={self.method!r} uses the first-order terms of the delta "
+                         f"game: set {k('game')}='delta' (got {k('game')}={self.game!r})")
+        if self.params and self.method in METHODS and self.method not in GAME_METHODS:
+            found.append(f"{k('params')}={dict(self.params)!r}: {k('method')}={self.method!r} "
+                         "takes no parameters")
+        return found
 
     def check_utility(self, utility_factory: UtilityFactory | None) -> ValuationSettings:
         """These settings, once it is sure a game-based method has a utility to value.
@@ -129,38 +148,61 @@ class RoundValuation:
     nu_full: float = float("nan")
 
 
-def resolve_axes(method: str, selection: str, aggregation: str) -> tuple[str, str]:
-    """The (selection, aggregation) a run uses; ``auto`` picks FedOwen's choices (``adaptive``,
-    ``softmax``) for a valuation method and FedAvg's (``random``, ``examples``) for the methods
-    in NO_PHI.
+@dataclass(frozen=True)
+class Choices:
+    """The selection, aggregation and norm cap a run uses, ``auto`` resolved."""
+
+    selection: str
+    aggregation: str
+    norm_cap: str
+
+
+def resolve_auto(method: str, selection: str = "auto", aggregation: str = "auto",
+                 norm_cap: str = "auto") -> Choices:
+    """What ``auto`` means for valuation ``method``, the one place it is decided: FedOwen's
+    choices (``adaptive`` selection, ``softmax`` aggregation, the norm cap
+    :data:`~fedowen_strategy.bounds.AUTO_NORM_CAP`) for a method that computes contributions,
+    FedAvg's (``random``, ``examples``, no norm cap) for the methods in :data:`NO_PHI`; other
+    values are kept.
 
     Raises
     ------
     ValueError
         For a value outside its choices, or a combination that needs contributions from a
-        method that computes none (e.g. ``valuation = "none"`` with ``softmax``).
+        method that computes none (e.g. ``method = "none"`` with ``softmax``).
     """
+    found = (selection_problems(method, selection) + aggregation_problems(method, aggregation)
+             + one_of("norm_cap", norm_cap, NORM_CAPS))
+    if found:
+        raise ValueError("; ".join(found))
     no_phi = method in NO_PHI
-    if selection == "auto":
-        selection = "random" if no_phi else "adaptive"
-    if aggregation == "auto":
-        aggregation = "examples" if no_phi else "softmax"
-    problems = []
-    if selection not in SELECTIONS:
-        problems.append(f"selection={selection!r} is not one of auto, {', '.join(SELECTIONS)}")
-    if aggregation not in AGGREGATIONS:
-        problems.append(f"aggregation={aggregation!r} is not one of auto, "
-                        f"{', '.join(AGGREGATIONS)}")
-    if no_phi and selection in NEEDS_PHI_SELECTIONS:
-        problems.append(f"selection={selection!r} ranks clients by phi, which valuation="
-                        f"{method!r} does not compute: use selection='random', "
-                        "'power-of-choice' or 'oort' (or 'auto')")
-    if no_phi and aggregation in NEEDS_PHI:
-        problems.append(f"aggregation={aggregation!r} weights by phi, which valuation="
-                        f"{method!r} does not compute: use 'examples' or 'uniform' (or 'auto')")
-    if problems:
-        raise ValueError("; ".join(problems))
-    return selection, aggregation
+    auto = (Choices("random", "examples", "none") if no_phi
+            else Choices("adaptive", "softmax", AUTO_NORM_CAP))
+    return Choices(auto.selection if selection == "auto" else selection,
+                   auto.aggregation if aggregation == "auto" else aggregation,
+                   auto.norm_cap if norm_cap == "auto" else norm_cap)
+
+
+def selection_problems(method: str, selection: str, keys: Keys = NO_KEYS) -> list[str]:
+    """What is wrong with ``selection`` (a choice of ``auto`` and :data:`SELECTIONS`) for
+    valuation ``method``."""
+    found = one_of("selection", selection, ("auto", *SELECTIONS))
+    if method in NO_PHI and selection in NEEDS_PHI_SELECTIONS:
+        found.append(f"selection={selection!r} ranks clients by phi, which "
+                     f"{key(keys, 'method')}={method!r} does not compute: use "
+                     "selection='random', 'power-of-choice' or 'oort' (or 'auto')")
+    return found
+
+
+def aggregation_problems(method: str, aggregation: str, keys: Keys = NO_KEYS) -> list[str]:
+    """What is wrong with ``aggregation`` (a choice of ``auto`` and :data:`AGGREGATIONS`) for
+    valuation ``method``."""
+    found = one_of(key(keys, "aggregation"), aggregation, ("auto", *AGGREGATIONS))
+    if method in NO_PHI and aggregation in NEEDS_PHI:
+        found.append(f"{key(keys, 'aggregation')}={aggregation!r} weights by phi, which "
+                     f"{key(keys, 'method')}={method!r} does not compute: use 'examples' or "
+                     "'uniform' (or 'auto')")
+    return found
 
 
 def multikrum_keep(states: Sequence[Mapping[str, NDArray]], malicious: int) -> NDArray[np.bool_]:
@@ -286,31 +328,11 @@ NO_PHI: tuple[str, ...] = tuple(m for m, v in ROUND_VALUERS.items() if not v.com
 GAME_METHODS: tuple[str, ...] = tuple(m for m, v in ROUND_VALUERS.items() if v.uses_game)
 
 
-def quotient(states: Sequence[Mapping[str, NDArray]], num_examples: Sequence[int],
-             groups: Sequence[Sequence[int]]
-             ) -> tuple[list[list[int]], list[dict[str, NDArray]], list[int]]:
-    """The quotient game's players: each group of linked updates becomes one player whose
-    state is its members' mean and whose example count is their mean (k copies count as one);
-    the others stay as they are. Players are ordered by their first member."""
-    grouped = {i for g in groups for i in g}
-    players = sorted([sorted(g) for g in groups] + [[i] for i in range(len(states))
-                                                    if i not in grouped])
-    merged = [dict(states[p[0]]) if len(p) == 1 else
-              {key: np.mean([np.asarray(states[i][key], np.float64) for i in p], axis=0)
-               .astype(np.asarray(states[p[0]][key]).dtype) for key in states[p[0]]}
-              for p in players]
-    examples = [round(float(np.mean([num_examples[i] for i in p]))) for p in players]
-    return players, merged, examples
-
-
-def _expand(val: RoundValuation, players: Sequence[Sequence[int]], n: int) -> RoundValuation:
+def _expand(val: RoundValuation, players: Sequence[Sequence[int]]) -> RoundValuation:
     """Split each player's phi and weight equally among its members."""
-    phi, phi_raw, weights = np.zeros(n), np.zeros(n), np.zeros(n)
-    for q, members in enumerate(players):
-        idx, k = list(members), len(members)
-        phi[idx], phi_raw[idx], weights[idx] = (val.phi[q] / k, val.phi_raw[q] / k,
-                                                val.weights[q] / k)
-    return dataclasses.replace(val, phi=phi, phi_raw=phi_raw, weights=weights)
+    return dataclasses.replace(val, phi=split_among(val.phi, players),
+                               phi_raw=split_among(val.phi_raw, players),
+                               weights=split_among(val.weights, players))
 
 
 def value_round(
@@ -327,9 +349,9 @@ def value_round(
     ``groups``: disjoint groups of indices of linked updates (copies,
     :func:`fedowen_strategy.aggregation.duplicate_groups`, or near-parallel updates,
     :func:`fedowen_strategy.links.link_groups`). Each group plays the game as one player
-    (:func:`quotient`: its members' mean update), and that player's phi and weight are split
-    equally among the members, so k copies together earn, and weigh, what one would. Without
-    groups every update is its own player.
+    (:func:`fedowen_strategy.links.quotient`: its members' mean update), and that player's
+    phi and weight are split equally among the members, so k copies together earn, and
+    weigh, what one would. Without groups every update is its own player.
     """
     start = time.perf_counter()
     if not states:
@@ -340,5 +362,5 @@ def value_round(
     val = valuer.value(_Round(states, num_examples, global_state, settings),
                        utility_factory, seed)
     if groups:
-        val = _expand(val, players, sum(len(p) for p in players))
+        val = _expand(val, players)
     return dataclasses.replace(val, seconds=time.perf_counter() - start)

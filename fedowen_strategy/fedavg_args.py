@@ -18,8 +18,9 @@ def takes_fedavg_arguments(init: Init) -> Init:
     takes, and a reader sees every argument."""
     own = [p for p in inspect.signature(init).parameters.values()
            if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    names = {p.name for p in own}
     flower = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
               for name, p in inspect.signature(FedAvg.__init__).parameters.items()
-              if name != "self"]
+              if name != "self" and name not in names]  # the strategy's own default wins
     setattr(init, "__signature__", inspect.Signature([*own, *flower]))  # noqa: B010
     return init

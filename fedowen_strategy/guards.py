@@ -28,29 +28,31 @@ it, so a changed guard never leaves a stale copy behind.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from functools import partial
 from typing import Any
 
-import numpy as np
-from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from fedowen_strategy.aggregation import duplicate_groups
 from fedowen_strategy.bounds import (
     NORM_CAPS,
+    UPDATE_BOUNDS,
     VALUE_CAP_MODES,
     bound_updates,
     cap_norms,
     example_bound,
     lower_median,
-    resolve_norm_cap,
 )
 from fedowen_strategy.links import link_groups, merge_groups, upper_triangle
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate, norm_ratio_limit
+from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 from fedowen_strategy.updates import cosine_matrix, update_norm
+
+log = logging.getLogger(__name__)
 
 #: Rounds of at most this many updates record their pairwise cosines.
 RECORD_COSINES_UP_TO = 32
@@ -59,7 +61,7 @@ Median = Callable[[Sequence[float]], float | None]
 
 
 @dataclass(frozen=True)
-class Guards:
+class Guards(Settings):
     """The update guards (defaults: the app's).
 
     Parameters
@@ -75,7 +77,8 @@ class Guards:
         Norm normalisation before valuation and aggregation: every update rescaled to at most
         ``norm_cap_multiple`` x a reference norm, the round's lower-median update norm
         (``median``) or the norm of one server step's update (``server``); ``auto`` is
-        ``median`` for a method that computes contributions and ``none`` for the others.
+        ``median`` for a method that computes contributions and ``none`` for the others
+        (:func:`fedowen_strategy.contribution.resolve_auto`).
     norm_cap_multiple : float
         The multiple of the reference norm (> 0).
     value_cap_multiple : float
@@ -117,49 +120,46 @@ class Guards:
     link_cosine: float = 0.98
     duplicate_tolerance: float = 1e-6
 
-    def __post_init__(self) -> None:
-        if not self.max_norm_ratio >= 0:
-            raise ValueError(f"max_norm_ratio={self.max_norm_ratio!r} must be >= 0 (0 = off)")
-        bound_updates([], {}, self.update_bound, self.update_bound_multiple)  # validates both
-        if self.norm_cap not in NORM_CAPS or not self.norm_cap_multiple > 0:
-            raise ValueError(f"norm_cap={self.norm_cap!r} must be one of {NORM_CAPS} and "
-                             f"norm_cap_multiple={self.norm_cap_multiple!r} > 0")
-        if not self.value_cap_multiple >= 0:
-            raise ValueError(f"value_cap_multiple={self.value_cap_multiple!r} must be >= 0 "
-                             "(0 = value the updates as they are averaged)")
-        if self.value_cap_mode not in VALUE_CAP_MODES:
-            raise ValueError(f"value_cap_mode={self.value_cap_mode!r} must be one of "
-                             f"{VALUE_CAP_MODES}")
-        if self.value_cap_mode == "exactly" and not self.value_cap_multiple > 0:
-            raise ValueError("value_cap_mode='exactly' values every update at "
-                             "value_cap_multiple x the reference: set value_cap_multiple > 0 "
-                             "(e.g. 1.0)")
-        link_groups(np.zeros((0, 0)), self.link_cosine)  # validates it
-        if not 0 <= self.duplicate_tolerance < 1:
-            raise ValueError(f"duplicate_tolerance={self.duplicate_tolerance!r} must lie in "
-                             "[0, 1) (0 = off)")
+    def problems(self, keys: Keys = NO_KEYS) -> list[str]:
+        """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""
+        k = partial(key, keys)
+        checks = [
+            (self.max_norm_ratio >= 0,
+             f"{k('max_norm_ratio')}={self.max_norm_ratio!r} must be >= 0 (0 = off)"),
+            (self.update_bound_multiple > 1,
+             f"{k('update_bound_multiple')}={self.update_bound_multiple!r} must be > 1 (e.g. 3)"),
+            (self.norm_cap_multiple > 0,
+             f"{k('norm_cap_multiple')}={self.norm_cap_multiple!r} must be > 0 (1: the "
+             "reference norm)"),
+            (self.value_cap_multiple >= 0,
+             f"{k('value_cap_multiple')}={self.value_cap_multiple!r} must be >= 0 (0: value "
+             "the updates as they are averaged)"),
+            (0 <= self.link_cosine < 1,
+             f"{k('link_cosine')}={self.link_cosine!r} must lie in [0, 1) (0 = off)"),
+            (0 <= self.duplicate_tolerance < 1,
+             f"{k('duplicate_tolerance')}={self.duplicate_tolerance!r} must lie in [0, 1) "
+             "(0 = off)"),
+        ]
+        found = [message for ok, message in checks if not ok]
+        found += one_of(k("update_bound"), self.update_bound, UPDATE_BOUNDS)
+        found += one_of(k("norm_cap"), self.norm_cap, NORM_CAPS)
+        found += one_of(k("value_cap_mode"), self.value_cap_mode, VALUE_CAP_MODES)
+        if self.value_cap_mode == "exactly" and self.value_cap_multiple == 0:
+            found.append(f"{k('value_cap_mode')}='exactly' values every update at "
+                         f"{k('value_cap_multiple')} x the norm cap's reference: set "
+                         f"{k('value_cap_multiple')} > 0 (e.g. 1.0)")
+        return found
 
-    def norm_cap_for(self, no_phi: bool, server_step: bool = True) -> str:
-        """``norm_cap`` with ``auto`` resolved for a method that computes contributions
-        (``no_phi`` False) or not; ``server_step``: whether a server step is at hand.
 
-        Raises
-        ------
-        ValueError
-            When the cap is ``server`` and there is no server step.
-        """
-        mode = resolve_norm_cap(self.norm_cap, no_phi)
-        if mode == "server" and not server_step:
-            raise ValueError("norm_cap='server' needs server_step (one server training step on "
-                             "the evaluation set); or use norm_cap='median'")
-        return mode
+#: A strategy's guards in force and its resolved norm cap (what an omniscient attacker reads).
+Defence = tuple[Guards, str]
 
 
 def cap_reference(norm_cap: str, norms: Sequence[float], server_norm: float | None = None,
                   median: Median = lower_median) -> float | None:
     """The norm the norm cap is a multiple of: under ``server`` the server step's norm (when a
     step was taken), else ``median`` of the round's update ``norms``; None under ``none``.
-    ``norm_cap`` is resolved (:meth:`Guards.norm_cap_for`)."""
+    ``norm_cap`` is resolved (:func:`~fedowen_strategy.contribution.resolve_auto`)."""
     if norm_cap == "none":
         return None
     if norm_cap == "server" and server_norm is not None:
@@ -230,7 +230,7 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     Parameters
     ----------
     norm_cap : str
-        The resolved norm cap (:meth:`Guards.norm_cap_for`).
+        The resolved norm cap (:func:`fedowen_strategy.contribution.resolve_auto`).
     value_players : bool
         Whether the method values players (near-parallel updates are linked only then).
     server_round : int
@@ -254,11 +254,11 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     if out.updates:
         out.groups = _groups(out, global_state, guards, value_players)
     if out.copies:
-        log(WARNING, "round %d: copies share one weight and are linked (not selected again, no "
-            "payout): %s", server_round, out.copies)
+        log.warning("round %d: copies share one weight and are linked (not selected again, no "
+                    "payout): %s", server_round, out.copies)
     if out.links:
-        log(INFO, "round %d: near-parallel updates play as one (cosine > %g): %s", server_round,
-            guards.link_cosine, out.links)
+        log.info("round %d: near-parallel updates play as one (cosine > %g): %s", server_round,
+                 guards.link_cosine, out.links)
     return out
 
 

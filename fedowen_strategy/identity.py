@@ -23,10 +23,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from logging import ERROR, INFO, WARNING
 
 from flwr.app import Message, RecordDict
-from flwr.common.logger import log as flwr_log
 
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ParsedReplies, client_id_of
@@ -104,7 +102,7 @@ class Roster:
             named = first + self._query(ask, unknown[1:], nodes)
         else:
             named = self._query(ask, unknown, nodes)
-        flwr_log(INFO, "Identified %d of %d new nodes by client id", named, len(unknown))
+        log.info("Identified %d of %d new nodes by client id", named, len(unknown))
 
     def _query(self, ask: Ask, targets: list[int], nodes: list[int]) -> int:
         """Ask ``targets``; how many named themselves."""
@@ -116,15 +114,15 @@ class Roster:
                 reason = (reply.error.reason or "").strip()
                 if NO_QUERY_HANDLER in reason and not self.unanswered:
                     self.unanswered = True
-                    flwr_log(INFO, "The ClientApp answers no query (%s): clients are labelled "
+                    log.info("The ClientApp answers no query (%s): clients are labelled "
                              "by the client id their train replies carry, else by node id; no "
                              "node is asked again", reason.splitlines()[-1][:120])
                 continue
             node = reply.metadata.src_node_id
             refused = self.book.claim(node, client_id_of(reply), nodes)
             if refused:
-                flwr_log(WARNING, "identity refused: %s; node %d is not selected", refused,
-                         node)
+                log.warning("identity refused: %s; node %d is not selected", refused,
+                            node)
                 self.refused.add(node)
             else:
                 named += 1
@@ -139,11 +137,11 @@ class Roster:
         keyed = [(key, node) for key, node in keyed if key not in banned]
         keyed.sort(key=lambda kn: client_order(kn[0]))
         if not keyed:
-            flwr_log(ERROR, "round %d: none of the %d connected nodes may be selected (%d "
-                     "refused ids, %d client ids linked as copies of each other): the round "
-                     "trains nobody and keeps the global model. Clients that share data and seed "
-                     "return copies; give them distinct data, or set duplicate-tolerance = 0",
-                     server_round, len(nodes), len(self.refused), len(banned))
+            log.error("round %d: none of the %d connected nodes may be selected (%d "
+                      "refused ids, %d client ids linked as copies of each other): the round "
+                      "trains nobody and keeps the global model. Clients that share data and seed "
+                      "return copies; give them distinct data, or set duplicate-tolerance = 0",
+                      server_round, len(nodes), len(self.refused), len(banned))
         return [n for _, n in keyed], [k for k, _ in keyed]
 
     def check(self, replies: Iterable[Message], connected: Collection[int]
@@ -157,7 +155,7 @@ class Roster:
                 node, client_id_of(msg), connected)
             if reason:
                 refused[f"node:{node}"] = reason
-                flwr_log(WARNING, "rejected a reply: %s", reason)
+                log.warning("rejected a reply: %s", reason)
             else:
                 kept.append(msg)
         return kept, refused
@@ -182,5 +180,5 @@ class Roster:
             if node not in replied:
                 who = self.book.client_of_node.get(node, f"node:{node}")
                 silent[who] = "no reply within round-timeout (timed out or disconnected)"
-                flwr_log(WARNING, "client %s (node %d) sent no reply this round", who, node)
+                log.warning("client %s (node %d) sent no reply this round", who, node)
         return silent

@@ -6,8 +6,8 @@ useful update under k identities is paid about k times what it would earn alone 
 ``d_i = W_i - W`` are nearly parallel, ``cos(d_i, d_j) > threshold``, are linked, and the
 linked groups (connected components) become single players of a *quotient game*: the
 group's members' updates are averaged into one update that plays once, and its value, its
-aggregation weight and so its payout are split equally among the members
-(:func:`fedowen_strategy.contribution.value_round`). k copies then earn what one would.
+aggregation weight and so its payout are split equally among the members (:func:`quotient`,
+:func:`fedowen_strategy.contribution.value_round`). k copies then earn what one would.
 Exact copies (``duplicate-tolerance``) are the special case ``cos = 1``; those are also
 *banned* (never selected again, pay forfeited), which near-parallel honest updates are not.
 
@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
+
+from fedowen_strategy.updates import State
 
 
 def components(n: int, edges: Sequence[tuple[int, int]]) -> list[list[int]]:
@@ -108,3 +110,30 @@ def lasting_groups(pair_links: Mapping[Pair, int], rounds: int) -> list[list[str
     index = {c: i for i, c in enumerate(ids)}
     return [[ids[i] for i in g]
             for g in components(len(ids), [(index[a], index[b]) for a, b in pairs])]
+
+
+def quotient(states: Sequence[State], num_examples: Sequence[int],
+             groups: Sequence[Sequence[int]]
+             ) -> tuple[list[list[int]], list[dict[str, NDArray]], list[int]]:
+    """The quotient game's players: each group of linked updates becomes one player whose
+    state is its members' mean and whose example count is their mean (k copies count as one);
+    the others stay as they are. Players are ordered by their first member."""
+    grouped = {i for g in groups for i in g}
+    players = sorted([sorted(g) for g in groups] + [[i] for i in range(len(states))
+                                                    if i not in grouped])
+    merged = [dict(states[p[0]]) if len(p) == 1 else
+              {key: np.mean([np.asarray(states[i][key], np.float64) for i in p], axis=0)
+               .astype(np.asarray(states[p[0]][key]).dtype) for key in states[p[0]]}
+              for p in players]
+    examples = [round(float(np.mean([num_examples[i] for i in p]))) for p in players]
+    return players, merged, examples
+
+
+def split_among(values: NDArray[np.float64], players: Sequence[Sequence[int]]
+                ) -> NDArray[np.float64]:
+    """Each quotient player's value split equally among its members (indexed as the
+    updates)."""
+    out = np.zeros(sum(len(p) for p in players))
+    for value, members in zip(values, players, strict=True):
+        out[list(members)] = value / len(members)
+    return out

@@ -7,12 +7,13 @@ hang. :func:`wait_for_nodes` gives up after ``timeout`` seconds and names the fi
 
 from __future__ import annotations
 
+import logging
 import math
 import time
-from logging import INFO, WARNING
 
-from flwr.common.logger import log
 from flwr.serverapp import Grid
+
+log = logging.getLogger(__name__)
 
 #: Seconds to wait for a round's k nodes (the app's ``node-wait-timeout``).
 NODE_WAIT_TIMEOUT = 15.0
@@ -45,8 +46,8 @@ def wait_for_nodes(grid: Grid, need: int, timeout: float, *, what: str = "") -> 
     while len(nodes := sorted(grid.get_node_ids())) < need:
         waited = time.monotonic() - started
         if waited >= timeout and len(nodes) >= accept:
-            log(WARNING, "only %d node(s) connected after %.0fs, %d asked for%s: going on "
-                "with %d", len(nodes), waited, need, f" ({what})" if what else "", len(nodes))
+            log.warning("only %d node(s) connected after %.0fs, %d asked for%s: going on with "
+                        "%d", len(nodes), waited, need, f" ({what})" if what else "", len(nodes))
             return nodes
         if waited >= timeout:
             raise RuntimeError(
@@ -56,7 +57,7 @@ def wait_for_nodes(grid: Grid, need: int, timeout: float, *, what: str = "") -> 
                 "start more SuperNodes; or ask for fewer clients per round. "
                 "node-wait-timeout sets how long to wait.")
         if time.monotonic() >= next_log:
-            log(INFO, "Waiting for nodes: %d connected, %d needed", len(nodes), need)
+            log.info("Waiting for nodes: %d connected, %d needed", len(nodes), need)
             next_log += 10.0
         time.sleep(0.5)
     return nodes

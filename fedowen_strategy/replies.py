@@ -8,13 +8,12 @@ round goes on with the rest.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from logging import WARNING
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
-from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from fedowen_strategy.selectors import oort_utility
@@ -27,6 +26,8 @@ from fedowen_task.protocol import (
     LOSS_SQUARES_FIELD,
     RAY_NODE_FIELD,
 )
+
+log = logging.getLogger(__name__)
 
 #: Largest ``num-examples`` a reply may claim (exact in float64, no overflow in weights).
 MAX_EXAMPLES = 2**53
@@ -194,7 +195,7 @@ def parse_replies(
         who = client_id_of(msg)
         if msg.has_error():
             out.failed[who] = f"error {msg.error.code}: {msg.error.reason}"
-            log(WARNING, "client %s failed this round: %s", who, out.failed[who])
+            log.warning("client %s failed this round: %s", who, out.failed[who])
             continue
         try:
             result = _parse_one(msg, reference, arrays_key, weight_key, max_norm_ratio)
@@ -202,10 +203,10 @@ def parse_replies(
             result = f"malformed reply ({type(err).__name__}: {err})"
         if isinstance(result, str):
             out.rejected[who] = result
-            log(WARNING, "rejected the update of client %s: %s", who, result)
+            log.warning("rejected the update of client %s: %s", who, result)
         elif result.client_id in seen:
             out.rejected[who] = "a second reply from the same client in one round"
-            log(WARNING, "rejected the update of client %s: %s", who, out.rejected[who])
+            log.warning("rejected the update of client %s: %s", who, out.rejected[who])
         else:
             seen.add(result.client_id)
             out.updates.append(result)

@@ -7,16 +7,17 @@ rows to its ``on_round`` hook (the ServerApp writes them to ``rounds.jsonl`` and
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from logging import WARNING
 from typing import Any
 
 from flwr.app import MetricRecord, RecordDict
-from flwr.common.logger import log
 
 from fedowen_strategy.contribution import RoundValuation
 from fedowen_strategy.replies import ParsedReplies
+
+log = logging.getLogger(__name__)
 
 
 def round_record(selected: Sequence[str], parsed: ParsedReplies, method: str,
@@ -77,5 +78,5 @@ def client_metrics(aggregate: Callable[[list[RecordDict], str], MetricRecord],
     try:
         return aggregate(contents, weight_key)
     except (TypeError, ValueError, KeyError) as err:
-        log(WARNING, "client metrics not aggregated this round: %s", err)
+        log.warning("client metrics not aggregated this round: %s", err)
         return MetricRecord()

@@ -10,13 +10,12 @@ sending copies). Everything here is a function of its arguments and the valuatio
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from fedowen_strategy import round_record
@@ -30,6 +29,8 @@ from fedowen_strategy.contribution import (
 )
 from fedowen_strategy.guards import Guards, guard_round
 from fedowen_strategy.replies import ParsedReplies
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
     selected : sequence of str
         The client ids asked to train (for the record).
     norm_cap : str
-        The resolved norm cap (:meth:`~fedowen_strategy.guards.Guards.norm_cap_for`).
+        The resolved norm cap (:func:`~fedowen_strategy.contribution.resolve_auto`).
     rng : numpy.random.Generator
         The valuation stream.
     extra : mapping, optional
@@ -83,16 +84,16 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
                                  rejected={**parsed.rejected, **guarded.rejected})
     fields = {**(extra or {}), **guarded.record}
     if not parsed.updates:
-        log(WARNING, "round %d: no usable update (%d failed, %d rejected); global model kept",
-            server_round, len(parsed.failed), len(parsed.rejected))
+        log.warning("round %d: no usable update (%d failed, %d rejected); global model kept",
+                    server_round, len(parsed.failed), len(parsed.rejected))
         record = round_record.round_record(selected, parsed, valuation.method, [], fields, None)
         return RoundOutcome(None, parsed, guarded.copies, guarded.links, None, record, [])
     states = [u.state for u in parsed.updates]
     # the states to value: the averaged ones, or (value_cap_multiple) the same at a tighter cap
     val = value_round(guarded.valued or states, [u.num_examples for u in parsed.updates],
                       global_state, valuation, utility_factory, rng, guarded.groups)
-    log(INFO, "aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
-        server_round, len(states), valuation.method, val.seconds, val.n_evals)
+    log.info("aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
+             server_round, len(states), valuation.method, val.seconds, val.n_evals)
     record = round_record.round_record(selected, parsed, valuation.method, guarded.copies,
                                        fields, val)
     return RoundOutcome(weighted_average(states, val.weights), parsed, guarded.copies,

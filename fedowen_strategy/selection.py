@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from numpy.typing import NDArray
 
 from fedowen_strategy.selectors import REWARDS
+from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 
 #: Algorithm 2's bandit, uniform sampling (FedAvg's, and the paper's ablation), the field's
 #: selectors and FedOwen's posterior selector (:mod:`fedowen_strategy.selectors`).
@@ -63,7 +65,7 @@ def update_memory(previous: float | None, phi: float, count: int, memory: str = 
 
 
 @dataclass(frozen=True)
-class SelectionParams:
+class SelectionParams(Settings):
     """Constants of Algorithm 2 and the bandit's memory (defaults: the app's).
 
     Parameters
@@ -113,29 +115,30 @@ class SelectionParams:
     resolve_level: float = 0.01
     cap: float = 0.0
 
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.epsilon <= 1.0:
-            raise ValueError(f"epsilon={self.epsilon!r} must lie in [0, 1]")
-        if self.c < 0.0 or not np.isfinite(self.c):
-            raise ValueError(f"c={self.c!r} must be a finite number >= 0")
-        if not np.isfinite(self.tau):
-            raise ValueError(f"tau={self.tau!r} must be finite")
-        if not 0.0 <= self.low_gain_scale <= 1.0:
-            raise ValueError(f"low_gain_scale={self.low_gain_scale!r} must lie in [0, 1]")
-        update_memory(None, 0.0, 1, self.memory, self.discount)  # validates both
-        if self.link_memory < 0:
-            raise ValueError(f"link_memory={self.link_memory!r} must be >= 0 (0 = off)")
-        if self.poc_d < 1:
-            raise ValueError(f"poc_d={self.poc_d!r} must be >= 1 (and >= k)")
-        if not 0.0 <= self.oort_exploration_min <= 1.0:
-            raise ValueError(f"oort_exploration_min={self.oort_exploration_min!r} must lie "
-                             "in [0, 1]")
-        if not 0.0 < self.resolve_level <= 1.0:
-            raise ValueError(f"resolve_level={self.resolve_level!r} must lie in (0, 1]")
-        if self.reward not in REWARDS:
-            raise ValueError(f"reward={self.reward!r} is not one of {REWARDS}")
-        if not (self.cap == 0.0 or 1.0 <= self.cap < math.inf):
-            raise ValueError(f"cap={self.cap!r} must be 0 (off) or a finite number >= 1")
+    def problems(self, keys: Keys = NO_KEYS) -> list[str]:
+        """Everything wrong with these constants (:class:`~fedowen_strategy.settings.
+        Settings`)."""
+        k = partial(key, keys)
+        checks = [
+            (0.0 <= self.epsilon <= 1.0, f"{k('epsilon')}={self.epsilon!r} must lie in [0, 1]"),
+            (0.0 <= self.c < math.inf, f"{k('c')}={self.c!r} must be a finite number >= 0"),
+            (math.isfinite(self.tau), f"{k('tau')}={self.tau!r} must be finite"),
+            (0.0 <= self.low_gain_scale <= 1.0,
+             f"{k('low_gain_scale')}={self.low_gain_scale!r} must lie in [0, 1]"),
+            (0.0 < self.discount <= 1.0, f"{k('discount')}={self.discount!r} must lie in (0, 1]"),
+            (self.link_memory >= 0,
+             f"{k('link_memory')}={self.link_memory!r} must be >= 0 (rounds; 0 = off)"),
+            (self.poc_d >= 1, f"{k('poc_d')}={self.poc_d!r} must be >= 1 (and >= k)"),
+            (0.0 <= self.oort_exploration_min <= 1.0,
+             f"{k('oort_exploration_min')}={self.oort_exploration_min!r} must lie in [0, 1]"),
+            (0.0 < self.resolve_level <= 1.0,
+             f"{k('resolve_level')}={self.resolve_level!r} must lie in (0, 1]"),
+            (self.cap == 0.0 or 1.0 <= self.cap < math.inf,
+             f"{k('cap')}={self.cap!r} must be 0 (off) or a finite number >= 1"),
+        ]
+        return ([message for ok, message in checks if not ok]
+                + one_of(k("memory"), self.memory, MEMORIES)
+                + one_of(k("reward"), self.reward, REWARDS))
 
 
 def selection_scores(

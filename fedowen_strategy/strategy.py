@@ -11,14 +11,13 @@ softmax weights and the round record).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
-from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
@@ -26,18 +25,20 @@ from numpy.typing import NDArray
 
 from fedowen_strategy import nodes, replies, round_record
 from fedowen_strategy.bandit import Bandit
-from fedowen_strategy.contribution import NO_PHI, UtilityFactory, ValuationSettings, resolve_axes
+from fedowen_strategy.contribution import UtilityFactory, ValuationSettings, resolve_auto
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
-from fedowen_strategy.guards import Guards
+from fedowen_strategy.guards import Defence, Guards
 from fedowen_strategy.identity import IdentityBook, Roster
 from fedowen_strategy.round_step import aggregate_round
 from fedowen_strategy.selection import SelectionParams, round_size
 from fedowen_task.protocol import LOCAL_LOSS_FIELD, LOSS_SQUARES_FIELD
 
+log = logging.getLogger(__name__)
+
 RoundHook = Callable[[int, dict[str, Any], list[dict[str, Any]]], None]
 EvaluateHook = Callable[[int, dict[str, Any]], None]
 #: ``(global_state, server_round) -> state``: one server training step (``norm-cap = server``).
-ServerStep = Callable[[dict[str, Any], int], dict[str, Any]]
+ServerStep = Callable[[Mapping[str, NDArray], int], Mapping[str, NDArray]]
 MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
 
 
@@ -60,10 +61,15 @@ class FedOwen(FedAvg):
     valuation, selection_params, guards : ValuationSettings, SelectionParams, Guards
         The estimator and aggregation; Algorithm 2's constants; the update guards.
     selection : {"auto", "adaptive", "random", "posterior", "power-of-choice", "oort"}
-        ``auto``: adaptive for a valuation method, random for ``none`` and ``multikrum``;
+        ``auto``: adaptive for a valuation method, random for ``none`` and ``multikrum``
+        (``choices``, with the aggregation and norm cap: :func:`~fedowen_strategy.
+        contribution.resolve_auto`);
         the rest: :mod:`~fedowen_strategy.selectors` (Power-of-Choice queries its candidates'
         local loss with a ``query`` message; Oort asks the trained clients for their squared
         losses in the train config).
+    fraction_evaluate : float
+        Federated evaluation's share of the nodes, as in ``FedAvg`` but off by default as in
+        the app (whose ServerApp evaluates centrally).
     seed : int
         Seeds the selection and valuation streams.
     node_wait_timeout, query_timeout : float
@@ -84,20 +90,23 @@ class FedOwen(FedAvg):
                  seed: int = 0, node_wait_timeout: float = nodes.NODE_WAIT_TIMEOUT,
                  query_timeout: float = nodes.ROUND_TIMEOUT,
                  server_step: ServerStep | None = None, on_round: RoundHook | None = None,
-                 on_evaluate: EvaluateHook | None = None, **fedavg: Any) -> None:
+                 on_evaluate: EvaluateHook | None = None, fraction_evaluate: float = 0.0,
+                 **fedavg: Any) -> None:
         if clients_per_round is not None and clients_per_round < 1:
             raise ValueError(f"clients_per_round={clients_per_round!r} must be >= 1 (or None "
                              "to derive k from fraction_train)")
         self.valuation = (valuation or ValuationSettings()).check_utility(utility_factory)
         self.guards = guards or Guards()
-        self.norm_cap = self.guards.norm_cap_for(self.valuation.method in NO_PHI,
-                                                 server_step is not None)
+        self.choices = resolve_auto(self.valuation.method, selection, self.valuation.aggregation,
+                                    self.guards.norm_cap)
+        if self.choices.norm_cap == "server" and server_step is None:
+            raise ValueError("norm_cap='server' needs server_step (one server training step on "
+                             "the evaluation set); or use norm_cap='median'")
         if clients_per_round:  # wait for k nodes
             fedavg["min_available_nodes"] = clients_per_round
-        super().__init__(**fedavg)
+        super().__init__(fraction_evaluate=fraction_evaluate, **fedavg)
         self.clients_per_round, self.utility_factory = clients_per_round, utility_factory
-        self.selection, _ = resolve_axes(self.valuation.method, selection,
-                                         self.valuation.aggregation)
+        self.selection, self.norm_cap = self.choices.selection, self.choices.norm_cap
         self.selection_params = selection_params or SelectionParams()
         self.node_wait_timeout, self.query_timeout = node_wait_timeout, query_timeout
         self.server_step, self.on_round, self.on_evaluate = server_step, on_round, on_evaluate
@@ -114,6 +123,11 @@ class FedOwen(FedAvg):
         self._selected_nodes: list[int] = []
         self._choice: dict[str, Any] = {}
         self._choice_cost: dict[str, int] = {}  # Power-of-Choice's query, this round
+
+    @property
+    def defence(self) -> Defence:
+        """The guards in force and the resolved norm cap (the adaptive attacker reads them)."""
+        return self.guards, self.norm_cap
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint (the global model is saved beside it)."""
@@ -139,10 +153,10 @@ class FedOwen(FedAvg):
     def summary(self) -> None:
         """Log the settings."""
         k = self.clients_per_round or f"fraction_train={self.fraction_train:g}"
-        log(INFO, "FedOwen: k=%s, selection=%s, fraction_evaluate=%g", k, self.selection,
-            self.fraction_evaluate)
+        log.info("FedOwen: k=%s, selection=%s, fraction_evaluate=%g", k, self.selection,
+                 self.fraction_evaluate)
         for settings in (self.valuation, self.selection_params, self.guards):
-            log(INFO, "FedOwen: %s", settings)
+            log.info("FedOwen: %s", settings)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -170,9 +184,9 @@ class FedOwen(FedAvg):
         self._choice_cost = {}
         if "candidates" in choice.record:  # Power-of-Choice: name the candidates, not indices
             self._choice["candidates"] = [keys[i] for i in choice.record["candidates"]]
-        log(INFO, "configure_train: round %d, %s %d of %d clients: %s", server_round,
-            choice.how, len(choice.indices), len(selectable),
-            ", ".join(replies.short_label(c) for c in self._selected))
+        log.info("configure_train: round %d, %s %d of %d clients: %s", server_round,
+                 choice.how, len(choice.indices), len(selectable),
+                 ", ".join(replies.short_label(c) for c in self._selected))
         config["server-round"] = server_round
         if self.selection == "oort":
             config[LOSS_SQUARES_FIELD] = 1
@@ -237,8 +251,8 @@ class FedOwen(FedAvg):
         try:
             metrics = super().aggregate_evaluate(server_round, replies)
         except (TypeError, ValueError, KeyError, InconsistentMessageReplies) as err:
-            log(WARNING, "round %d: client evaluation metrics not aggregated: %s",
-                server_round, err)
+            log.warning("round %d: client evaluation metrics not aggregated: %s",
+                        server_round, err)
             return None
         if metrics and self.on_evaluate is not None:
             self.on_evaluate(server_round + self.round_offset, dict(metrics))

@@ -21,8 +21,11 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from fedowen_task.adversary.keys import AdversaryConfig, AdversaryKeys
+from fedowen_task.recipe import TrainConfig, recipe_problems
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+_RECIPE = TrainConfig()
+_RECIPE_KEYS = {f.name: f.name.replace("_", "-") for f in fields(TrainConfig)}
 
 
 class ConfigError(ValueError):
@@ -63,11 +66,12 @@ class _DataKeys:
     eval_fraction: float = 0.01
     validation_fraction: float = 0.0
     seed: int = 0
-    lr: float = 0.05
-    momentum: float = 0.5
-    batch_size: int = 10
-    local_epochs: int = 1
-    weight_decay: float = 0.0
+    # the local-training recipe (fedowen_task.recipe): its defaults, mapped by train_config
+    lr: float = _RECIPE.lr
+    momentum: float = _RECIPE.momentum
+    batch_size: int = _RECIPE.batch_size
+    local_epochs: int = _RECIPE.local_epochs
+    weight_decay: float = _RECIPE.weight_decay
     client_max_samples: int = 0
 
 
@@ -87,6 +91,10 @@ class TaskConfig(AdversaryKeys, _DataKeys):
             return self.model
         return "resnet18" if self.dataset == "cifar10" else "lenet"
 
+    def train_config(self) -> TrainConfig:
+        """The local-training recipe these keys describe (the one mapping)."""
+        return TrainConfig(**{f.name: getattr(self, f.name) for f in fields(TrainConfig)})
+
     def problems(self) -> list[str]:
         """Out-of-range values of the task keys."""
         from fedowen_task.adversary.attacks import kinds  # imports torch: only when validating
@@ -101,19 +109,16 @@ class TaskConfig(AdversaryKeys, _DataKeys):
              "own class counts, no long-tailed transform)"),
             (self.min_partition_size >= 0, "min-partition-size must be >= 0"),
             (0 < self.eval_fraction < 1, f"eval-fraction={self.eval_fraction} must lie in (0, 1)"),
-            (0 <= self.validation_fraction < 1 - self.eval_fraction,
+            (not 0 < self.eval_fraction < 1  # that is eval-fraction's problem
+             or 0 <= self.validation_fraction < 1 - self.eval_fraction,
              f"validation-fraction={self.validation_fraction} must lie in [0, 1 - eval-fraction) "
              "(0 = no validation set)"),
-            (self.lr > 0, f"lr={self.lr} must be > 0"),
-            (0 <= self.momentum < 1, f"momentum={self.momentum} must lie in [0, 1)"),
-            (self.batch_size >= 1, f"batch-size={self.batch_size} must be >= 1"),
-            (self.local_epochs >= 1, f"local-epochs={self.local_epochs} must be >= 1"),
-            (self.weight_decay >= 0, f"weight-decay={self.weight_decay} must be >= 0"),
             (self.client_max_samples >= 0, "client-max-samples must be >= 0 (0 = no cap)"),
             (self.data_dir == "" or os.path.isabs(self.data_dir),
              f"data-dir={self.data_dir!r} must be an absolute path"),
         ]
         bad = [message for ok, message in checks if not ok] + self.adversary_problems()
+        bad += recipe_problems(self, _RECIPE_KEYS)
         bad += one_of("dataset", self.dataset.split(":", 1)[0], DATASETS)
         bad += one_of("model", self.model, ("auto", *MODELS))
         bad += one_of("partition-scheme", self.partition_scheme, SCHEMES)

@@ -11,51 +11,13 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
+from fedowen_task.recipe import TrainConfig
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Local-training hyperparameters, validated.
-
-    The defaults (``lr=0.05, momentum=0.5, batch_size=10, local_epochs=1``, no weight decay):
-    the recipe the confirmation's tuning picked by equal-weight FedAvg's validation accuracy
-    on MNIST, FashionMNIST and CIFAR-10 (within 0.7 points of FEMNIST's pick; README, "Run
-    configuration"); one local epoch is the paper's setting (Sec. 4.1).
-    """
-
-    lr: float = 0.05
-    momentum: float = 0.5
-    batch_size: int = 10
-    local_epochs: int = 1
-    weight_decay: float = 0.0
-
-    def __post_init__(self) -> None:
-        problems = []
-        if not self.lr > 0:
-            problems.append(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            problems.append(f"momentum must be in [0, 1), got {self.momentum}")
-        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
-            problems.append(f"batch_size must be an int >= 1, got {self.batch_size!r}")
-        if not (isinstance(self.local_epochs, int) and self.local_epochs >= 1):
-            problems.append(f"local_epochs must be an int >= 1, got {self.local_epochs!r}")
-        if not self.weight_decay >= 0:
-            problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if problems:
-            raise ValueError("Invalid TrainConfig: " + "; ".join(problems))
-
-    def train_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`train` (``local_epochs`` becomes ``epochs``)."""
-        kwargs = asdict(self)
-        kwargs["epochs"] = kwargs.pop("local_epochs")
-        return kwargs
 
 
 def _device_of(model: nn.Module, device: torch.device | str | None) -> torch.device:
@@ -100,7 +62,7 @@ def train(
     x, y : torch.Tensor
         Inputs ``(N, C, H, W)`` (float, already standardised) and integer labels ``(N,)``.
     epochs, lr, momentum, batch_size, weight_decay
-        See :class:`TrainConfig`.
+        See :class:`~fedowen_task.recipe.TrainConfig`.
     seed : int
         Seeds the shuffling and any randomness inside the model.
     proximal_mu : float

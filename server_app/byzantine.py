@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from fedowen_strategy.bounds import lower_median
-from fedowen_strategy.guards import Median, bound_in_force
+from fedowen_strategy.guards import Defence, Median, bound_in_force
 from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
 from fedowen_strategy.updates import State, apply_delta, flat_delta, flatten, float_keys
 from fedowen_task.adversary.attacks import attack_of, server_side
@@ -50,29 +50,30 @@ log = logging.getLogger(__name__)
 AttackHook = Callable[[int, dict[str, Any]], None]
 
 
-def attacker_bound(cfg: RunConfig, norms: Sequence[float], examples: Sequence[int],
+def attacker_bound(defence: Defence | None, norms: Sequence[float], examples: Sequence[int],
                    own_examples: int, global_norm: float, server_norm: float | None = None,
                    others: Sequence[float] | None = None, attackers: int = 0) -> float | None:
     """The largest norm an update of ``own_examples`` examples may have and pass the run's
     defences unchanged, as an omniscient attacker knows them: FedOwen's own
-    :func:`fedowen_strategy.guards.bound_in_force` under the run config's guards, read from
+    :func:`fedowen_strategy.guards.bound_in_force` under the strategy's ``defence`` (its
+    guards and resolved norm cap: :attr:`server_app.strategies.ServerStrategy.defence`), read from
     the round's honest update ``norms`` and ``examples`` (the attackers' honest ones
     included), the global model's norm and, for ``norm-cap = "server"``, ``server_norm``, the
     norm of the round's server step (without it, the median is the attacker's estimate).
     Given the honest ``others`` and the number of ``attackers`` sending at the bound, the
     median the cap reads is the one their own updates leave (:func:`median_faced`), not the
     median of every honest update, which a multiple above 1 puts below what the server will
-    let through. None under any other strategy than FedOwen: its guards are not in force
-    (FLTrust rescales every update to the server's norm whatever was sent).
+    let through. None without a defence (a strategy without FedOwen's guards: FLTrust
+    rescales every update to the server's norm whatever was sent).
     """
-    if cfg.strategy != "fedowen":
+    if defence is None:
         return None
-    guards = cfg.guards()
+    guards, norm_cap = defence
     median: Median = lower_median
     if others is not None and attackers > 0:
         def median(_: Sequence[float]) -> float | None:
             return median_faced(others, attackers, MARGIN * guards.norm_cap_multiple)
-    return bound_in_force(guards, cfg.norm_cap_mode(), norms=norms, examples=examples,
+    return bound_in_force(guards, norm_cap, norms=norms, examples=examples,
                           own_examples=own_examples, global_norm=global_norm,
                           server_norm=server_norm, median=median)
 
@@ -110,11 +111,15 @@ class ByzantineGrid(Grid):
         ``(global_state, round) -> state``: the server step that ``norm-cap = "server"``
         takes its reference norm from (the ServerApp passes the strategy's own, cached per
         round), so the adaptive attacker knows that bound as it knows the honest updates.
+    defence : (Guards, str), optional
+        The strategy's guards and resolved norm cap (:attr:`server_app.strategies.
+        ServerStrategy.defence`); None when the strategy has no such guards.
     """
 
     def __init__(self, inner: Grid, cfg: RunConfig, num_partitions: int,
                  on_round: AttackHook | None = None,
-                 server_step: Callable[[State, int], State] | None = None) -> None:
+                 server_step: Callable[[State, int], State] | None = None,
+                 defence: Defence | None = None) -> None:
         self.adversary = cfg.adversary()
         attack = attack_of(self.adversary).server
         if attack is None:
@@ -122,7 +127,7 @@ class ByzantineGrid(Grid):
                              f"{', '.join(server_side())}")
         self.attack = attack
         self.inner, self.cfg, self.on_round = inner, cfg, on_round
-        self.server_step = server_step
+        self.server_step, self.defence = server_step, defence
         self.adversaries = self.adversary.client_ids(num_partitions)
         self.log: list[dict[str, Any]] = []
         self._train_calls = 0
@@ -214,14 +219,14 @@ class ByzantineGrid(Grid):
                     "others": [float(np.linalg.norm(r.delta)) for r in honest]}
 
         def bound(own_examples: int) -> float | None:
-            return attacker_bound(self.cfg, own_examples=own_examples, attackers=len(bad),
+            return attacker_bound(self.defence, own_examples=own_examples, attackers=len(bad),
                                   **facts())
         return bound
 
     def _server_norm(self, global_state: State, server_round: int) -> float | None:
         """The norm of the round's server step, the reference of ``norm-cap = "server"``
         (None under any other cap, or without a server step)."""
-        if self.server_step is None or self.cfg.norm_cap_mode() != "server":
+        if self.server_step is None or self.defence is None or self.defence[1] != "server":
             return None
         step = self.server_step(global_state, server_round)
         return float(np.linalg.norm(flat_delta(step, global_state)))

@@ -2,9 +2,15 @@
 
 Every key of ``[tool.flwr.app.config]`` in pyproject.toml maps to one field here or in
 :class:`fedowen_task.config.TaskConfig` (the keys a ClientApp also reads). ``parse_run_config``
-reports every problem at once: unknown keys with the closest valid name, wrong types,
-out-of-range values and cross-key rules (the estimator's minimum budget for N x M and the
-parameters it accepts, the strategy's parameters), before any message is sent.
+reports every problem at once, one per mistake: unknown keys with the closest valid name,
+wrong types, out-of-range values and cross-key rules (the estimator's minimum budget for N x M
+and the parameters it accepts, the strategy's parameters), before any message is sent.
+
+The library's settings types (:class:`~fedowen_strategy.contribution.ValuationSettings`,
+:class:`~fedowen_strategy.selection.SelectionParams`, :class:`~fedowen_strategy.guards.Guards`)
+carry the defaults and own the rules of their keys; one table, :data:`SETTINGS_KEYS`, maps
+their fields onto run-config keys both ways: the run config's values onto the settings, the
+settings' problems back onto the keys a user wrote.
 """
 
 from __future__ import annotations
@@ -14,31 +20,50 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-from fedowen_strategy.bounds import NORM_CAPS, UPDATE_BOUNDS, VALUE_CAP_MODES
 from fedowen_strategy.contribution import (
     DEFAULT_UTILITY_METRIC,
     GAME_METHODS,
-    GAMES,
-    METHODS,
-    NO_PHI,
-    PHI_SCALES,
     UTILITY_METRICS,
+    Choices,
     ValuationSettings,
-    resolve_axes,
+    resolve_auto,
     round_budget,
+    selection_problems,
 )
 from fedowen_strategy.guards import Guards
 from fedowen_strategy.nodes import NODE_WAIT_TIMEOUT, ROUND_TIMEOUT
-from fedowen_strategy.selection import MEMORIES, SelectionParams
+from fedowen_strategy.selection import SelectionParams
+from fedowen_strategy.settings import Settings
 from fedowen_strategy.valuation import ESTIMATORS, estimate_problems
 from fedowen_task.config import ConfigError, TaskConfig, one_of, parse_config, parse_params
 
-#: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 #: The library's defaults, which are the app's: every FedOwen key below defaults to them.
 _VALUATION, _SELECTION, _GUARDS = ValuationSettings(), SelectionParams(), Guards()
-
+#: Each field of the library's settings types -> its run-config key: the one table that maps
+#: the run config onto the settings and names the settings' problems by the keys a user wrote.
+#: SelectionParams' ``low_gain_scale`` (Algorithm 2's 0.1) has no key.
+SETTINGS_KEYS: Mapping[str, str] = MappingProxyType({
+    # ValuationSettings
+    "method": "valuation", "budget_m": "budget-m", "params": "valuation-params",
+    "phi_scale": "phi-scale", "temperature": "temperature", "krum_malicious": "krum-malicious",
+    "aggregation": "aggregation", "game": "game", "uniform_mix": "uniform-mix",
+    "weight_cap": "weight-cap",
+    # SelectionParams
+    "epsilon": "epsilon", "c": "ucb-c", "tau": "tau", "memory": "bandit-memory",
+    "discount": "bandit-discount", "link_memory": "link-memory", "poc_d": "poc-d",
+    "oort_exploration_min": "oort-exploration-min", "reward": "selection-reward",
+    "resolve_level": "selection-level", "cap": "selection-cap",
+    # Guards
+    "max_norm_ratio": "max-norm-ratio", "update_bound": "update-bound",
+    "update_bound_multiple": "update-bound-multiple", "norm_cap": "norm-cap",
+    "norm_cap_multiple": "norm-cap-multiple", "value_cap_multiple": "value-cap-multiple",
+    "value_cap_mode": "value-cap-mode", "link_cosine": "link-cosine",
+    "duplicate_tolerance": "duplicate-tolerance",
+})
+#: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
                               "device", "round-timeout", "node-wait-timeout", "torch-threads",
                               "download", "verbose"})
@@ -104,41 +129,36 @@ class RunConfig(TaskConfig):
     foolsgold_kappa: float = 1.0
     device: str = "auto"
 
-    def axes(self) -> tuple[str, str]:
-        """(selection, aggregation) with ``auto`` resolved for this valuation."""
-        return resolve_axes(self.valuation, self.selection, self.aggregation)
+    def choices(self) -> Choices:
+        """FedOwen's selection, aggregation and norm cap, ``auto`` resolved for this
+        valuation by :func:`fedowen_strategy.contribution.resolve_auto` (the one place)."""
+        return resolve_auto(self.valuation, self.selection, self.aggregation, self.norm_cap)
 
-    def norm_cap_mode(self) -> str:
-        """``norm-cap`` with ``auto`` resolved: :data:`fedowen_strategy.bounds.AUTO_NORM_CAP`
-        for a valuation method that computes contributions (FedOwen's defence), ``none`` for
-        ``none`` and ``multikrum`` (plain FedAvg and Multi-Krum stay the baselines they are
-        named after)."""
-        return self.guards().norm_cap_for(self.valuation in NO_PHI)
+    def settings_values(self, cls: type[Settings]) -> dict[str, Any]:
+        """The values of ``cls``'s fields in this run config, through :data:`SETTINGS_KEYS`
+        (``params`` raw: :meth:`estimator_params` parses it)."""
+        return {f.name: getattr(self, SETTINGS_KEYS[f.name].replace("-", "_"))
+                for f in fields(cls) if f.name in SETTINGS_KEYS}
 
     def guards(self) -> Guards:
         """The update guards these keys describe."""
-        return Guards(max_norm_ratio=self.max_norm_ratio, update_bound=self.update_bound,
-                      update_bound_multiple=self.update_bound_multiple, norm_cap=self.norm_cap,
-                      norm_cap_multiple=self.norm_cap_multiple,
-                      value_cap_multiple=self.value_cap_multiple,
-                      value_cap_mode=self.value_cap_mode, link_cosine=self.link_cosine,
-                      duplicate_tolerance=self.duplicate_tolerance)
+        return Guards(**self.settings_values(Guards))
+
+    def selection_params(self) -> SelectionParams:
+        """Algorithm 2's constants and the bandit's memory."""
+        return SelectionParams(**self.settings_values(SelectionParams))
 
     def valuation_settings(self) -> ValuationSettings:
         """The estimator and aggregation these keys describe."""
-        return ValuationSettings(method=self.valuation, budget_m=self.budget_m,
-                                 params=self.estimator_params(), phi_scale=self.phi_scale,
-                                 temperature=self.temperature,
-                                 krum_malicious=self.krum_malicious,
-                                 aggregation=self.axes()[1], game=self.game,
-                                 uniform_mix=self.uniform_mix, weight_cap=self.weight_cap)
+        return ValuationSettings(**{**self.settings_values(ValuationSettings),
+                                    "params": self.estimator_params()})
 
     def fedowen_arguments(self) -> dict[str, Any]:
         """The one mapping of the run config onto :class:`fedowen_strategy.FedOwen`'s
-        settings (the library's types, whose defaults are these keys' defaults)."""
+        arguments (the library's types, whose defaults are these keys' defaults)."""
         return {"clients_per_round": self.clients_per_round,
                 "fraction_evaluate": self.fraction_evaluate,
-                "valuation": self.valuation_settings(), "selection": self.axes()[0],
+                "valuation": self.valuation_settings(), "selection": self.selection,
                 "selection_params": self.selection_params(), "guards": self.guards(),
                 "seed": self.seed, "node_wait_timeout": self.node_wait_timeout,
                 "query_timeout": self.round_timeout}
@@ -146,15 +166,6 @@ class RunConfig(TaskConfig):
     def torch_device(self) -> str | None:
         """``device`` for torch's resolver: None for ``auto`` (the GPU when there is one)."""
         return None if self.device == "auto" else self.device
-
-    def selection_params(self) -> SelectionParams:
-        """Algorithm 2's constants and the bandit's memory."""
-        return SelectionParams(epsilon=self.epsilon, c=self.ucb_c, tau=self.tau,
-                               memory=self.bandit_memory, discount=self.bandit_discount,
-                               link_memory=self.link_memory, poc_d=self.poc_d,
-                               oort_exploration_min=self.oort_exploration_min,
-                               reward=self.selection_reward,
-                               resolve_level=self.selection_level, cap=self.selection_cap)
 
     def estimator_params(self) -> dict[str, Any]:
         """Keyword parameters for the estimator, plus ``valuation-params``
@@ -171,52 +182,53 @@ class RunConfig(TaskConfig):
 
     def resolved_output_dir(self, run_id: int) -> Path:
         """``resume-from`` (a resumed run continues in place), else ``output-dir``, else
-        ``$FEDOWEN_OUTPUT/run-<id>``, else ``~/fedowen-runs/run-<id>``."""
+        ``run-<id>`` in :func:`output_root`."""
         if self.resume_from:
             return Path(self.resume_from)
         if self.output_dir:
             return Path(self.output_dir)
-        root = os.environ.get("FEDOWEN_OUTPUT") or str(Path.home() / "fedowen-runs")
-        return Path(root) / f"run-{run_id}"
+        return output_root() / f"run-{run_id}"
 
     def problems(self) -> list[str]:
-        """Task problems, server ranges, then the cross-key rules."""
+        """Task problems, the server's own keys, the library settings' (named by their keys),
+        then the cross-key rules of valid settings: one problem per mistake."""
+        bad = super().problems() + self._server_problems()
+        try:
+            params = self.estimator_params()
+        except ValueError as err:  # valuation-params is not "key=value ..."
+            bad.append(str(err))
+            params = None
+        valuation = ValuationSettings.problems_of(
+            {**self.settings_values(ValuationSettings), "params": params or {}}, SETTINGS_KEYS)
+        selection = SelectionParams.problems_of(self.settings_values(SelectionParams),
+                                                SETTINGS_KEYS)
+        bad += valuation + selection + Guards.problems_of(self.settings_values(Guards),
+                                                          SETTINGS_KEYS)
+        if params is not None and not valuation and self.clients_per_round >= 1:
+            bad += self._valuation_problems(params)
+        if (not selection and self.selection == "power-of-choice"
+                and self.poc_d < self.clients_per_round):
+            bad.append(f"poc-d={self.poc_d} must be >= clients-per-round="
+                       f"{self.clients_per_round}: Power-of-Choice keeps k of d candidates")
+        return bad + _strategy_problems(self)
+
+    def _server_problems(self) -> list[str]:
+        """The keys no library settings type owns."""
         checks = [
             (self.num_server_rounds >= 1, "num-server-rounds must be >= 1"),
             (self.clients_per_round >= 1, "clients-per-round must be >= 1"),
             (0 <= self.fraction_evaluate <= 1,
              f"fraction-evaluate={self.fraction_evaluate} must lie in [0, 1] (0 = off)"),
-            (self.budget_m >= 1 and self.owen_q >= 1, "budget-m and owen-q must be >= 1"),
-            (self.temperature > 0, f"temperature={self.temperature} must be > 0"),
+            (self.owen_q >= 1, f"owen-q={self.owen_q} must be >= 1"),
             (self.round_timeout > 0, "round-timeout must be > 0"),
             (self.node_wait_timeout > 0, "node-wait-timeout must be > 0"),
-            (0 <= self.duplicate_tolerance < 1,
-             f"duplicate-tolerance={self.duplicate_tolerance} must lie in [0, 1)"),
-            (0 <= self.uniform_mix <= 1, f"uniform-mix={self.uniform_mix} must lie in [0, 1]"),
-            (0 < self.weight_cap <= 1, f"weight-cap={self.weight_cap} must lie in (0, 1]"),
-            (0 < self.bandit_discount <= 1,
-             f"bandit-discount={self.bandit_discount} must lie in (0, 1]"),
-            (self.link_memory >= 0,
-             f"link-memory={self.link_memory} must be >= 0 (rounds; 0 = off)"),
             (self.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
             (self.test_max_samples >= 0, "test-max-samples must be >= 0 (0 = no cap)"),
             (self.output_dir == "" or os.path.isabs(self.output_dir),
              f"output-dir={self.output_dir!r} must be an absolute path"),
             (self.resume_from == "" or os.path.isabs(self.resume_from),
              f"resume-from={self.resume_from!r} must be an absolute path"),
-            (self.krum_malicious >= 0, "krum-malicious must be >= 0"),
             (self.proximal_mu >= 0, f"proximal-mu={self.proximal_mu} must be >= 0"),
-            # Robust update bounds (issue 14)
-            (self.max_norm_ratio >= 0, "max-norm-ratio must be >= 0 (0 = off)"),
-            (self.norm_cap_multiple > 0,
-             f"norm-cap-multiple={self.norm_cap_multiple} must be > 0 (1: the reference norm)"),
-            (self.value_cap_multiple >= 0,
-             f"value-cap-multiple={self.value_cap_multiple} must be >= 0 (0: value the updates "
-             "as they are averaged)"),
-            (0 <= self.link_cosine < 1,
-             f"link-cosine={self.link_cosine} must lie in [0, 1) (0 = off)"),
-            (self.update_bound_multiple > 1,
-             f"update-bound-multiple={self.update_bound_multiple} must be > 1 (e.g. 3)"),
             (self.fltrust_root_size >= 0,
              f"fltrust-root-size={self.fltrust_root_size} must be >= 0 (0 = the whole "
              "evaluation set)"),
@@ -227,27 +239,9 @@ class RunConfig(TaskConfig):
              "(FLTrust's global learning rate; 1 applies its aggregate as it is)"),
             (self.foolsgold_kappa > 0, f"foolsgold-kappa={self.foolsgold_kappa} must be > 0"),
         ]
-        bad = super().problems() + [message for ok, message in checks if not ok]
-        bad += one_of("valuation", self.valuation, METHODS)
-        bad += one_of("utility-metric", self.utility_metric, UTILITY_METRICS)
-        bad += one_of("phi-scale", self.phi_scale, PHI_SCALES)
-        bad += one_of("game", self.game, GAMES)
-        bad += one_of("bandit-memory", self.bandit_memory, MEMORIES)
-        bad += one_of("update-bound", self.update_bound, UPDATE_BOUNDS)
-        bad += one_of("norm-cap", self.norm_cap, NORM_CAPS)
-        bad += one_of("value-cap-mode", self.value_cap_mode, VALUE_CAP_MODES)
-        if self.value_cap_mode == "exactly" and not self.value_cap_multiple > 0:
-            bad.append("value-cap-mode=\"exactly\" values every update at value-cap-multiple "
-                       "x the norm cap's reference: set value-cap-multiple > 0 (e.g. 1.0)")
-        if self.selection == "power-of-choice" and self.poc_d < self.clients_per_round:
-            bad.append(f"poc-d={self.poc_d} must be >= clients-per-round="
-                       f"{self.clients_per_round}: Power-of-Choice keeps k of d candidates")
-        for check in (self.selection_params, self.axes):
-            try:
-                check()
-            except ValueError as err:
-                bad.append(str(err))
-        return bad + self._valuation_problems() + _strategy_problems(self)
+        return ([message for ok, message in checks if not ok]
+                + one_of("utility-metric", self.utility_metric, UTILITY_METRICS)
+                + selection_problems(self.valuation, self.selection, SETTINGS_KEYS))
 
     def federation_config(self) -> dict[str, Any]:
         """The keys that shape the model and the federation (kebab-case), recorded in every
@@ -255,23 +249,16 @@ class RunConfig(TaskConfig):
         return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)
                 if f.name.replace("_", "-") not in OPERATIONAL_KEYS}
 
-    def _valuation_problems(self) -> list[str]:
-        """The estimator's parameters and its minimum budget for every possible n <= k."""
-        try:
-            params = self.estimator_params()
-        except ValueError as err:
-            return [str(err)]
+    def _valuation_problems(self, params: dict[str, Any]) -> list[str]:
+        """Of valid valuation settings: the first-order terms' utility metric, the estimator's
+        parameters and its minimum budget for every possible n <= k."""
         spec = ESTIMATORS.get(self.valuation)
-        if spec is not None and spec.uses_first_order and (
-                self.game != "delta" or self.utility_metric != "neg-loss"):
+        if (spec is not None and spec.uses_first_order and self.utility_metric != "neg-loss"
+                and self.utility_metric in UTILITY_METRICS):
             return [f"valuation={self.valuation!r} uses the first-order terms of the delta game "
-                    "with neg-loss (one gradient of the evaluation loss): set game = \"delta\" "
-                    f"and utility-metric = \"neg-loss\" (got game={self.game!r}, "
-                    f"utility-metric={self.utility_metric!r})"]
-        if self.valuation not in GAME_METHODS:
-            if params and self.valuation in METHODS:
-                return [f"valuation-params={self.valuation_params!r}: valuation="
-                        f"{self.valuation!r} takes no parameters"]
+                    "with neg-loss (one gradient of the evaluation loss): set utility-metric = "
+                    f"\"neg-loss\" (got utility-metric={self.utility_metric!r})"]
+        if self.valuation not in GAME_METHODS or self.owen_q < 1:
             return []
         for n in range(1, self.clients_per_round + 1):
             budget = round_budget(self.valuation, n, self.budget_m)
@@ -282,6 +269,11 @@ class RunConfig(TaskConfig):
                 return [f"valuation={self.valuation!r}: {p}"
                         f"{hint if p.startswith('budget=') else ''}" for p in found]
         return []
+
+
+def output_root() -> Path:
+    """Where runs without an ``output-dir`` go: ``$FEDOWEN_OUTPUT``, else ``~/fedowen-runs``."""
+    return Path(os.environ.get("FEDOWEN_OUTPUT") or Path.home() / "fedowen-runs")
 
 
 def _strategy_problems(cfg: RunConfig) -> list[str]:

@@ -14,14 +14,16 @@ the server, is in each round's ``aggregation_seconds``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from fedowen_task.training import TrainConfig, train
+from fedowen_task.recipe import TrainConfig
+from fedowen_task.training import train
 from server_app.config import RunConfig
 
 
@@ -79,15 +81,26 @@ def root_trainer(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tenso
     """The global model trained for ``epochs`` on ``size`` examples of the evaluation set
     (0: all of it) with the clients' optimiser settings."""
     x, y = root_set(sets[0], sets[1], size, cfg.seed)
-    settings = TrainConfig(lr=cfg.lr, momentum=cfg.momentum, batch_size=cfg.batch_size,
-                           local_epochs=epochs, weight_decay=cfg.weight_decay)
+    settings = replace(cfg.train_config(), local_epochs=epochs)
     return RootTrainer(model, x, y, settings, cfg.seed, device)
+
+
+def fltrust_arguments(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tensor, ...],
+                      device: torch.device) -> dict[str, Any]:
+    """FLTrust's ``server_update``: the root-set trainer."""
+    return {"server_update": root_trainer(cfg, model, sets, device, cfg.fltrust_root_size,
+                                          cfg.fltrust_root_epochs)}
+
+
+#: Strategy name -> the constructor arguments the run config cannot hold.
+PEER_ARGUMENTS: dict[str, Callable[[RunConfig, torch.nn.Module, tuple[torch.Tensor, ...],
+                                    torch.device], dict[str, Any]]] = {
+    "fltrust": fltrust_arguments}
 
 
 def peer_arguments(cfg: RunConfig, model: torch.nn.Module, sets: tuple[torch.Tensor, ...],
                    device: torch.device) -> dict[str, Any]:
-    """Constructor arguments of ``cfg.strategy`` that the run config cannot hold."""
-    if cfg.strategy != "fltrust":
-        return {}
-    return {"server_update": root_trainer(cfg, model, sets, device, cfg.fltrust_root_size,
-                                          cfg.fltrust_root_epochs)}
+    """Constructor arguments of ``cfg.strategy`` that the run config cannot hold (none for
+    most strategies)."""
+    arguments = PEER_ARGUMENTS.get(cfg.strategy)
+    return arguments(cfg, model, sets, device) if arguments else {}

@@ -44,6 +44,32 @@ class Unactionable(logging.Filter):
 UNACTIONABLE_WARNINGS = ((FutureWarning, r"ray\._private\.worker"),)
 
 
+class RoundBanner(logging.Filter):
+    """Numbers Flower's ``[ROUND r/R]`` banner globally after a resume: ``strategy.start``
+    counts the rounds of this invocation only (round 35 of 100 after 34 read ``1/66``)."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__()
+        self.offset = offset
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.offset and record.msg == "[ROUND %s/%s]" and isinstance(record.args, tuple):
+            record.args = tuple(a + self.offset if isinstance(a, int) else a
+                                for a in record.args)
+        return True
+
+
+@contextmanager
+def round_banner(offset: int) -> Iterator[None]:
+    """While the block runs, Flower's round banner counts ``offset`` rounds done before."""
+    banner = RoundBanner(offset)
+    FLOWER_LOGGER.addFilter(banner)
+    try:
+        yield
+    finally:
+        FLOWER_LOGGER.removeFilter(banner)
+
+
 class QuietFilter(logging.Filter):
     """Warnings, errors and progress lines pass; other INFO and DEBUG records do not."""
 

@@ -22,16 +22,17 @@ from __future__ import annotations
 import importlib
 import inspect
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp import strategy as flwr_strategies
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
+from fedowen_strategy.guards import Defence
 from fedowen_strategy.replies import client_id_of
-from fedowen_strategy.strategy import EvaluateHook, RoundHook
+from fedowen_strategy.strategy import EvaluateHook, RoundHook, ServerStep
 from fedowen_task.config import did_you_mean, parse_params
 
 FLOWER = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "krum": "Krum",
@@ -49,6 +50,42 @@ RESUMABLE = ("fedowen", "fedavg", "fedprox", "krum", "multikrum", "fedtrimmedavg
 _OWNED = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes",
           "min_available_nodes", "proximal_mu", "num_malicious_nodes", "kappa",
           "server_update", "server_lr")
+
+
+class ServerStrategy(Protocol):
+    """What the ServerApp needs of a strategy besides Flower's ``start``: the state to
+    checkpoint and restore, the rounds a resume skips, and the server step it uses.
+
+    :class:`fedowen_strategy.FedOwen` has these of its own; Flower's strategies and the peers
+    get them from :class:`Recorded`.
+    """
+
+    #: Rounds completed before this ``start`` (a resume): its round r is round r + offset.
+    round_offset: int
+
+    @property
+    def server_step(self) -> ServerStep | None:
+        """``(global_state, round) -> state``: the server's own training step the strategy
+        uses (FedOwen's ``norm-cap = "server"``), which the adaptive attacker also reads;
+        None without one."""
+
+    @property
+    def defence(self) -> Defence | None:
+        """FedOwen's guards in force and its resolved norm cap, which the adaptive attacker
+        reads (:mod:`server_app.byzantine`); None for a strategy without them."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state for a checkpoint (the global model is saved beside it)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state."""
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+              ) -> Result:
+        """Flower's round loop."""
 
 
 def strategy_class(name: str) -> type[Strategy]:
@@ -96,7 +133,7 @@ def strategy_problems(cfg: Any) -> list[str]:
         if cfg.strategy_params:
             bad.append(f"strategy-params={cfg.strategy_params!r} applies to Flower's strategies; "
                        "FedOwen takes its own keys (valuation, selection, ...)")
-        if cfg.proximal_mu:
+        if cfg.proximal_mu > 0:  # < 0: RunConfig's range says so
             bad.append(f"proximal-mu={cfg.proximal_mu} is FedProx's: set strategy='fedprox'")
         return bad
     try:
@@ -115,7 +152,7 @@ def strategy_problems(cfg: Any) -> list[str]:
                        f"{did_you_mean(name, known)}; it takes {', '.join(known)}")
         elif isinstance(spec.default, float) and not isinstance(value, int | float):
             bad.append(f"strategy-params: {name}={value!r} should be a number")
-    if cfg.proximal_mu and "proximal_mu" not in signature.parameters:
+    if cfg.proximal_mu > 0 and "proximal_mu" not in signature.parameters:
         bad.append(f"proximal-mu={cfg.proximal_mu} is FedProx's; {cfg.strategy} ignores it")
     if cfg.resume_from and cfg.strategy not in RESUMABLE:
         bad.append(f"resume-from: strategy={cfg.strategy!r} keeps server state this app does "
@@ -124,14 +161,26 @@ def strategy_problems(cfg: Any) -> list[str]:
 
 
 class Recorded(Strategy):
-    """Mixin for a Flower strategy: records every round as FedOwen does and numbers rounds
-    globally after a resume. Use :func:`build_flower_strategy`, which puts it first in the
-    bases of a subclass of the Flower class."""
+    """Mixin for a Flower strategy: records every round as FedOwen does, numbers rounds
+    globally after a resume and implements :class:`ServerStrategy`. Use
+    :func:`build_flower_strategy`, which puts it first in the bases of a subclass of the
+    Flower class."""
 
     on_round: RoundHook | None = None
     on_evaluate: EvaluateHook | None = None
     round_offset: int = 0
+    #: None: no FedOwen server step (FLTrust's root-set training is its own ``server_update``).
+    server_step: ServerStep | None = None
+    defence: Defence | None = None
     strategy_name: str = ""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: the resumable ones (:data:`RESUMABLE`) keep no state between rounds but
+        the global model, and the others may not resume (:func:`strategy_problems`)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore (:meth:`state_dict`)."""
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -171,14 +220,14 @@ class Recorded(Strategy):
 
 def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
                           on_evaluate: EvaluateHook | None = None,
-                          **extra: Any) -> Strategy:
+                          **extra: Any) -> Recorded:
     """Flower's strategy (or a peer) ``cfg.strategy``, recording rounds through ``on_round``;
     ``extra`` are constructor arguments the run config cannot hold (FLTrust's
     ``server_update``)."""
     cls = strategy_class(cfg.strategy)
     recorded = type(f"Recorded{cls.__name__}", (Recorded, cls), {})
     strategy = recorded(**strategy_kwargs(cfg, cls, num_nodes), **extra)
-    strategy.on_round = on_round  # a resume sets ``round_offset`` (server_app.app._resume)
+    strategy.on_round = on_round  # a resume sets ``round_offset`` (server_app.app.resume)
     strategy.on_evaluate = on_evaluate
     strategy.strategy_name = cfg.strategy
     return strategy

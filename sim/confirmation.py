@@ -459,11 +459,11 @@ def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:
     cfg = parse_run_config({k.replace("_", "-"): v
                             for k, v in {**ADDED_AFTER_PROTOCOL, **given}.items()
                             if k not in _PER_RUN})
-    selection, aggregation = cfg.axes()
+    choices = cfg.choices()
     resolved = {k: v for k, v in asdict(cfg).items() if k not in _PER_RUN
                 and not (k in ADDED_AFTER_PROTOCOL and ADDED_AFTER_PROTOCOL[k] == v)}
-    return {**resolved, "selection": selection, "aggregation": aggregation,
-            "norm_cap": cfg.norm_cap_mode()}
+    return {**resolved, "selection": choices.selection, "aggregation": choices.aggregation,
+            "norm_cap": choices.norm_cap}
 
 
 def config_hash(config: dict[str, Any]) -> str:

@@ -173,7 +173,8 @@ def cell_id(run_config: dict[str, Any], num_supernodes: int) -> str:
     """12 hex digits of the SHA-256 of the cell's run config (paths dropped, ``auto`` selection
     and aggregation resolved, so equal runs share an id) and federation."""
     payload = {k: v for k, v in run_config.items() if k not in RUNNER_KEYS}
-    payload["selection"], payload["aggregation"] = parse_run_config(payload).axes()
+    choices = parse_run_config(payload).choices()
+    payload["selection"], payload["aggregation"] = choices.selection, choices.aggregation
     text = json.dumps({"run-config": payload, "num-supernodes": num_supernodes},
                       sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]

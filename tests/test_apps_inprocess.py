@@ -146,8 +146,9 @@ def test_at_least_half_the_nodes_run_with_k_capped(shared_data_dir: Path,
 
 def test_federated_evaluation_reaches_the_clientapp(shared_data_dir: Path,
                                                     tmp_path: Path) -> None:
-    # FedOwen is a drop-in FedAvg: with fraction_evaluate > 0 (FedAvg's default) it sends
-    # evaluate messages, which the ClientApp's evaluate handler must answer
+    # FedOwen is a drop-in FedAvg: with fraction_evaluate > 0 (FedAvg's default; FedOwen's is
+    # the app's, 0) it sends evaluate messages, which the ClientApp's evaluate handler must
+    # answer
     from flwr.app import ArrayRecord
 
     from fedowen_strategy import FedOwen

@@ -7,6 +7,7 @@ that closes a circle is still a circle):
 - the ClientApp imports nothing from the ServerApp or the strategy library (the two apps share
   only the task module, ``fedowen_task``);
 - the strategy library takes only the message protocol from the task module;
+- the valuation library imports neither Flower nor torch (numpy only);
 - nothing under ``sim/`` (the experiments) is imported by the product (``fedowen_strategy``,
   ``fedowen_task``, ``client_app``, ``server_app``, ``fedowen_deploy``) or run by ``docker/``.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,3 +130,12 @@ def test_every_module_compose_runs_is_in_the_image() -> None:
     for module in modules:
         path = module.replace(".", "/") + ".py"
         assert (ROOT / path).is_file() and path in dockerfile and f"!{path}" in ignore, module
+
+
+def test_the_valuation_library_needs_neither_flower_nor_torch() -> None:
+    # a fresh interpreter: this one has imported both already
+    probe = ("import sys, fedowen_strategy.valuation, fedowen_strategy.contribution; "
+             "print(sorted(m for m in ('flwr', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"

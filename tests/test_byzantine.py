@@ -18,6 +18,7 @@ from flwr.app import (
 )
 
 from fedowen_strategy.bounds import lower_median
+from fedowen_strategy.guards import Defence
 from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, state_to_record
 from fedowen_task.adversary.attacks import kinds, server_side
 from fedowen_task.adversary.keys import adversary_ids
@@ -85,6 +86,11 @@ NORMS, EXAMPLES = [1.0, 2.0, 4.0, 0.0], [10, 10, 20, 5]
 OFF = {"max_norm_ratio": 0.0, "update_bound": "none", "norm_cap": "none"}
 
 
+def defence_of(cfg: RunConfig) -> Defence | None:
+    """What the ServerApp hands the attacker: FedOwen's guards and norm cap, or None."""
+    return (cfg.guards(), cfg.choices().norm_cap) if cfg.strategy == "fedowen" else None
+
+
 @pytest.mark.parametrize(("settings", "bound"), [
     ({**OFF, "max_norm_ratio": 10.0}, 30.0),                  # 10 x ||global|| = 3
     ({**OFF, "update_bound": "clip"}, 30.0),                  # 3 x 0.2 x 50 examples
@@ -101,7 +107,7 @@ OFF = {"max_norm_ratio": 0.0, "update_bound": "none", "norm_cap": "none"}
 ])
 def test_attacker_bound(settings: dict[str, Any], bound: float | None) -> None:
     cfg = RunConfig(**settings)
-    out = attacker_bound(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0)
+    out = attacker_bound(defence_of(cfg), NORMS, EXAMPLES, own_examples=50, global_norm=3.0)
     assert out == (None if bound is None else pytest.approx(bound))
 
 
@@ -147,7 +153,8 @@ def _grid(kind: str, fraction: float = 0.4, **settings: Any
     inner = InProcessGrid(_handler, [{"partition-id": i} for i in range(N)])
     cfg = RunConfig(adversary_kind=kind, adversary_fraction=fraction, seed=0, **settings)
     seen: list[dict[str, Any]] = []
-    grid = ByzantineGrid(inner, cfg, N, on_round=lambda r, entry: seen.append(entry))
+    grid = ByzantineGrid(inner, cfg, N, on_round=lambda r, entry: seen.append(entry),
+                         defence=defence_of(cfg))
     return grid, seen
 
 
@@ -273,7 +280,7 @@ def test_jitter_keeps_the_attack_but_breaks_the_copies() -> None:
 
 def test_attacker_bound_under_the_server_cap_is_the_servers_step() -> None:
     cfg = RunConfig(**{**OFF, "norm_cap": "server", "norm_cap_multiple": 1.5})
-    out = attacker_bound(cfg, NORMS, EXAMPLES, own_examples=50, global_norm=3.0,
+    out = attacker_bound(defence_of(cfg), NORMS, EXAMPLES, own_examples=50, global_norm=3.0,
                          server_norm=5.0)
     assert out == pytest.approx(7.5)  # 1.5 x the server step's norm, not the median's 2
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 from pathlib import Path
 
@@ -58,7 +60,7 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
     ("strategy", "fedprx", "(did you mean 'fedprox'?)"),
     ("update-bound", "median", "update-bound='median' is not one of"),
     ("update-bound-multiple", 1.0, "update-bound-multiple=1.0 must be > 1"),
-    ("max-norm-ratio", -1.0, "max-norm-ratio must be >= 0"),
+    ("max-norm-ratio", -1.0, "max-norm-ratio=-1.0 must be >= 0"),
     ("fltrust-root-epochs", 0, "fltrust-root-epochs=0 must be >= 1"),
     ("fltrust-root-size", -1, "fltrust-root-size=-1 must be >= 0"),
     ("fltrust-server-lr", 0.0, "fltrust-server-lr=0.0 must be a finite number > 0"),
@@ -72,6 +74,46 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
 ])
 def test_out_of_range_values_fail_loudly(key: str, value: object, message: str) -> None:
     assert any(message in p for p in problems_of({key: value})), problems_of({key: value})
+
+
+#: One bad value per run-config key (a wrong type where no value of the right type is wrong).
+ONE_MISTAKE = {
+    "num-server-rounds": 0, "clients-per-round": 0, "fraction-evaluate": 2.0,
+    "dataset": "mnsit", "model": "lenet5", "data-dir": "data", "download": "yes",
+    "output-dir": "out", "alpha": 0.0, "imbalance-factor": 2.0, "partition-scheme": "classes",
+    "min-partition-size": -1, "eval-fraction": 0.0, "validation-fraction": 0.995, "seed": "one",
+    "lr": 0.0, "momentum": 1.0, "batch-size": 0, "local-epochs": 0, "weight-decay": -1.0,
+    "client-max-samples": -1, "test-max-samples": -1, "strategy": "fedprx",
+    "strategy-params": "eta=0.1", "proximal-mu": -1.0, "valuation": "owne",
+    "valuation-params": "eta", "selection": "bandit", "aggregation": "mean", "budget-m": 0,
+    "owen-q": 0, "utility-metric": "loss", "game": "sum", "phi-scale": "l2",
+    "temperature": 0.0, "uniform-mix": 2.0, "weight-cap": 0.0, "epsilon": 2.0, "ucb-c": -1.0,
+    "tau": math.nan, "bandit-memory": "last", "bandit-discount": 0.0, "poc-d": 0,
+    "oort-exploration-min": 2.0, "selection-reward": "value", "selection-level": 0.0,
+    "selection-cap": 0.5, "max-norm-ratio": -1.0, "update-bound": "median",
+    "update-bound-multiple": 1.0, "norm-cap": "mean", "norm-cap-multiple": 0.0,
+    "value-cap-multiple": -1.0, "value-cap-mode": "exact", "link-memory": -1,
+    "link-cosine": 1.0, "round-timeout": 0.0, "verbose": "yes", "node-wait-timeout": 0.0,
+    "duplicate-tolerance": 1.0, "resume-from": "run", "adversary-fraction": 2.0,
+    "adversary-kind": "flip", "adversary-noise-std": -1.0, "adversary-sybil-noise": -1.0,
+    "adversary-boost": 0.0, "adversary-alie-z": -1.0, "adversary-ipm-epsilon": 0.0,
+    "adversary-jitter": -1.0, "adversary-trigger": "star", "adversary-trigger-size": 0,
+    "adversary-trigger-position": "middle", "adversary-target": -1,
+    "adversary-poison-fraction": 0.0, "krum-malicious": -1, "fltrust-root-size": -1,
+    "fltrust-root-epochs": 0, "fltrust-server-lr": 0.0, "foolsgold-kappa": 0.0, "device": 1,
+    "torch-threads": -1,
+}
+
+
+def test_one_mistake_is_one_problem_naming_its_key() -> None:
+    # Prepare: every key of pyproject.toml has a bad value here
+    assert set(ONE_MISTAKE) == set(pyproject_defaults())
+    for key, value in ONE_MISTAKE.items():
+        # Execute
+        problems = problems_of({key: value})
+        # Assert: one problem, and it names the key (not a library field's name)
+        assert len(problems) == 1, (key, problems)
+        assert re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", problems[0]), (key, problems)
 
 
 def test_cross_key_rules_use_the_estimator_registry() -> None:
@@ -94,7 +136,7 @@ def test_the_value_cap_is_on_by_default_and_follows_the_norm_cap() -> None:
     # norm-cap none leaves no reference to value at: a valid config, valued as averaged
     # (tests/test_round_step.py shows the round)
     cfg = parse_run_config({"norm-cap": "none"})
-    assert (cfg.norm_cap_mode(), cfg.guards().value_cap_multiple) == ("none", 1.0)
+    assert (cfg.choices().norm_cap, cfg.guards().value_cap_multiple) == ("none", 1.0)
 
 
 def test_valuing_exactly_at_the_cap_needs_a_value_cap() -> None:

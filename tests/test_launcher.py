@@ -89,7 +89,7 @@ def test_a_completed_run_is_ok_and_an_unsubmitted_one_is_not(
 
 
 def test_resume_hint_repeats_the_arguments_with_resume_from(tmp_path: Path) -> None:
-    from sim.run import resume_hint
+    from fedowen_deploy.cli import resume_hint
 
     out = tmp_path / "run dir"
     argv = ["--rounds", "100", "--output-dir", str(out), "--set", "alpha=0.01",
@@ -110,7 +110,7 @@ def test_resume_hint_repeats_the_arguments_with_resume_from(tmp_path: Path) -> N
 def test_run_sh_fails_before_any_superlink_naming_the_problem(
         args: list[str], said: str, shared_data_dir: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from sim.run import main
+    from fedowen_deploy.cli import main
 
     argv = ["--rounds", "1", "--output-dir", str(tmp_path / "out"),
             "--flwr-home", str(tmp_path / "home"), *args]

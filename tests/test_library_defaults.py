@@ -1,5 +1,6 @@
-"""One source of defaults: the library's FedOwen, built as the README's example builds it,
-runs the game the app runs (issue 30).
+"""One source of defaults: every default of the library is the app's (pyproject.toml), and
+the library's FedOwen, built as the README's example builds it, runs the game the app runs
+(issues 30, 44).
 
 The example (docs/examples/fedowen_serverapp.py) passes no valuation, selection or guard
 settings; the app maps its run config onto the same types (``RunConfig.fedowen_arguments``).
@@ -9,19 +10,63 @@ value for value.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord
+from flwr.serverapp.strategy import FedAvg
 
-from fedowen_strategy import FedOwen
+from fedowen_strategy import FedOwen, Guards, SelectionParams, ValuationSettings
 from fedowen_strategy.torch_utility import CoalitionUtility
-from server_app.app import build_strategy
-from server_app.config import RunConfig
+from fedowen_task.config import parse_params
+from fedowen_task.recipe import TrainConfig
+from server_app.config import SETTINGS_KEYS, RunConfig
+from server_app.factory import build_strategy
 from sim.inline_grid import InProcessGrid
+from tests.test_config import pyproject_defaults
 from tests.test_example_serverapp import load_example, make_client
 
 K, SEED, NODES = 4, 7, 8
+#: FedOwen's own arguments that are run-config keys.
+FEDOWEN_KEYS = {"selection": "selection", "seed": "seed", "fraction_evaluate": "fraction-evaluate",
+                "node_wait_timeout": "node-wait-timeout", "query_timeout": "round-timeout"}
+#: FedOwen's own arguments that are not: settings types (compared field by field), a callable
+#: and hooks, and k, whose library default None keeps FedAvg's fraction_train rule (the app
+#: always sets clients-per-round).
+FEDOWEN_NOT_KEYS = {"valuation", "selection_params", "guards", "utility_factory", "server_step",
+                    "on_round", "on_evaluate", "clients_per_round"}
+
+
+def field_default(spec: dataclasses.Field[Any]) -> Any:
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return spec.default
+
+
+def test_every_library_default_is_the_apps_key_by_key() -> None:
+    # Prepare: the app's defaults, and FedOwen's own arguments (FedAvg's are Flower's)
+    app = pyproject_defaults()
+    own = inspect.signature(FedOwen).parameters
+    fedavg = inspect.signature(FedAvg).parameters
+    assert {n for n in own if n not in fedavg or n in FEDOWEN_KEYS} == (
+        set(FEDOWEN_KEYS) | FEDOWEN_NOT_KEYS)
+    # Execute: each library default beside its key's
+    pairs = [(f"FedOwen({name})", own[name].default, app[key])
+             for name, key in FEDOWEN_KEYS.items()]
+    for cls in (ValuationSettings, SelectionParams, Guards):
+        pairs += [(f"{cls.__name__}.{f.name}", field_default(f), app[SETTINGS_KEYS[f.name]])
+                  for f in dataclasses.fields(cls) if f.name in SETTINGS_KEYS]
+    pairs += [(f"TrainConfig.{f.name}", f.default, app[f.name.replace("_", "-")])
+              for f in dataclasses.fields(TrainConfig)]
+    metric = inspect.signature(CoalitionUtility).parameters["metric"].default
+    pairs.append(("CoalitionUtility(metric)", metric, app["utility-metric"]))
+    # Assert: equal, key by key (valuation-params is text in the run config)
+    differ = [(name, lib, key) for name, lib, key in pairs
+              if lib != (parse_params(key, "") if name.endswith(".params") else key)]
+    assert differ == []
+    assert len(pairs) == len(FEDOWEN_KEYS) + len(SETTINGS_KEYS) + 5 + 1
 
 
 def two_rounds(strategy: FedOwen, rounds: list[dict[str, Any]], model: torch.nn.Module
@@ -40,7 +85,7 @@ def test_the_readme_example_runs_the_apps_game_value_for_value() -> None:
     model = example.make_model()
     x, y = example.server_data()
     cfg = RunConfig(clients_per_round=K, seed=SEED)
-    library = FedOwen(clients_per_round=K, fraction_evaluate=0.0, seed=SEED,
+    library = FedOwen(clients_per_round=K, seed=SEED,
                       utility_factory=CoalitionUtility(model, x, y))
     app = build_strategy(cfg, CoalitionUtility(model, x, y, metric=cfg.utility_metric), None)
     # Assert: the same settings, one by one

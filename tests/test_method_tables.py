@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from fedowen_deploy.cli import parse_args
 from fedowen_strategy.contribution import METHODS
 from server_app.config import parse_run_config
 from server_app.strategies import FLOWER, NAMES
-from sim.run import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,8 @@ def listed_in_error(key: str, value: str) -> list[str]:
 
 
 def run_help(capsys: pytest.CaptureFixture[str]) -> str:
-    """``python -m sim.run --help``'s text without whitespace (argparse wraps, never reorders)."""
+    """``python -m fedowen_deploy.cli --help``'s text without whitespace (argparse wraps,
+    never reorders)."""
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     return re.sub(r"\s+", "", capsys.readouterr().out)
@@ -47,7 +48,7 @@ def run_help(capsys: pytest.CaptureFixture[str]) -> str:
 
 def test_validation_help_and_docs_name_the_same_valuation_methods(
         capsys: pytest.CaptureFixture[str]) -> None:
-    # Execute: the validation's message, sim.run's --help, the report's table
+    # Execute: the validation's message, the CLI's --help, the report's table
     in_error = listed_in_error("valuation", "owen-antithetc")
     help_text = run_help(capsys)
     table = section(ROOT / "docs" / "report.md", "## Valuation methods").split("---|---\n", 1)[1]

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedowen_strategy.contribution import ValuationSettings
+from fedowen_strategy.contribution import ValuationSettings, resolve_auto
 from fedowen_strategy.guards import Guards
 from fedowen_strategy.replies import ClientUpdate, ParsedReplies
 from fedowen_strategy.round_step import aggregate_round
@@ -185,7 +185,7 @@ def test_valued_exactly_at_the_reference_a_booster_earns_what_its_unscaled_step_
 
 
 def test_value_cap_mode_is_checked() -> None:
-    with pytest.raises(ValueError, match="value_cap_mode='exact' must be one of"):
+    with pytest.raises(ValueError, match="value_cap_mode='exact' is not one of"):
         Guards(value_cap_mode="exact")
     with pytest.raises(ValueError, match="set value_cap_multiple > 0"):
         Guards(value_cap_multiple=0.0, value_cap_mode="exactly")
@@ -198,13 +198,13 @@ def test_without_a_norm_cap_the_value_cap_has_no_reference_and_values_as_average
         return aggregate_round(
             scaled_round([0.4, 1.0, 1.1, 5.0]), {"w": np.zeros(4)}, selected=["c0", "c1"],
             valuation=ValuationSettings(method="exact", game="delta"), guards=Guards(**guards),
-            norm_cap=Guards(**guards).norm_cap_for(no_phi=False),
+            norm_cap=resolve_auto("exact", norm_cap=Guards(**guards).norm_cap).norm_cap,
             utility_factory=delta_game, rng=np.random.default_rng(0), server_round=1)
     default, off = uncapped(norm_cap="none"), uncapped(norm_cap="none", value_cap_multiple=0.0,
                                                        value_cap_mode="at-most")
     # Assert: nothing was valued at a cap; the same phi as with the value cap off
     assert "value_cap" not in default.record and "norm_cap" not in default.record
     np.testing.assert_array_equal(default.valuation.phi, off.valuation.phi)
-    assert Guards(norm_cap="auto").norm_cap_for(no_phi=True) == "none"
+    assert resolve_auto("none", norm_cap="auto").norm_cap == "none"
     with pytest.raises(ValueError, match="value_cap_multiple=-1"):
         Guards(value_cap_multiple=-1)

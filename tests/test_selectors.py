@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import chisquare
 
 from fedowen_strategy.bandit import Bandit
-from fedowen_strategy.contribution import ValuationSettings, resolve_axes
+from fedowen_strategy.contribution import ValuationSettings, resolve_auto
 from fedowen_strategy.guards import Guards
 from fedowen_strategy.selection import SelectionParams
 from fedowen_strategy.selectors import (
@@ -192,9 +192,9 @@ def test_selectors_survive_a_checkpoint_and_need_what_they_rank_by() -> None:
         # Assert: the same next pick
         np.testing.assert_array_equal(restored.choose(KEYS, 4, 10).indices,
                                       bandit.choose(KEYS, 4, 10).indices)
-    assert resolve_axes("none", "power-of-choice", "uniform") == ("power-of-choice", "uniform")
-    assert resolve_axes("none", "oort", "uniform") == ("oort", "uniform")
+    assert resolve_auto("none", "power-of-choice", "uniform").selection == "power-of-choice"
+    assert resolve_auto("none", "oort", "uniform").selection == "oort"
     with pytest.raises(ValueError, match="selection='posterior' ranks clients by phi"):
-        resolve_axes("none", "posterior", "uniform")
+        resolve_auto("none", "posterior", "uniform")
     with pytest.raises(ValueError, match=r"cap=0\.5 must be 0"):
         SelectionParams(cap=0.5)

@@ -78,7 +78,7 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
 @pytest.mark.e2e
 def test_sigterm_to_run_sh_stops_superlink_superexec_simulation_and_ray(
         shared_data_dir: Path, tmp_path: Path) -> None:
-    # Prepare: a long simulation through scripts/run.sh (which execs python -m sim.run)
+    # Prepare: a long simulation through scripts/run.sh (which execs python -m fedowen_deploy.cli)
     log = tmp_path / "run.log"
     proc = _start(["bash", str(APP_DIR / "scripts" / "run.sh"), "--rounds", "50",
                    "--supernodes", "2", "--clients-per-round", "2", "--valuation", "none",

@@ -237,7 +237,7 @@ def test_game_valuation_without_utility_fails_at_construction() -> None:
     with pytest.raises(ValueError, match=r"needs utility_factory: pass .*CoalitionUtility"):
         FedOwen(clients_per_round=3, valuation=ValuationSettings(method="owen"))
     # methods that value no coalitions need none
-    assert FedOwen(valuation=ValuationSettings(method="none")).fraction_evaluate == 1.0
+    assert FedOwen(valuation=ValuationSettings(method="none")).fraction_evaluate == 0.0
 
 
 def test_drop_in_for_fedavg_arguments_metrics_and_logs() -> None:
@@ -252,7 +252,10 @@ def test_drop_in_for_fedavg_arguments_metrics_and_logs() -> None:
     messages: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("flwr").addHandler(handler)
+    library = logging.getLogger("fedowen_strategy")  # the library logs through logging
+    level = library.level
+    library.setLevel(logging.INFO)
+    library.addHandler(handler)
     try:
         strategy = FedOwen(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=6,
                            utility_factory=toy_utility, train_metrics_aggr_fn=count_and_average,
@@ -263,7 +266,8 @@ def test_drop_in_for_fedavg_arguments_metrics_and_logs() -> None:
                                 initial_arrays=state_to_record({"w": np.zeros(4, np.float32)}),
                                 num_rounds=2)
     finally:
-        logging.getLogger("flwr").removeHandler(handler)
+        library.removeHandler(handler)
+        library.setLevel(level)
     # Assert: k = int(6 * 0.5) = 3; client metrics passed through; phi and weights reported
     assert seen == [3, 3]
     metrics = result.train_metrics_clientapp[2]

@@ -32,7 +32,7 @@ def run(grid: Grid, num_rounds: int) -> Result:
     # the app's defaults: owen-antithetic at M = 4 on the delta game with neg-loss, Algorithm
     # 2's selection, the norm cap and the Sybil links (ValuationSettings, SelectionParams and
     # Guards change them)
-    strategy = FedOwen(fraction_train=0.5, fraction_evaluate=0.0, min_available_nodes=4,
+    strategy = FedOwen(fraction_train=0.5, min_available_nodes=4,
                        utility_factory=CoalitionUtility(model, x, y))
 
     def accuracy(server_round: int, arrays: ArrayRecord) -> MetricRecord:

@@ -12,15 +12,14 @@ the peer's own fields), which the ServerApp's recorder merges into ``rounds.json
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import abstractmethod
 from collections.abc import Iterable
-from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
@@ -28,6 +27,8 @@ from numpy.typing import NDArray
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import parse_replies, record_to_state, state_to_record
 from fedowen_strategy.updates import State, apply_delta, flat_delta, float_keys
+
+log = logging.getLogger(__name__)
 
 
 class UpdateWeighted(FedAvg):
@@ -66,7 +67,7 @@ class UpdateWeighted(FedAvg):
         ids = [u.client_id for u in parsed.updates]
         self.round_record = {"returned": ids, "rejected": parsed.rejected}
         if not parsed.updates:
-            log(WARNING, "round %d: no usable update; global model kept", server_round)
+            log.warning("round %d: no usable update; global model kept", server_round)
             self.round_record["kept_global"] = "no usable update"
             return None, MetricRecord({"num-returned": 0})
         keys = float_keys(reference)
@@ -80,9 +81,9 @@ class UpdateWeighted(FedAvg):
                                 **{f"weight/{c}": float(w) for c, w in zip(ids, weights,
                                                                           strict=True)}})
         if delta is None:
-            log(WARNING, "round %d: %s: %s; global model kept", server_round, self.name,
-                extra.get("kept_global", "no aggregate"))
+            log.warning("round %d: %s: %s; global model kept", server_round, self.name,
+                        extra.get("kept_global", "no aggregate"))
             return None, metrics
-        log(INFO, "aggregate_train: round %d, %s weights %s", server_round, self.name,
-            ", ".join(f"{c}={w:.3f}" for c, w in zip(ids, weights, strict=True)))
+        log.info("aggregate_train: round %d, %s weights %s", server_round, self.name,
+                 ", ".join(f"{c}={w:.3f}" for c, w in zip(ids, weights, strict=True)))
         return state_to_record(apply_delta(reference, delta, keys)), metrics

@@ -28,18 +28,19 @@ this module needs no torch; the ServerApp trains a torch model on the root set
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
-from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
 from fedowen_strategy.peers import UpdateWeighted
 from fedowen_strategy.updates import State, flat_delta
+
+log = logging.getLogger(__name__)
 
 #: ``(global state, server round) -> the global model trained on the root set``.
 ServerUpdate = Callable[[dict[str, NDArray], int], Mapping[str, NDArray]]
@@ -101,8 +102,8 @@ class FLTrust(UpdateWeighted):
         self.server_lr = float(server_lr)
 
     def summary(self) -> None:
-        log(INFO, "\t├──> FLTrust: trust = ReLU(cos(client update, server root-set update)), "
-            "updates rescaled to the server update's norm, server lr %g", self.server_lr)
+        log.info("\t├──> FLTrust: trust = ReLU(cos(client update, server root-set update)), "
+                 "updates rescaled to the server update's norm, server lr %g", self.server_lr)
         super().summary()
 
     def combine(self, server_round: int, reference: State, client_ids: list[str],

@@ -22,16 +22,17 @@ float32: 4 bytes x parameters x clients ever selected (24 MB for LeNet-5 and 100
 
 from __future__ import annotations
 
-from logging import INFO
+import logging
 from typing import Any
 
 import numpy as np
-from flwr.common.logger import log
 from numpy.typing import NDArray
 
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
 from fedowen_strategy.peers import UpdateWeighted
 from fedowen_strategy.updates import State
+
+log = logging.getLogger(__name__)
 
 _ROUNDING = 1e-9
 
@@ -84,8 +85,8 @@ class FoolsGold(UpdateWeighted):
         self.history: dict[str, NDArray[np.float32]] = {}
 
     def summary(self) -> None:
-        log(INFO, "\t├──> FoolsGold: kappa %.3g, %d client histories", self.kappa,
-            len(self.history))
+        log.info("\t├──> FoolsGold: kappa %.3g, %d client histories", self.kappa,
+                 len(self.history))
         super().summary()
 
     def combine(self, server_round: int, reference: State, client_ids: list[str],
