@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sim.carry import RECORDS, carry_rows, cell_key, is_carried
+from sim.compact import open_csv
 from sim.experiments import archive_cells, restore_cells
 from sim.grid import Preset, parse_preset
 from sim.report import write_report
@@ -78,7 +79,7 @@ def test_a_report_from_carried_cells_is_the_committed_report(tmp_path: Path) -> 
     assert sum(counts.values()) == len(preset.cells()) - 1
     assert not (tmp_path / "fresh" / unfinished.cell_id).exists()
     for grid in preset.grids:
-        name = f"{grid.name}-rounds.csv"
+        name = f"{grid.name}-rounds.csv.gz"
         gone = cell_key(grid, unfinished) if grid.name == unfinished.grid else None
         kept = [row for row in read_rows(committed / name)
                 if tuple(row[k] for k in ("variant", "column", "seed") if k in row) != gone]
@@ -93,7 +94,7 @@ def test_a_report_from_carried_cells_is_the_committed_report(tmp_path: Path) -> 
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as fh:
+    with open_csv(path) as fh:
         return list(csv.DictReader(fh))
 
 
@@ -133,9 +134,10 @@ def test_carried_cells_travel_in_the_cell_archive(tmp_path: Path) -> None:
     write_report(preset, tmp_path / "restored", tmp_path / "again")
     # Assert: the restored cells report as the carried ones did
     assert restored == len(preset.cells()) - 1
-    for name in ("confirm-rounds.csv", "confirm-summary.csv", "tune-rounds.csv", "README.md"):
-        assert (tmp_path / "again" / name).read_text() == \
-            (tmp_path / "carried" / name).read_text()
+    for name in ("confirm-rounds.csv.gz", "confirm-summary.csv", "tune-rounds.csv.gz",
+                 "README.md"):
+        assert (tmp_path / "again" / name).read_bytes() == \
+            (tmp_path / "carried" / name).read_bytes()
 
 
 def test_the_records_archive_brings_back_what_the_check_reads(
@@ -165,3 +167,27 @@ def test_the_records_archive_brings_back_what_the_check_reads(
                 (res / cell.cell_id / name).read_bytes()
     assert f"their config and code records came from {RECORDS}" in \
         (tmp_path / "again" / "README.md").read_text()
+
+
+def test_a_report_whose_rounds_are_plain_csv_carries_the_same_cells(tmp_path: Path) -> None:
+    # Prepare: a report committed before the per-round CSVs were compressed
+    import gzip
+
+    preset, res = finished_sweep(tmp_path)
+    committed = tmp_path / "committed"
+    write_report(preset, res, committed)
+    old = tmp_path / "old"
+    write_report(preset, res, old)
+    for packed in old.glob("*-rounds.csv.gz"):
+        packed.with_suffix("").write_bytes(gzip.decompress(packed.read_bytes()))
+        packed.unlink()
+    # Execute
+    counts = carry_rows(preset, old, tmp_path / "from-plain")
+    write_report(preset, tmp_path / "from-plain", tmp_path / "again")
+    carry_rows(preset, committed, tmp_path / "from-packed")
+    write_report(preset, tmp_path / "from-packed", tmp_path / "packed")
+    # Assert: the same cells carried, the same rows written back (compressed now)
+    assert sum(counts.values()) == len(preset.cells()) - 1
+    for name in ("confirm-rounds.csv.gz", "tune-rounds.csv.gz"):
+        assert (tmp_path / "again" / name).read_bytes() == \
+            (tmp_path / "packed" / name).read_bytes()

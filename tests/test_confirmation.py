@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from sim.compact import open_csv
 from sim.grid import PresetError, parse_preset
 from sim.report import write_report
 
@@ -53,7 +54,7 @@ def test_the_pick_follows_validation_accuracy_and_ignores_test(tmp_path: Path) -
         ("b", "50", "True"), ("b", "51", "True")]
     assert float(next(r for r in rows if r["variant"] == "c")["val_last5"]) == pytest.approx(70)
     # the per-round data beside the plot: 3 candidates x 2 seeds x 7 rounds, validation only
-    with (tmp_path / "out" / "tune-recipe-rounds.csv").open() as fh:
+    with open_csv(tmp_path / "out" / "tune-recipe-rounds.csv.gz") as fh:
         per_round = list(csv.DictReader(fh))
     assert len(per_round) == 42 and "test_accuracy" not in per_round[0]
     assert (tmp_path / "out" / "tune-recipe-validation.png").stat().st_size > 0
