@@ -7,7 +7,7 @@
 #                                                  # arguments go to the runner)
 # Steps: (1) the worktree ($FEDOWEN_WORKTREE, default ../confirm) at the protocol commit, made
 # when missing; (2) the results dir ($FEDOWEN_RESULTS, default ../runs/confirm-<dataset>) gets the
-# committed tuning cells (cells.tar.gz, when the report still has one) and every finished cell of
+# committed tuning cells (archives/confirm-<dataset>/, when git has them) and every finished cell of
 # the committed per-round CSVs, with its config and code records (`run --carry`, from this
 # checkout: the protocol commit predates it); (3) the protocol commit's runner runs the rest.
 # Kill it at any time; the same command goes on. Then, from this checkout:
@@ -30,7 +30,11 @@ fi
 [ "$(git -C "$TREE" rev-parse HEAD)" = "$PROTOCOL" ] || { echo "[confirmation] $TREE is not at the protocol commit ${PROTOCOL:0:7}: move it or set FEDOWEN_WORKTREE" >&2; exit 2; }
 REPORT="$ROOT/docs/results/confirm-$DATASET"
 RESTORE=()
-[ -f "$REPORT/cells.tar.gz" ] && RESTORE=(--restore "$REPORT/cells.tar.gz")
+if [ -d "$ROOT/archives/confirm-$DATASET" ]; then
+  RESTORE=(--restore "$ROOT/archives/confirm-$DATASET")
+elif [ -f "$REPORT/cells.tar.gz" ]; then  # a report written before issue 44
+  RESTORE=(--restore "$REPORT/cells.tar.gz")
+fi
 [ -d "$REPORT" ] && RESTORE+=(--carry "$REPORT")
 export PYTHONPATH="$ROOT" FLWR_TELEMETRY_ENABLED=0
 if [ ${#RESTORE[@]} -gt 0 ]; then

@@ -4,9 +4,10 @@
 # Here, once per session (fills the git-ignored .device/: flwr's wheels for Python 3.12, the
 # MNIST files, the finished cells of earlier device calls):
 #   bash scripts/device-sweep.sh prepare [CELLS_ARCHIVE]
-# A call sends the checkout's tracked files, and docs/results alone is over the 64 MiB a call
-# takes: before the calls, `hide` takes it out of the index (and ignores it; the files stay),
-# and `unhide` puts it back (commit nothing in between):
+# A call sends the checkout's tracked files (about 42 MB, archives/ 24 MB of it) and .device
+# (about 28 MB), over the 64 MiB a call takes: before the calls, `hide` takes docs/results out
+# of the index (and ignores it; the files stay), and `unhide` puts it back (commit nothing in
+# between):
 #   bash scripts/device-sweep.sh hide      ...calls...      bash scripts/device-sweep.sh unhide
 # There, in each call (carry [".device"]; at most 10 minutes a call, so stop a minute early):
 #   bash scripts/device-sweep.sh run conf/ablation-mnist.toml 8 --grid ablation --jobs 30

@@ -4,7 +4,7 @@ Per column point (e.g. alpha x partition scheme): final accuracy and the mean of
 as mean ± 95% CI over seeds; the **paired** difference of every variant against the reference
 variant (same seeds, so same partitions and initial model) with its 95% CI; the largest
 aggregation weight per round. Plots: accuracy vs round (mean, light 95% CI band) and largest
-weight vs round, one panel per column point. ``<grid>-rounds.csv`` holds every cell's per-round
+weight vs round, one panel per column point. ``<grid>-rounds.csv.gz`` holds every cell's per-round
 data so the plots can be redrawn without the raw results; ``<grid>-summary.csv`` the numbers of
 the tables (per variant, column and metric: seeds' values, mean and CI, paired difference and
 CI).
@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from sim.compact import ROUNDS_SUFFIX, open_csv, save_png
 from sim.grid import Grid, Preset, expand_grid
 from sim.results import (
     LAST_K,
@@ -221,14 +222,15 @@ def plot_ablation(data: AblationData, path: Path, weights: bool) -> Path:
     axes[0][0].legend(fontsize=7, loc="best")
     what = "largest aggregation weight" if weights else "test accuracy"
     fig.suptitle(f"{data.preset.name}: {what} vs round (mean over seeds, 95% CI band)")
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path
 
 
 def write_rounds_csv(data: AblationData, path: Path) -> Path:
-    """Every cell's per-round accuracy and largest weight (the data behind the plots)."""
-    with path.open("w", newline="") as fh:
+    """Every cell's per-round accuracy and largest weight (the data behind the plots);
+    gzip-compressed when ``path`` ends in ``.gz`` (:func:`sim.compact.open_csv`)."""
+    with open_csv(path, "w") as fh:
         writer = csv.DictWriter(fh, fieldnames=ROUND_FIELDS)
         writer.writeheader()
         for col in data.cols:
@@ -404,7 +406,7 @@ def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
         md += ["The paper's numbers for the same cells (100 rounds, 10 seeds):", "", *paper, ""]
     files = [plot_ablation(data, out / f"{grid.name}-accuracy.png", weights=False),
              plot_ablation(data, out / f"{grid.name}-max-weight.png", weights=True),
-             write_rounds_csv(data, out / f"{grid.name}-rounds.csv"),
+             write_rounds_csv(data, out / f"{grid.name}{ROUNDS_SUFFIX}"),
              write_summary_csv(data, out / f"{grid.name}-summary.csv")]
     md += [f"![{f.stem}]({f.name})" for f in files[:2]]
     md += ["", f"Per-round data: [{files[2].name}]({files[2].name}); the tables' numbers: "

@@ -32,6 +32,7 @@ import numpy as np
 from fedowen_strategy.contribution import NO_PHI
 from fedowen_strategy.payouts import client_values, linked_clients, payouts
 from fedowen_task.config import TaskConfig
+from sim.compact import open_csv, save_png
 from sim.grid import Preset, app_config, expand_grid
 from sim.results import CellResult, Stat, markdown_table
 
@@ -261,7 +262,7 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
                                  what=what)
             for name, what in (("selection-share", "share"), ("weight-share", "weight_share"))]
     per_round = write_adversary_rounds(groups, preset.num_supernodes, col_keys, row_key,
-                                       out / "adversary-rounds.csv")
+                                       out / "adversary-rounds.csv.gz")
     if len(ledger_md) > 5:
         md += ledger_md
     md += ["", "Phi ranks only for contribution-valuing methods (FedAvg, Multi-Krum, FLTrust and "
@@ -276,7 +277,7 @@ def write_adversary_rounds(groups: dict[tuple[Any, ...], list[CellResult]], num_
                            col_keys: tuple[str, ...], row_key: str, path: Path) -> Path:
     """Every cell's per-round :func:`round_stats` (the data behind the share plots)."""
     keys = ("share", "weight_share", "adv_rank", "honest_rank", "adv_phi", "honest_phi")
-    with path.open("w", newline="") as fh:
+    with open_csv(path, "w") as fh:
         writer = csv.writer(fh)
         writer.writerow([row_key, *col_keys, "seed", "round", *keys])
         for key, members in groups.items():
@@ -329,6 +330,6 @@ def plot_selection_share(groups: dict[tuple[Any, ...], list[CellResult]], num_pa
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path

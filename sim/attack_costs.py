@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from sim.adversarial import cell_adversaries, ledger_stats
+from sim.compact import save_png
 from sim.grid import app_config, load_preset
 from sim.results import CellResult, load_results
 from sim.stats import Interval, mean_interval
@@ -191,7 +192,7 @@ def plot(summary: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("accuracy loss vs clean (pts)")
         ax.set_title(setting)
         ax.legend(fontsize=7, ncol=4)
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -1,9 +1,11 @@
 """Carry a committed report's per-round rows back into a results dir as finished cells.
 
-A report commits every cell's per-round rows (``<grid>-rounds.csv``); the cells' own records
-(``rounds.jsonl``) travel in an archive, and an archive over 1 MB lives in the archive store
-(:func:`sim.experiments.archive_store`), which is one machine's disk. When that machine is
-gone, so are the records, while the rows the report was written from are still in git. A
+A report commits every cell's per-round rows (``<grid>-rounds.csv.gz``, or a plain
+``<grid>-rounds.csv`` from before the CSVs were compressed); the cells' own records
+(``rounds.jsonl``) travel in an archive. Until issue 44 an archive over 1 MB lived in the
+archive store (:func:`sim.archives.archive_store`), which is one machine's disk: when that
+machine was gone, so were the records, while the rows the report was written from are still in
+git. A
 preset that is still running (the confirmation) would otherwise have to rerun every finished
 cell, hours of compute that reproduce those rows bit for bit, before its report could grow.
 
@@ -28,6 +30,7 @@ import tarfile
 from collections import defaultdict
 from pathlib import Path
 
+from sim.compact import open_csv, rounds_file
 from sim.grid import Cell, Grid, Preset, expand_grid
 from sim.results import CARRIED_FILE, point_label
 from sim.runner import CODE_FILE, SUMMARY_FILE
@@ -67,8 +70,9 @@ def committed_at(path: Path) -> str | None:
 
 
 def carry_rows(preset: Preset, report_dir: Path, results: Path) -> dict[str, int]:
-    """Carry every finished cell of the committed ``report_dir/<grid>-rounds.csv`` files into
-    ``results`` where it has no finished cell of its own; returns ``{grid: cells carried}``.
+    """Carry every finished cell of the committed ``report_dir/<grid>-rounds.csv.gz`` files
+    (or plain ``.csv``: :func:`sim.compact.rounds_file`) into ``results`` where it has no
+    finished cell of its own; returns ``{grid: cells carried}``.
 
     A cell is finished in the CSV when its rows reach round ``num-server-rounds``; a cell
     already in ``results`` (run, restored or carried before) is never touched.
@@ -76,10 +80,10 @@ def carry_rows(preset: Preset, report_dir: Path, results: Path) -> dict[str, int
     carried: dict[str, int] = {}
     records = _records(report_dir / RECORDS)
     for grid in preset.grids:
-        source = report_dir / f"{grid.name}-rounds.csv"
-        if grid.kind not in ("ablation", "tuning") or not source.is_file():
+        source = rounds_file(report_dir, grid.name)
+        if grid.kind not in ("ablation", "tuning") or source is None:
             continue
-        with source.open(newline="") as fh:
+        with open_csv(source) as fh:
             reader = csv.DictReader(fh)
             fields = list(reader.fieldnames or [])
             groups: dict[tuple[str, ...], list[dict[str, str]]] = defaultdict(list)
@@ -99,7 +103,7 @@ def carry_rows(preset: Preset, report_dir: Path, results: Path) -> dict[str, int
                 writer.writeheader()
                 writer.writerows(rows)
             (out / SUMMARY_FILE).write_text(json.dumps(
-                {"carried_from": f"{grid.name}-rounds.csv", "report": report_dir.name,
+                {"carried_from": source.name, "report": report_dir.name,
                  "commit": commit, "rounds": last}, indent=1) + "\n")
             for name, data in records.get(cell.cell_id, {}).items():
                 (out / name).write_bytes(data)

@@ -11,7 +11,7 @@ numbers the confirmation is scored on.
 Every grid point other than the rows and the seed is a column with a pick of its own.
 
 The confirmation itself is an ``ablation`` grid called ``confirm`` in each dataset's preset
-(reference: ``fedowen``); its report's ``confirm-rounds.csv`` is committed, and
+(reference: ``fedowen``); its report's ``confirm-rounds.csv.gz`` is committed, and
 ``python -m sim.confirmation report`` reads those CSVs alone to write ``docs/confirmation.md``:
 every primary and secondary hypothesis (paired t and Wilcoxon over the confirmation seeds,
 Holm within each family, the decision) and the tuning tables.
@@ -32,6 +32,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from sim.compact import ROUNDS_SUFFIX, open_csv, rounds_file, save_png
 from sim.grid import Grid, Preset, expand_grid
 from sim.plots import mean_curve
 from sim.results import LAST_K, CellResult, grid_points, matches_point, point_label
@@ -106,7 +107,7 @@ def tuning_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: 
     scores_csv = out / f"{grid.name}-validation.csv"
     _write_csv(scores_csv, score_rows, [*grid.column_keys, grid.rows, "seed", "val_last5",
                                         "picked"])
-    rounds_csv = out / f"{grid.name}-rounds.csv"
+    rounds_csv = out / f"{grid.name}{ROUNDS_SUFFIX}"
     _write_csv(rounds_csv, _round_rows(grid, planned, res),
                [*grid.column_keys, grid.rows, "seed", "round", "val_accuracy"])
     png = plot_validation(grid, preset, res, out / f"{grid.name}-validation.png")
@@ -141,7 +142,7 @@ def _round_rows(grid: Grid, planned: list[Any], res: dict[str, CellResult]
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]], fields: list[str]) -> None:
-    with path.open("w", newline="") as fh:
+    with open_csv(path, "w") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
@@ -168,7 +169,7 @@ def plot_validation(grid: Grid, preset: Preset, res: dict[str, CellResult], path
     axes[0][0].legend(fontsize=7, loc="best")
     fig.suptitle(f"{preset.name} / {grid.name}: validation accuracy (mean over tuning seeds, "
                  "±1 std)")
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -215,10 +216,10 @@ class Comparison:
 
 
 def read_endpoints(rounds_csv: Path) -> dict[tuple[str, str], dict[int, float]]:
-    """``{(arm, setting): {seed: endpoint}}`` from an ablation report's ``<grid>-rounds.csv``;
-    a seed counts once it has every round of :data:`ENDPOINT_ROUNDS`."""
+    """``{(arm, setting): {seed: endpoint}}`` from an ablation report's ``<grid>-rounds.csv.gz``
+    (or a plain ``.csv``); a seed counts once it has every round of :data:`ENDPOINT_ROUNDS`."""
     by_cell: dict[tuple[str, str, int], dict[int, float]] = {}
-    with rounds_csv.open() as fh:
+    with open_csv(rounds_csv) as fh:
         for row in csv.DictReader(fh):
             if row["test_accuracy"] != "" and int(row["round"]) in ENDPOINT_ROUNDS:
                 key = (row["variant"], row["column"], int(row["seed"]))
@@ -339,9 +340,11 @@ def confirmation_report(results_root: Path, seeds: int = len(CONFIRMATION_SEEDS)
                         expected: set[tuple[str, str]] | None = None
                         ) -> tuple[str, list[dict[str, Any]]]:
     """docs/confirmation.md's hypotheses and per-dataset sections and its rows, from the
-    committed per-round CSVs ``<results_root>/confirm-<dataset>/confirm-rounds.csv`` alone;
+    committed per-round CSVs ``<results_root>/confirm-<dataset>/confirm-rounds.csv.gz`` alone
+    (:func:`sim.compact.rounds_file`: a plain ``.csv`` of an older report reads the same);
     ``expected``: every (dataset, setting) the protocol plans (complete only when all ran)."""
-    sources = sorted(results_root.glob(f"{PRESET_PREFIX}*/{CONFIRM_GRID}-rounds.csv"))
+    sources = [path for report in sorted(results_root.glob(f"{PRESET_PREFIX}*"))
+               if report.is_dir() and (path := rounds_file(report, CONFIRM_GRID))]
     endpoints = {p.parent.name.removeprefix(PRESET_PREFIX): read_endpoints(p) for p in sources}
     comparisons = compare(endpoints)
     ran = {(c.dataset, c.setting) for c in comparisons}

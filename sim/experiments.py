@@ -17,20 +17,19 @@ rules and :mod:`sim.cluster` for cells as Ray tasks on a running cluster (``--ra
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
-import os
-import shutil
 import sys
 from pathlib import Path
 
 from fedowen_deploy.launcher import APP_DIR
 from fedowen_deploy.procs import exit_on_signals
-from sim.carry import RECORDED, RECORDS, carry_rows
+from sim.archives import ARCHIVE, MANIFEST, archive_sources, keep_archive, restore_cells
+from sim.archives import archive_cells as archive_cells  # where scripts and tests import it
+from sim.carry import carry_rows
 from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
-from sim.results import CARRIED_FILE, drift_summary, sweep_drift
-from sim.runner import CODE_FILE, PRESET_FILE, Runner, cell_status, read_state
+from sim.results import drift_summary, sweep_drift
+from sim.runner import PRESET_FILE, Runner, cell_status, read_state
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +103,10 @@ def _restore(args: argparse.Namespace, preset: Preset, results: Path) -> None:
     ``--carry`` (repeatable): carry each committed report's rows for the cells still missing."""
     for archive in args.restore or []:
         results.mkdir(parents=True, exist_ok=True)
-        print(f"[experiments] restored {restore_cells(archive, results)} cells from "
-              f"{archive}", flush=True)
+        sources = archive_sources(archive)
+        count = restore_cells(archive, results)
+        where = f" ({len(sources)} parts in {sources[0].parent})" if len(sources) > 1 else ""
+        print(f"[experiments] restored {count} cells from {archive}{where}", flush=True)
     for report in args.carry or []:
         if not report.is_dir():
             raise SystemExit(f"--carry {report}: not a folder (give a committed report's "
@@ -202,127 +203,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-ARCHIVE = "cells.tar.gz"
-ARCHIVED = ("rounds.jsonl", "summary.json", "config.json", CODE_FILE, CARRIED_FILE)
-#: The largest cell archive a report keeps beside itself (issue 30: results archives over 1 MB
-#: are no longer added to git). A larger one goes to the archive store (:func:`archive_store`)
-#: and the report keeps :data:`MANIFEST`: the cells, the commits they ran at and the archive's
-#: name and SHA-256, from which ``run --restore`` finds it, or the cells are rebuilt.
-ARCHIVE_LIMIT = 1 << 20
-MANIFEST = "cells-manifest.json"
-
-
-def archive_store() -> Path:
-    """Where archives too large for git are kept: ``$FEDOWEN_ARCHIVES``, else
-    ``~/.cache/fedowen/archives``."""
-    return Path(os.environ.get("FEDOWEN_ARCHIVES") or Path.home() / ".cache" / "fedowen"
-                / "archives")
-
-
-def keep_archive(preset: Preset, results: Path, out: Path, source: str | None = None) -> Path:
-    """The report's archive: ``out/cells.tar.gz`` up to :data:`ARCHIVE_LIMIT`; a larger one
-    moves to :func:`archive_store` and ``out/cells-manifest.json`` names it (and the
-    ``cells.tar.gz`` beside the report is removed, so git no longer carries a copy). Either way
-    ``out/cells-records.tar.gz`` (:data:`sim.carry.RECORDS`: every finished cell's config and
-    code record, a few kB) stays beside the report, so cells carried back from its rows
-    (``run --carry``) can still be checked when the store is gone.
-    ``source``: the preset file, for the manifest's rebuild command (default
-    ``conf/<preset name>.toml``)."""
-    archive_cells(preset, results, out / RECORDS, names=RECORDED)
-    path = archive_cells(preset, results, out / ARCHIVE)
-    if path.stat().st_size <= ARCHIVE_LIMIT:
-        (out / MANIFEST).unlink(missing_ok=True)
-        return path
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    stored = archive_store() / f"{preset.name}-{digest[:12]}.tar.gz"
-    stored.parent.mkdir(parents=True, exist_ok=True)
-    size = path.stat().st_size
-    shutil.move(str(path), stored)
-    cells = []
-    for cell in preset.cells():
-        code = results / cell.cell_id / CODE_FILE
-        if (results / cell.cell_id / "summary.json").exists():
-            attempts = json.loads(code.read_text()) if code.exists() else []
-            cells.append({"cell": cell.cell_id, "grid": cell.grid, "point": cell.point,
-                          "commits": sorted({a["commit"] for a in attempts if a.get("commit")})})
-    manifest = {"preset": preset.name, "archive": stored.name, "sha256": digest, "bytes": size,
-                "store": "$FEDOWEN_ARCHIVES or ~/.cache/fedowen/archives",
-                "rebuild": f"python -m sim.experiments run {source or f'conf/{preset.name}.toml'}"
-                           ", each cell at "
-                           "the commit it lists (runs are bit-identical at a commit on "
-                           "one kind of CPU)",
-                "cells": cells}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    return out / MANIFEST
-
-
-def stored_archive(manifest: Path) -> Path:
-    """The archive a report's manifest names, from :func:`archive_store`, checked against its
-    SHA-256.
-
-    Raises
-    ------
-    SystemExit
-        When it is not there (or differs), saying where to put it or how to rebuild the cells.
-    """
-    meta = json.loads(manifest.read_text())
-    path = archive_store() / meta["archive"]
-    if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
-        raise SystemExit(f"--restore {manifest}: its archive {meta['archive']} (sha256 "
-                         f"{meta['sha256'][:12]}...) is not in {archive_store()}: copy it "
-                         f"there (FEDOWEN_ARCHIVES sets the folder), or rebuild the cells: "
-                         f"{meta['rebuild']}")
-    return path
-
-
-def archive_cells(preset: Preset, results: Path, path: Path,
-                  names: tuple[str, ...] = ARCHIVED) -> Path:
-    """Write ``path``: every finished cell's files of ``names`` (``<cell id>/rounds.jsonl``,
-    summary, config and code record by default), so a fresh checkout can restore them (``run
-    --restore``) and go on. The same cells give the same bytes (no timestamps or owners), so a
-    manifest's SHA-256 survives a rerun."""
-    import gzip
-    import tarfile
-
-    def plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-        return info
-
-    with path.open("wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w") as tar:
-        for cell in preset.cells():
-            cell_dir = results / cell.cell_id
-            if (cell_dir / "summary.json").exists():
-                for name in names:
-                    if (cell_dir / name).exists():
-                        tar.add(cell_dir / name, arcname=f"{cell.cell_id}/{name}", filter=plain)
-    return path
-
-
-def restore_cells(archive: Path, results: Path) -> int:
-    """Unpack an :func:`archive_cells` file (or the one a :data:`MANIFEST` names) into
-    ``results`` without overwriting a cell that is already there; returns how many cells were
-    restored."""
-    import tarfile
-
-    if not archive.is_file():
-        raise SystemExit(f"--restore {archive}: no such file (a report's {ARCHIVE} or "
-                         f"{MANIFEST})")
-    if archive.name == MANIFEST:
-        archive = stored_archive(archive)
-    restored = set()
-    with tarfile.open(archive, "r:gz") as tar:
-        for member in tar.getmembers():
-            cell, _, name = member.name.partition("/")
-            if not member.isfile() or name not in ARCHIVED or "/" in name or ".." in cell:
-                continue
-            if (results / cell / "summary.json").exists() and cell not in restored:
-                continue
-            tar.extract(member, results, filter="data")
-            restored.add(cell)
-    return len(restored)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -359,12 +239,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     report.add_argument("--out", type=Path, default=None,
                         help="report dir (default docs/results/<preset name>)")
     report.add_argument("--archive", action="store_true",
-                        help=f"also write {ARCHIVE}: the finished cells' records (run "
-                             "--restore unpacks them); over 1 MB it goes to $FEDOWEN_ARCHIVES "
-                             f"(~/.cache/fedowen/archives) and the report keeps {MANIFEST}")
+                        help="also archive the finished cells' records (run --restore unpacks "
+                             "them) in parts under 1 MB, archives/<preset>/cells-partNN.tar.xz "
+                             f"for a report in docs/results/<preset>, and write {MANIFEST} "
+                             "beside the report")
     run.add_argument("--restore", type=Path, action="append", default=None, metavar="ARCHIVE",
-                     help=f"first unpack a report's {ARCHIVE} into the results dir (finished "
-                          "cells are not run again); repeat for several archives")
+                     help=f"first unpack archived cells into the results dir (finished cells "
+                          f"are not run again): a report's {MANIFEST} or folder, a folder of "
+                          f"parts (archives/<preset>), or one archive ({ARCHIVE} or .tar.xz); "
+                          "repeatable")
     run.add_argument("--carry", type=Path, action="append", default=None, metavar="REPORT",
                      help="then, for every finished cell the results dir lacks, carry its "
                           "rows from this committed report's <grid>-rounds.csv (when its "

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from sim.compact import save_png
 from sim.grid import Grid, Preset, expand_grid
 from sim.results import CellResult, Stat, grid_points, matches
 
@@ -56,7 +57,7 @@ def plot_curves(grid: Grid, preset: Preset, res: dict[str, CellResult], path: Pa
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, loc="best")
     fig.suptitle(f"{preset.name} / {grid.name}: accuracy vs round (mean over seeds, ±1 std)")
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -86,7 +87,7 @@ def plot_valuation_time(grid: Grid, preset: Preset, res: dict[str, CellResult],
     ax.tick_params(axis="x", rotation=30)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -118,6 +119,6 @@ def plot_sweep(grid: Grid, stats: dict[tuple[Any, ...], Stat], rows: list[Any],
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path

@@ -34,6 +34,7 @@ import numpy as np
 
 from fedowen_strategy.payouts import client_values, payouts
 from sim.adversarial import cell_adversaries
+from sim.compact import save_png
 from sim.grid import load_preset
 from sim.results import CellResult, load_results
 
@@ -210,7 +211,7 @@ def plot(pooled: dict[str, dict[str, list[float]]], thresholds: set[float], path
     ax.set_xlabel("cosine similarity of two updates in one round")
     ax.set_ylabel("pairs")
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
     plt.close(fig)
 
 

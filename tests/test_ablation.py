@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sim.compact import open_csv
 from sim.grid import PresetError, parse_preset
 from sim.report import write_report
 from sim.runner import Runner, read_state
@@ -116,7 +117,7 @@ def test_ablation_report_pairs_seeds(tmp_path: Path) -> None:
     assert "| fedavg-equal | 70.00 ± 24.84 |" in md
     assert "| fedowen | 0.70 / 0.70 |" in md
     assert "| fedowen | 2.00 / 0.50 (2.00x) |" in md and "| fedavg-equal | 1.00 / 0.10 |" in md
-    with (tmp_path / "out" / "abl-rounds.csv").open() as fh:
+    with open_csv(tmp_path / "out" / "abl-rounds.csv.gz") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 6 * 4
     last = [r for r in rows if r["variant"] == "fedowen" and r["seed"] == "2" and

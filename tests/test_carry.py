@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from sim.carry import RECORDS, carry_rows, cell_key, is_carried
+from sim.compact import open_csv
 from sim.experiments import archive_cells, restore_cells
 from sim.grid import Preset, parse_preset
 from sim.report import write_report
@@ -78,7 +77,7 @@ def test_a_report_from_carried_cells_is_the_committed_report(tmp_path: Path) -> 
     assert sum(counts.values()) == len(preset.cells()) - 1
     assert not (tmp_path / "fresh" / unfinished.cell_id).exists()
     for grid in preset.grids:
-        name = f"{grid.name}-rounds.csv"
+        name = f"{grid.name}-rounds.csv.gz"
         gone = cell_key(grid, unfinished) if grid.name == unfinished.grid else None
         kept = [row for row in read_rows(committed / name)
                 if tuple(row[k] for k in ("variant", "column", "seed") if k in row) != gone]
@@ -93,7 +92,7 @@ def test_a_report_from_carried_cells_is_the_committed_report(tmp_path: Path) -> 
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as fh:
+    with open_csv(path) as fh:
         return list(csv.DictReader(fh))
 
 
@@ -133,30 +132,29 @@ def test_carried_cells_travel_in_the_cell_archive(tmp_path: Path) -> None:
     write_report(preset, tmp_path / "restored", tmp_path / "again")
     # Assert: the restored cells report as the carried ones did
     assert restored == len(preset.cells()) - 1
-    for name in ("confirm-rounds.csv", "confirm-summary.csv", "tune-rounds.csv", "README.md"):
-        assert (tmp_path / "again" / name).read_text() == \
-            (tmp_path / "carried" / name).read_text()
+    for name in ("confirm-rounds.csv.gz", "confirm-summary.csv", "tune-rounds.csv.gz",
+                 "README.md"):
+        assert (tmp_path / "again" / name).read_bytes() == \
+            (tmp_path / "carried" / name).read_bytes()
 
 
-def test_the_records_archive_brings_back_what_the_check_reads(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Prepare: a report whose full archive went to a store that is then lost
-    import sim.experiments as experiments
+def test_the_records_archive_brings_back_what_the_check_reads(tmp_path: Path) -> None:
+    # Prepare: a report whose full archive is then lost (as the archive store of one machine
+    # lost five before issue 44)
+    import sim.archives as archives
 
     preset, res = finished_sweep(tmp_path)
     committed = tmp_path / "committed"
     write_report(preset, res, committed)
-    monkeypatch.setenv("FEDOWEN_ARCHIVES", str(tmp_path / "store"))
-    monkeypatch.setattr(experiments, "ARCHIVE_LIMIT", 10)
-    kept = experiments.keep_archive(preset, res, committed)
-    for stored in (tmp_path / "store").iterdir():
-        stored.unlink()
+    kept = archives.keep_archive(preset, res, committed, folder=tmp_path / "parts")
+    for part in (tmp_path / "parts").iterdir():
+        part.unlink()
     # Execute
     carry_rows(preset, committed, tmp_path / "fresh")
     write_report(preset, tmp_path / "fresh", tmp_path / "again")
     # Assert: beside the manifest, the records archive; every carried cell has its own config
     # and code record back, byte for byte, so `sim.confirmation check` can read them
-    assert kept.name == experiments.MANIFEST and (committed / RECORDS).is_file()
+    assert kept.name == archives.MANIFEST and (committed / RECORDS).is_file()
     carried = [c for c in preset.cells() if is_carried(tmp_path / "fresh" / c.cell_id)]
     assert len(carried) == len(preset.cells()) - 1
     for cell in carried:
@@ -165,3 +163,27 @@ def test_the_records_archive_brings_back_what_the_check_reads(
                 (res / cell.cell_id / name).read_bytes()
     assert f"their config and code records came from {RECORDS}" in \
         (tmp_path / "again" / "README.md").read_text()
+
+
+def test_a_report_whose_rounds_are_plain_csv_carries_the_same_cells(tmp_path: Path) -> None:
+    # Prepare: a report committed before the per-round CSVs were compressed
+    import gzip
+
+    preset, res = finished_sweep(tmp_path)
+    committed = tmp_path / "committed"
+    write_report(preset, res, committed)
+    old = tmp_path / "old"
+    write_report(preset, res, old)
+    for packed in old.glob("*-rounds.csv.gz"):
+        packed.with_suffix("").write_bytes(gzip.decompress(packed.read_bytes()))
+        packed.unlink()
+    # Execute
+    counts = carry_rows(preset, old, tmp_path / "from-plain")
+    write_report(preset, tmp_path / "from-plain", tmp_path / "again")
+    carry_rows(preset, committed, tmp_path / "from-packed")
+    write_report(preset, tmp_path / "from-packed", tmp_path / "packed")
+    # Assert: the same cells carried, the same rows written back (compressed now)
+    assert sum(counts.values()) == len(preset.cells()) - 1
+    for name in ("confirm-rounds.csv.gz", "tune-rounds.csv.gz"):
+        assert (tmp_path / "again" / name).read_bytes() == \
+            (tmp_path / "packed" / name).read_bytes()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from sim.compact import open_csv
 from sim.grid import PresetError, parse_preset
 from sim.report import write_report
 
@@ -53,7 +54,7 @@ def test_the_pick_follows_validation_accuracy_and_ignores_test(tmp_path: Path) -
         ("b", "50", "True"), ("b", "51", "True")]
     assert float(next(r for r in rows if r["variant"] == "c")["val_last5"]) == pytest.approx(70)
     # the per-round data beside the plot: 3 candidates x 2 seeds x 7 rounds, validation only
-    with (tmp_path / "out" / "tune-recipe-rounds.csv").open() as fh:
+    with open_csv(tmp_path / "out" / "tune-recipe-rounds.csv.gz") as fh:
         per_round = list(csv.DictReader(fh))
     assert len(per_round) == 42 and "test_accuracy" not in per_round[0]
     assert (tmp_path / "out" / "tune-recipe-validation.png").stat().st_size > 0
@@ -104,27 +105,24 @@ def _seeds_in(value: Any) -> set[int]:
 def test_no_earlier_result_or_preset_used_the_tuning_or_confirmation_seeds() -> None:
     # The confirmation's seeds must be fresh: every committed cell archive (each cell's
     # config.json) and every preset outside the confirmation's own says which seeds it ran
-    import tarfile
     import tomllib
 
+    from sim.archives import MANIFEST, archived_files
     from sim.confirmation import CONFIRMATION_SEEDS, PRESET_PREFIX, TUNING_SEEDS
 
     root = Path(__file__).resolve().parents[1]
     used: set[int] = set()
-    archives = [a for a in (root / "docs" / "results").glob("*/cells.tar.gz")
-                if not a.parent.name.startswith(PRESET_PREFIX)]
-    for archive in archives:
-        with tarfile.open(archive) as tar:
-            for member in tar:
-                if member.name.endswith("/config.json"):
-                    handle = tar.extractfile(member)
-                    assert handle is not None
-                    used.add(int(json.load(handle)["seed"]))
-    # archives too large for git: their manifest lists every cell's grid point
-    for manifest in (root / "docs" / "results").glob("*/cells-manifest.json"):
-        if not manifest.parent.name.startswith(PRESET_PREFIX):
-            used |= {int(c["point"]["seed"]) for c in json.loads(manifest.read_text())["cells"]
-                     if "seed" in c["point"]}
+    archives = []
+    for manifest in sorted((root / "docs" / "results").glob(f"*/{MANIFEST}")):
+        if manifest.parent.name.startswith(PRESET_PREFIX):
+            continue
+        meta = json.loads(manifest.read_text())
+        if "parts" in meta:  # committed in parts (sim.archives)
+            archives.append(manifest)
+            used |= {int(json.loads(data)["seed"])
+                     for _, data in archived_files(manifest, "config.json")}
+        else:  # archives that left git before issue 44: their manifest lists every grid point
+            used |= {int(c["point"]["seed"]) for c in meta["cells"] if "seed" in c["point"]}
     presets = list((root / "conf").glob("*.toml"))
     for preset in presets:
         used |= _seeds_in(tomllib.loads(preset.read_text()))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -408,41 +407,76 @@ def test_archive_restores_finished_cells_only_and_keeps_existing_ones(tmp_path: 
     assert not (tmp_path / "empty" / crashed).exists()
 
 
-def test_an_archive_over_the_limit_leaves_a_manifest_and_restores_from_the_store(
+def test_a_report_archive_is_parts_under_the_limit_with_a_manifest_that_restores_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Prepare: a finished sweep, a store of its own, a limit the archive exceeds
-    import sim.experiments as experiments
+    # Prepare: a finished sweep and a report that kept a single archive before issue 44
+    import sim.archives as archives
+
+    runner = make_runner(tmp_path, FakeFlwr(["ok", "ok"]))
+    runner.run()
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / archives.ARCHIVE).write_bytes(b"old")
+    # Execute: parts just large enough for one cell
+    one = max(len(archives.pack([cell]))
+              for cell in archives.cell_entries(runner.preset, runner.results))
+    monkeypatch.setattr(archives, "PART_LIMIT", one + 20)
+    kept = archives.keep_archive(runner.preset, runner.results, out,
+                                 source="conf/confirm/x.toml", folder=tmp_path / "parts")
+    manifest = json.loads(kept.read_text())
+    first = [p["sha256"] for p in manifest["parts"]]
+    for cell in runner.results.glob("*/rounds.jsonl"):
+        os.utime(cell, (1e9, 1e9))  # another day, same records
+    again = json.loads(archives.keep_archive(runner.preset, runner.results, out,
+                                             source="conf/confirm/x.toml",
+                                             folder=tmp_path / "parts").read_text())
+    restored = {how: archives.restore_cells(path, tmp_path / how) for how, path in
+                (("manifest", kept), ("folder", tmp_path / "parts"), ("report", out),
+                 ("old-name", out / archives.ARCHIVE))}
+    # Assert: one part per cell here, each under the limit, named from the manifest with its
+    # hash; every cell listed with its part; the old single archive is gone
+    assert kept.name == archives.MANIFEST and not (out / archives.ARCHIVE).exists()
+    assert [p["file"] for p in manifest["parts"]] == ["../parts/cells-part01.tar.xz",
+                                                      "../parts/cells-part02.tar.xz"]
+    assert all(0 < p["bytes"] <= one + 20 and p["cells"] == 1 for p in manifest["parts"])
+    assert [(c["cell"], c["part"]) for c in manifest["cells"]] == [
+        (c.cell_id, k) for k, c in enumerate(runner.preset.cells(), 1)]
+    assert manifest["rebuild"].startswith("python -m sim.experiments run conf/confirm/x.toml,")
+    assert [p["sha256"] for p in again["parts"]] == first  # same cells, same bytes
+    assert restored == {"manifest": 2, "folder": 2, "report": 2, "old-name": 2}
+    for cell in runner.preset.cells():
+        assert (tmp_path / "manifest" / cell.cell_id / "rounds.jsonl").read_bytes() == \
+            (runner.results / cell.cell_id / "rounds.jsonl").read_bytes()
+    # and a part that changed or went missing is named, with how to rebuild the cells
+    (tmp_path / "parts" / "cells-part02.tar.xz").write_bytes(b"x")
+    with pytest.raises(SystemExit, match=r"cells-part02.tar.xz .* missing or differs.*rebuild"):
+        archives.restore_cells(kept, tmp_path / "third")
+
+
+def test_a_manifest_from_before_the_parts_restores_from_the_archive_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: issue 30's manifest, its archive in the store of one machine
+    import hashlib
+
+    from sim.archives import archive_cells, restore_cells
 
     runner = make_runner(tmp_path, FakeFlwr(["ok", "ok"]))
     runner.run()
     monkeypatch.setenv("FEDOWEN_ARCHIVES", str(tmp_path / "store"))
-    out = tmp_path / "report"
-    out.mkdir()
+    (tmp_path / "store").mkdir()
+    stored = archive_cells(runner.preset, runner.results, tmp_path / "store" / "unit-abc.tar.gz")
+    manifest = tmp_path / "cells-manifest.json"
+    manifest.write_text(json.dumps({
+        "preset": "unit", "archive": stored.name, "bytes": stored.stat().st_size,
+        "sha256": hashlib.sha256(stored.read_bytes()).hexdigest(),
+        "rebuild": "python -m sim.experiments run conf/unit.toml", "cells": []}))
     # Execute
-    small = experiments.keep_archive(runner.preset, runner.results, out)
-    monkeypatch.setattr(experiments, "ARCHIVE_LIMIT", 10)
-    kept = experiments.keep_archive(runner.preset, runner.results, out,
-                                    source="conf/confirm/x.toml")
-    restored = experiments.restore_cells(kept, tmp_path / "again")
-    first = json.loads(kept.read_text())["sha256"]
-    for cell in runner.results.glob("*/rounds.jsonl"):
-        os.utime(cell, (1e9, 1e9))  # another day, same records
-    again = json.loads(experiments.keep_archive(runner.preset, runner.results, out,
-                                                source="conf/confirm/x.toml").read_text())
-    # Assert: under the limit the archive stays; over it, only the manifest stays beside the
-    # report, naming the stored archive, its hash, and the cells with their commits
-    assert small.name == experiments.ARCHIVE
-    assert kept.name == experiments.MANIFEST and not (out / experiments.ARCHIVE).exists()
-    manifest = json.loads(kept.read_text())
-    assert (tmp_path / "store" / manifest["archive"]).is_file()
-    assert [c["cell"] for c in manifest["cells"]] == [c.cell_id for c in runner.preset.cells()]
+    restored = restore_cells(manifest, tmp_path / "again")
+    stored.unlink()
+    # Assert: restored from the store; without it, where it should be and how to rebuild
     assert restored == 2
-    assert again["sha256"] == first  # the same cells, the same bytes: the manifest holds
-    assert manifest["rebuild"].startswith("python -m sim.experiments run conf/confirm/x.toml,")
-    # and without the stored archive, restoring says where it should be and how to rebuild
-    (tmp_path / "store" / manifest["archive"]).unlink()
     with pytest.raises(SystemExit, match=r"is not in .*store.*rebuild the cells"):
-        experiments.restore_cells(kept, tmp_path / "third")
+        restore_cells(manifest, tmp_path / "third")
 
 
 def test_restore_takes_several_archives(tmp_path: Path) -> None:
@@ -462,30 +496,3 @@ def test_restore_takes_several_archives(tmp_path: Path) -> None:
     assert args.restore == archives
     _restore(args, one.preset, tmp_path / "merged")
     assert len(list((tmp_path / "merged").glob("*/summary.json"))) == 3
-
-
-#: Archives over 1 MB committed before issue 30's rule (blob SHA-1s): they stay, nothing new
-#: joins them (a larger archive goes to the archive store; the report keeps a manifest).
-GRANDFATHERED_ARCHIVES = {
-    "docs/results/ablation-mnist-dedupe05/cells.tar.gz": "1a4706463a33ef013e421230c1365ef72b22023f",
-    "docs/results/ablation-mnist/cells.tar.gz": "63fc5710d701ca8a2abf913af22d628ada7de8f7",
-    "docs/results/arena-mnist/cells.tar.gz": "0dc27d365daf10adae3349ee62d1456ea0e7fe76",
-    "docs/results/defaults-dev-mnist/cells.tar.gz": "3c61be56c367ef73983577076288ad325a9fb484",
-}
-
-
-def test_no_new_archive_over_a_megabyte_is_tracked() -> None:
-    from sim.experiments import ARCHIVE_LIMIT
-
-    repo = Path(__file__).resolve().parents[1]
-    staged = subprocess.run(["git", "-C", str(repo), "ls-files", "-s", "--", "*.tar.gz"],
-                            capture_output=True, text=True, check=True).stdout.splitlines()
-    heavy = {}
-    for line in staged:
-        meta, path = line.split("\t", 1)
-        blob = meta.split()[1]
-        size = int(subprocess.run(["git", "-C", str(repo), "cat-file", "-s", blob],
-                                  capture_output=True, text=True, check=True).stdout)
-        if size > ARCHIVE_LIMIT:
-            heavy[path] = blob
-    assert {p: b for p, b in heavy.items() if GRANDFATHERED_ARCHIVES.get(p) != b} == {}
