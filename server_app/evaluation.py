@@ -112,6 +112,10 @@ class CentralEvaluation:
         self.started = time.perf_counter()
         self.progress = Progress(cfg.num_server_rounds, done)
         self.end = RoundEnd(ArrayRecord(parts.model.state_dict()), self.started)
+        adversary = cfg.adversary()
+        # a backdoor run measures its attack success rate every round (fedowen_task.backdoor)
+        self.trigger = adversary.backdoor() if adversary.active and \
+            adversary.kind == "backdoor" else None
 
     def __call__(self, local_round: int, arrays: ArrayRecord) -> MetricRecord:
         # the round's wall time: selection, client training, aggregation (not evaluation)
@@ -134,7 +138,8 @@ class CentralEvaluation:
         return flower_metrics(measured, line)
 
     def measure(self, arrays: ArrayRecord) -> dict[str, float]:
-        """Test loss and accuracy of ``arrays`` (and validation's, with a validation set)."""
+        """Test loss and accuracy of ``arrays`` (and validation's, with a validation set; a
+        backdoor run's ``attack_success`` on the stamped test images of other classes)."""
         self.model.load_state_dict(arrays.to_torch_state_dict())
         sets = self.sets
         loss, acc = evaluate(self.model, sets.x_test, sets.y_test, device=self.device)
@@ -142,6 +147,12 @@ class CentralEvaluation:
         if len(sets.y_val):
             measured["val_loss"], measured["val_accuracy"] = evaluate(
                 self.model, sets.x_val, sets.y_val, device=self.device)
+        if self.trigger is not None:
+            from fedowen_task.backdoor import attack_success, white
+
+            measured["attack_success"] = attack_success(
+                self.model.to(self.device), sets.x_test, sets.y_test, self.trigger,
+                white(self.cfg.dataset))
         return measured
 
 

@@ -276,3 +276,20 @@ def test_the_field_selectors_and_the_posterior_run_through_both_apps(
             assert 0.3 <= choice["oort_exploration"] < 0.9
         else:
             assert choice["how"] in ("uniform", "posterior") and "heterogeneity_p" in choice
+
+
+def test_a_backdoor_run_records_its_attack_success_every_round(shared_data_dir: Path,
+                                                               tmp_path: Path) -> None:
+    # Prepare: 2 of 6 clients stamp a 3x3 square on all their images, relabelled 0, x3
+    run_config = small_run_config(shared_data_dir, tmp_path, **{
+        "num-server-rounds": 2, "adversary-kind": "backdoor", "adversary-fraction": 0.34,
+        "adversary-poison-fraction": 1.0, "adversary-boost": 3.0})
+    nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
+    # Execute
+    run(InProcessGrid(client_app, nodes, run_config), parse_run_config(run_config), tmp_path)
+    # Assert: a rate in [0, 1] in every round's record, round 0 included; who attacked
+    rounds = read_rounds(tmp_path)
+    assert all(0.0 <= r["attack_success"] <= 1.0 for r in rounds)
+    record = json.loads((tmp_path / "adversaries.json").read_text())
+    assert record["kind"] == "backdoor" and len(record["ids"]) == 2
+    assert record["trigger"] == "square" and record["poison_fraction"] == 1.0
