@@ -47,6 +47,7 @@ from fedowen_strategy.bounds import (
     lower_median,
 )
 from fedowen_strategy.links import link_groups, merge_groups, upper_triangle
+from fedowen_strategy.majority import UPDATE_FILTERS, filter_majority
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate, norm_ratio_limit
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
@@ -108,6 +109,10 @@ class Guards(Settings):
         are caught a group of copies gets one member's weight, and its client ids are banned
         (never selected again, pay forfeited). Keep it at copy level: under one-class non-IID
         data honest updates came within 0.0007 of each other (docs/results/duplicates/).
+    update_filter : {"none", "majority"}
+        ``majority``: only the largest cluster of the round's update directions (HDBSCAN on
+        cosine distances, a strict majority at least; :mod:`fedowen_strategy.majority`,
+        FLAME's filter) is valued and averaged; the rest are rejected (opt-in, issue 45).
     """
 
     max_norm_ratio: float = 10.0
@@ -119,6 +124,7 @@ class Guards(Settings):
     value_cap_mode: str = "exactly"
     link_cosine: float = 0.98
     duplicate_tolerance: float = 1e-6
+    update_filter: str = "none"
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""
@@ -144,6 +150,7 @@ class Guards(Settings):
         found += one_of(k("update_bound"), self.update_bound, UPDATE_BOUNDS)
         found += one_of(k("norm_cap"), self.norm_cap, NORM_CAPS)
         found += one_of(k("value_cap_mode"), self.value_cap_mode, VALUE_CAP_MODES)
+        found += one_of(k("update_filter"), self.update_filter, UPDATE_FILTERS)
         if self.value_cap_mode == "exactly" and self.value_cap_multiple == 0:
             found.append(f"{k('value_cap_mode')}='exactly' values every update at "
                          f"{k('value_cap_multiple')} x the norm cap's reference: set "
@@ -241,6 +248,9 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     bounded = bound_updates(updates, global_state, guards.update_bound,
                             guards.update_bound_multiple)
     out = GuardedRound(bounded.updates, dict(bounded.rejected), dict(bounded.clipped))
+    if guards.update_filter == "majority" and out.updates:
+        out.updates, outside = filter_majority(out.updates, global_state)
+        out.rejected.update(outside)
     reference = _cap(out, global_state, guards, norm_cap, server_update)
     # valued and averaged in client-id order, so the estimator's sampled orders (and float
     # sums) do not depend on arrival times

@@ -13,9 +13,19 @@ HDBSCAN is scikit-learn's. Pure functions of the updates and a generator.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numpy.typing import NDArray
 
+from fedowen_strategy.updates import flat_deltas
+
+if TYPE_CHECKING:
+    from fedowen_strategy.replies import ClientUpdate
+
+#: ``update-filter``: none, or the majority cluster of update directions.
+UPDATE_FILTERS = ("none", "majority")
 #: FLAME's noise level for image classification (the paper's lambda).
 FLAME_NOISE = 0.001
 
@@ -54,3 +64,13 @@ def flame_noise(shape: tuple[int, ...], median_norm: float, rng: np.random.Gener
                 level: float = FLAME_NOISE) -> NDArray[np.float64]:
     """FLAME's noise on the aggregate: ``N(0, (level x median_norm)^2)`` per coordinate."""
     return rng.normal(0.0, level * median_norm, size=shape)
+
+
+def filter_majority(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDArray]
+                    ) -> tuple[list[ClientUpdate], dict[str, str]]:
+    """The updates in the majority cluster of their directions (:func:`majority_cluster`), and
+    the others as rejected, with the reason."""
+    keep = majority_cluster(flat_deltas([u.state for u in updates], global_state))
+    reason = "outside the majority cluster of update directions (update-filter = majority)"
+    return ([u for u, k in zip(updates, keep, strict=True) if k],
+            {u.client_id: reason for u, k in zip(updates, keep, strict=True) if not k})

@@ -61,7 +61,7 @@ SETTINGS_KEYS: Mapping[str, str] = MappingProxyType({
     "update_bound_multiple": "update-bound-multiple", "norm_cap": "norm-cap",
     "norm_cap_multiple": "norm-cap-multiple", "value_cap_multiple": "value-cap-multiple",
     "value_cap_mode": "value-cap-mode", "link_cosine": "link-cosine",
-    "duplicate_tolerance": "duplicate-tolerance",
+    "duplicate_tolerance": "duplicate-tolerance", "update_filter": "update-filter",
 })
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
@@ -108,6 +108,7 @@ class RunConfig(TaskConfig):
     verbose: bool = False
     node_wait_timeout: float = NODE_WAIT_TIMEOUT
     duplicate_tolerance: float = _GUARDS.duplicate_tolerance
+    update_filter: str = _GUARDS.update_filter
     uniform_mix: float = _VALUATION.uniform_mix
     weight_cap: float = _VALUATION.weight_cap
     bandit_memory: str = _SELECTION.memory

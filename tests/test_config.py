@@ -99,7 +99,8 @@ ONE_MISTAKE = {
     "adversary-boost": 0.0, "adversary-alie-z": -1.0, "adversary-ipm-epsilon": 0.0,
     "adversary-jitter": -1.0, "adversary-trigger": "star", "adversary-trigger-size": 0,
     "adversary-trigger-position": "middle", "adversary-target": -1,
-    "adversary-poison-fraction": 0.0, "krum-malicious": -1, "fltrust-root-size": -1,
+    "adversary-poison-fraction": 0.0, "update-filter": "flame", "krum-malicious": -1,
+    "fltrust-root-size": -1,
     "fltrust-root-epochs": 0, "fltrust-server-lr": 0.0, "foolsgold-kappa": 0.0, "device": 1,
     "torch-threads": -1,
 }

@@ -47,3 +47,23 @@ def test_distances_clipping_and_noise_by_hand() -> None:
     assert median == 2.0 and factors.tolist() == [1.0, 1.0, 0.5]
     noise = flame_noise((10000,), 2.0, np.random.default_rng(0), level=0.5)
     assert noise.std() == pytest.approx(1.0, rel=0.03)
+
+
+def test_the_majority_filter_rejects_a_backdoor_minority_in_a_round() -> None:
+    # Prepare: the hand-built round above as client updates to a zero global model
+    from fedowen_strategy.guards import Guards, guard_round
+    from fedowen_strategy.replies import ClientUpdate
+
+    rng = np.random.default_rng(0)
+    trigger = rng.normal(size=50)
+    flat = np.vstack([honest_round(rng),
+                      *[10 * (trigger + 0.1 * rng.normal(size=50)) for _ in range(2)]])
+    updates = [ClientUpdate(i, f"c{i}", {"w": row}, 10, 1.0) for i, row in enumerate(flat)]
+    # Execute
+    out = guard_round(updates, {"w": np.zeros(50)}, Guards(update_filter="majority"),
+                      norm_cap="median", value_players=True)
+    off = guard_round(updates, {"w": np.zeros(50)}, Guards(), norm_cap="median",
+                      value_players=True)
+    # Assert: both attackers rejected with the reason, the honest majority kept; off by default
+    assert {"c8", "c9"} <= set(out.rejected) and "majority" in out.rejected["c8"]
+    assert len(out.updates) >= 6 and not off.rejected
