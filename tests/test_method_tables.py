@@ -65,7 +65,7 @@ def test_validation_help_and_docs_name_the_same_strategies(
     # Execute
     in_error = listed_in_error("strategy", "fedavgg")
     help_text = run_help(capsys)
-    readme = section(ROOT / "README.md", "### Swapping the strategy")
+    readme = section(ROOT / "docs" / "guide.md", "## Swapping the strategy")
     flower_sentence = readme.split("or `module:Class`", 1)[0]
     # Assert: the README's list of Flower's classes is the table's, in its order, and every
     # strategy name is described there
