@@ -135,8 +135,12 @@ def verdict(found: Sequence[Setting], collapsed_runs: Mapping[str, list[str]]
                     fails.append(f"{s.name}: {d.text(signed=True)} vs {ref}")
         failures[arm] = fails
 
+    # averaged over the settings where every contender has finished seeds (all of them once
+    # the grid is complete; an interim reading must not rank an arm down for a missing cell)
+    shared = [s for s in found if all(a in s.scores for a in CONTENDERS)]
+
     def mean_val(arm: str) -> float:
-        means = [s.mean(arm) for s in found]
+        means = [s.mean(arm) for s in shared]
         return sum(means) / len(means) if means else -math.inf
 
     ranked = sorted(CONTENDERS, key=lambda a: (len(failures[a]), -mean_val(a)))
