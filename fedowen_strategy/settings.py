@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -37,15 +38,15 @@ def one_of(name: str, value: str, choices: Sequence[str]) -> list[str]:
     return [f"{name}={value!r} is not one of {', '.join(choices)}{hint}"]
 
 
-class Settings:
+class Settings(ABC):
     """Base of the frozen settings dataclasses: subclasses define :meth:`problems`."""
 
     __dataclass_fields__: ClassVar[dict[str, Any]]  # every subclass is a dataclass
 
+    @abstractmethod
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these settings, one problem per mistake, fields named by
         ``keys``."""
-        raise NotImplementedError
 
     def __post_init__(self) -> None:
         if found := self.problems():
