@@ -113,6 +113,13 @@ class Guards(Settings):
         ``majority``: only the largest cluster of the round's update directions (HDBSCAN on
         cosine distances, a strict majority at least; :mod:`fedowen_strategy.majority`,
         FLAME's filter) is valued and averaged; the rest are rejected (opt-in, issue 45).
+    robust_lr_threshold : int
+        The robust learning rate's sign vote on the round's aggregate: where fewer than this
+        many more updates agree on a coordinate's sign than disagree, the server's step there
+        is reversed (:mod:`fedowen_strategy.robust_lr`; 0: off; opt-in, issue 45).
+    aggregate_noise : float
+        FLAME's noise on the round's aggregate, standard deviation this multiple of the
+        round's median update norm (the paper's lambda, 0.001; 0: off; opt-in, issue 45).
     """
 
     max_norm_ratio: float = 10.0
@@ -125,6 +132,8 @@ class Guards(Settings):
     link_cosine: float = 0.98
     duplicate_tolerance: float = 1e-6
     update_filter: str = "none"
+    robust_lr_threshold: int = 0
+    aggregate_noise: float = 0.0
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""
@@ -145,6 +154,12 @@ class Guards(Settings):
             (0 <= self.duplicate_tolerance < 1,
              f"{k('duplicate_tolerance')}={self.duplicate_tolerance!r} must lie in [0, 1) "
              "(0 = off)"),
+            (self.robust_lr_threshold >= 0,
+             f"{k('robust_lr_threshold')}={self.robust_lr_threshold!r} must be >= 0 (0 = off; "
+             "e.g. 4 of 10 clients a round)"),
+            (self.aggregate_noise >= 0,
+             f"{k('aggregate_noise')}={self.aggregate_noise!r} must be >= 0 (0 = off; FLAME's "
+             "0.001)"),
         ]
         found = [message for ok, message in checks if not ok]
         found += one_of(k("update_bound"), self.update_bound, UPDATE_BOUNDS)

@@ -29,6 +29,7 @@ from fedowen_strategy.contribution import (
 )
 from fedowen_strategy.guards import Guards, guard_round
 from fedowen_strategy.replies import ParsedReplies
+from fedowen_strategy.robust_lr import guard_aggregate
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,10 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
                       global_state, valuation, utility_factory, rng, guarded.groups)
     log.info("aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
              server_round, len(states), valuation.method, val.seconds, val.n_evals)
+    state, robust = guard_aggregate(weighted_average(states, val.weights), states, global_state,
+                                    robust_lr_threshold=guards.robust_lr_threshold,
+                                    aggregate_noise=guards.aggregate_noise, rng=rng)
     record = round_record.round_record(selected, parsed, valuation.method, guarded.copies,
-                                       fields, val)
-    return RoundOutcome(weighted_average(states, val.weights), parsed, guarded.copies,
-                        guarded.links, val, record,
+                                       {**fields, **robust}, val)
+    return RoundOutcome(state, parsed, guarded.copies, guarded.links, val, record,
                         round_record.ledger_rows(server_round, parsed, val))

@@ -62,6 +62,7 @@ SETTINGS_KEYS: Mapping[str, str] = MappingProxyType({
     "norm_cap_multiple": "norm-cap-multiple", "value_cap_multiple": "value-cap-multiple",
     "value_cap_mode": "value-cap-mode", "link_cosine": "link-cosine",
     "duplicate_tolerance": "duplicate-tolerance", "update_filter": "update-filter",
+    "robust_lr_threshold": "robust-lr-threshold", "aggregate_noise": "aggregate-noise",
 })
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
@@ -109,6 +110,8 @@ class RunConfig(TaskConfig):
     node_wait_timeout: float = NODE_WAIT_TIMEOUT
     duplicate_tolerance: float = _GUARDS.duplicate_tolerance
     update_filter: str = _GUARDS.update_filter
+    robust_lr_threshold: int = _GUARDS.robust_lr_threshold
+    aggregate_noise: float = _GUARDS.aggregate_noise
     uniform_mix: float = _VALUATION.uniform_mix
     weight_cap: float = _VALUATION.weight_cap
     bandit_memory: str = _SELECTION.memory

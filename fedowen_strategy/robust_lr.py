@@ -1,0 +1,66 @@
+"""Guards on the round's aggregate against backdoors: the robust learning rate's sign vote and
+FLAME's noise.
+
+A backdoor lives in coordinates that the attackers push the same way and the honest clients do
+not agree on. The robust learning rate (Ozdayi, Kantarcioglu, Gel, AAAI 2021) counts, per
+coordinate, the signs of the round's updates: where ``|sum_i sign(delta_i)|`` is below the
+threshold theta, the server's step on that coordinate is reversed (learning rate -1 instead
+of +1), so a direction only a minority teaches is unlearned rather than accumulated. FLAME
+(Nguyen et al., USENIX Security 2022) adds Gaussian noise of standard deviation
+``lambda x S`` to the aggregate, ``S`` the median norm of the round's updates, which erodes
+what a few rounds of poisoned updates wrote. Both act after the valuation's weights have
+averaged the round, so phi and the ledger are those of the updates as sent.
+
+Pure functions of the states and a generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedowen_strategy.updates import State, float_keys, update_norm
+
+
+def sign_agreement(deltas: NDArray[np.floating]) -> NDArray[np.float64]:
+    """``|sum_i sign(delta_i)|`` per coordinate of ``deltas`` (updates stacked on axis 0)."""
+    return np.abs(np.sign(deltas).sum(axis=0, dtype=np.float64))
+
+
+def robust_lr_mask(deltas: NDArray[np.floating], threshold: int) -> NDArray[np.float64]:
+    """Per coordinate, +1 where at least ``threshold`` more updates agree on the sign than
+    disagree, else -1 (the server's learning rate there; the paper's Eq. 3)."""
+    return np.where(sign_agreement(deltas) >= threshold, 1.0, -1.0)
+
+
+def guard_aggregate(average: Mapping[str, NDArray], states: Sequence[State],
+                    global_state: State, *, robust_lr_threshold: int, aggregate_noise: float,
+                    rng: np.random.Generator) -> tuple[dict[str, NDArray], dict[str, Any]]:
+    """The round's new global model after the sign vote and the noise (each off at 0), and
+    what they did for the round record: the share of coordinates whose step was reversed
+    (``robust_lr_reversed``) and the noise's standard deviation (``aggregate_noise_std``).
+    Counters (integer arrays) pass through untouched."""
+    out = {k: np.asarray(v) for k, v in average.items()}
+    record: dict[str, Any] = {}
+    if not states or (robust_lr_threshold <= 0 and aggregate_noise <= 0):
+        return out, record
+    keys = float_keys(global_state)
+    if robust_lr_threshold > 0:
+        reversed_, total = 0, 0
+        for key in keys:
+            ref = global_state[key].astype(np.float64)
+            mask = robust_lr_mask(np.stack([s[key] - ref for s in states]), robust_lr_threshold)
+            out[key] = (ref + mask * (out[key] - ref)).astype(global_state[key].dtype)
+            reversed_ += int(np.count_nonzero(mask < 0))
+            total += mask.size
+        record["robust_lr_reversed"] = reversed_ / max(total, 1)
+    if aggregate_noise > 0:
+        std = aggregate_noise * float(np.median([update_norm(s, global_state) for s in states]))
+        for key in keys:
+            noise = rng.normal(0.0, std, size=global_state[key].shape)
+            out[key] = (out[key] + noise).astype(global_state[key].dtype)
+        record["aggregate_noise_std"] = std
+    return out, record
