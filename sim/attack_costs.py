@@ -29,7 +29,6 @@ import argparse
 import csv
 import math
 from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +47,11 @@ COLLAPSE_BELOW, COLLAPSE_LAST = 20.0, 10
 HELD_WITHIN = 2.0
 
 
-def _key(cfg: dict[str, Any], drop: Sequence[str]) -> str:
-    return repr(sorted((k, v) for k, v in cfg.items() if k not in drop))
+def _key(cfg: dict[str, Any]) -> str:
+    """A cell's config less its adversary's keys (every ``adversary-*`` key and
+    :data:`ADVERSARY_KEYS`): equal for an attacked cell and its clean pair."""
+    return repr(sorted((k, v) for k, v in cfg.items()
+                       if k not in ADVERSARY_KEYS and not k.startswith("adversary-")))
 
 
 def attacked(cfg: dict[str, Any]) -> bool:
@@ -57,8 +59,15 @@ def attacked(cfg: dict[str, Any]) -> bool:
 
 
 def attack_name(cfg: dict[str, Any]) -> str:
+    """E.g. ``boosted 10%``; a backdoor with its trigger, target and boost
+    (``backdoor 20% square3 bottom-right to 0 x3``)."""
     app = app_config(cfg)
-    return f"{app.adversary_kind} {100 * app.adversary_fraction:.0f}%"
+    name = f"{app.adversary_kind} {100 * app.adversary_fraction:.0f}%"
+    if app.adversary_kind == "backdoor":
+        name += (f" {app.adversary_trigger}{app.adversary_trigger_size} "
+                 f"{app.adversary_trigger_position} to {app.adversary_target} "
+                 f"x{app.adversary_boost:g}")
+    return name
 
 
 def collapsed(result: CellResult) -> bool:
@@ -87,11 +96,11 @@ def seed_rows(res: dict[str, CellResult], num_partitions: int,
     for r in res.values():
         cfg = r.cell.run_config
         if r.finished and not attacked(cfg):
-            clean[_key(cfg, ADVERSARY_KEYS)] = r
+            clean[_key(cfg)] = r
     rows = []
     for cid, r in res.items():
         cfg = r.cell.run_config
-        pair = clean.get(_key(cfg, ADVERSARY_KEYS))
+        pair = clean.get(_key(cfg))
         if not (attacked(cfg) and r.finished and pair is not None):
             continue
         adv = cell_adversaries(r, num_partitions)
