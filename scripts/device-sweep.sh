@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Run a preset's cells on a lent accelerator machine (the `device` tool), inline backend.
 #
-# Here, once per session (fills the git-ignored .device/: flwr's wheels for Python 3.12, the
-# MNIST files, the finished cells of earlier device calls):
-#   bash scripts/device-sweep.sh prepare [CELLS_ARCHIVE]
-# A call sends the checkout's tracked files (about 42 MB, archives/ 24 MB of it) and .device
-# (about 28 MB), over the 64 MiB a call takes: before the calls, `hide` takes docs/results out
-# of the index (and ignores it; the files stay), and `unhide` puts it back (commit nothing in
-# between):
+# Here, once per session (fills the git-ignored .device/: the Python 3.12 packages flwr 1.42 and
+# scikit-learn need, installed here and packed with xz, 16 MB; the raw files of the datasets in
+# DEVICE_DATASETS, default MNIST, 9 MB; FashionMNIST 26 MB more; the finished cells of earlier
+# device calls):
+#   DEVICE_DATASETS="MNIST FashionMNIST" bash scripts/device-sweep.sh prepare [CELLS_ARCHIVE]
+# A call sends the checkout's tracked files and .device, 64 MiB at most: before the calls,
+# `hide` takes docs/results and archives/ out of the index (and ignores them; the files stay;
+# about 3 MB is left), and `unhide` puts them back (commit nothing in between):
 #   bash scripts/device-sweep.sh hide      ...calls...      bash scripts/device-sweep.sh unhide
-# There, in each call (carry [".device"]; at most 10 minutes a call, so stop a minute early):
+# There, in each call (carry [".device"]; at most 10 minutes a call, so stop a minute early;
+# 60 backdoor cells of 100 MNIST/FashionMNIST rounds took 5.4 min at --jobs 48 on an H100):
 #   bash scripts/device-sweep.sh run conf/ablation-mnist.toml 8 --grid ablation --jobs 30
 # Back here: the call's files hold cells.tar.gz (every finished cell of this and earlier calls)
 # and sweep.log; keep the archive as .device/cells.tar.gz for the next call and report with
@@ -18,7 +20,9 @@
 # A call that the deadline cuts leaves its unfinished cells' per-round checkpoints in /tmp/results
 # there: a next call on the still-warm machine (within its 30 s) resumes them.
 # Device cells differ from CPU cells in float rounding, so they are their own report, never
-# mixed into a CPU sweep's pairs. GPU-NOTES (../shared) has the measured throughput.
+# mixed into a CPU sweep's pairs; nor are GPU cells bit-reproducible from call to call (one
+# backdoor cell gave 5.6% and 9.3% attack success), so pair arms within one call. GPU-NOTES
+# (../shared) has the measured throughput.
 # flwr 1.42 imports httpx (and idna) at import time, which the device lacks: their wheels travel
 # too (found by running a cell here with only the device's packages importable).
 set -euo pipefail
