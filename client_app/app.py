@@ -38,6 +38,7 @@ from fedowen_task.protocol import (
     LOCAL_LOSS_FIELD,
     LOSS_SQUARES_FIELD,
     RAY_NODE_FIELD,
+    UNIT_WEIGHT_FIELD,
 )
 from fedowen_task.training import evaluate, train
 
@@ -184,7 +185,8 @@ def train_handler(msg: Message, context: Context) -> Message:
     state = dict(model.state_dict())
     if attack is not None:
         state = attack.client_reply(global_state, state, turn)
-    metrics = MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y)})
+    metrics = MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y),
+                            UNIT_WEIGHT_FIELD: 1})
     if squares:
         metrics[LOSS_SQUARES_FIELD] = float(stats["loss_squares"])
     content = RecordDict({"arrays": ArrayRecord(state), "metrics": metrics})

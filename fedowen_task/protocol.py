@@ -21,3 +21,7 @@ LOCAL_LOSS_FIELD = "local-loss"
 #: Train-config field asking a client to report the sum of its squared per-sample training
 #: losses (Oort's statistical utility), and the reply's metric holding it.
 LOSS_SQUARES_FIELD = "loss-squares"
+#: Train-reply metric that is 1 for every client: Flower's strategies weight by it
+#: (``strategy-params = "weighted_by_key=unit-weight"``) to average with equal weights instead
+#: of sample counts (``num-examples``, their default).
+UNIT_WEIGHT_FIELD = "unit-weight"
