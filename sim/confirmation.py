@@ -45,6 +45,10 @@ TUNING_SEEDS = (50, 51)
 CONFIRMATION_SEEDS = tuple(range(100, 108))
 #: The presets (conf/confirm/<dataset>.toml) and report folders of the confirmation.
 PRESET_PREFIX = "confirm-"
+#: The second confirmation's (issue 46): seeds no committed result or preset used before it,
+#: its presets (conf/confirm2/<dataset>.toml, tuning on TUNING_SEEDS) and report folders.
+SECOND_CONFIRMATION_SEEDS = tuple(range(200, 208))
+SECOND_PRESET_PREFIX = "confirm2-"
 
 
 def tuning_scores(grid: Grid, preset: Preset, res: dict[str, CellResult], col: dict[str, Any]

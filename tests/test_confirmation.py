@@ -108,13 +108,18 @@ def test_no_earlier_result_or_preset_used_the_tuning_or_confirmation_seeds() -> 
     import tomllib
 
     from sim.archives import MANIFEST, archived_files
-    from sim.confirmation import CONFIRMATION_SEEDS, PRESET_PREFIX, TUNING_SEEDS
+    from sim.confirmation import (
+        CONFIRMATION_SEEDS,
+        PRESET_PREFIX,
+        SECOND_PRESET_PREFIX,
+        TUNING_SEEDS,
+    )
 
     root = Path(__file__).resolve().parents[1]
     used: set[int] = set()
     archives = []
     for manifest in sorted((root / "docs" / "results").glob(f"*/{MANIFEST}")):
-        if manifest.parent.name.startswith(PRESET_PREFIX):
+        if manifest.parent.name.startswith((PRESET_PREFIX, SECOND_PRESET_PREFIX)):
             continue
         meta = json.loads(manifest.read_text())
         if "parts" in meta:  # committed in parts (sim.archives)
@@ -129,12 +134,43 @@ def test_no_earlier_result_or_preset_used_the_tuning_or_confirmation_seeds() -> 
     assert len(archives) >= 5 and len(presets) >= 10 and {0, 1, 2} <= used  # it looked
     assert not used & set(CONFIRMATION_SEEDS), sorted(used & set(CONFIRMATION_SEEDS))
     assert not used & set(TUNING_SEEDS), sorted(used & set(TUNING_SEEDS))
-    # and the confirmation's presets tune on the tuning seeds only
-    for preset in (root / "conf" / "confirm").glob("*.toml"):
+    # and the confirmations' presets tune on the tuning seeds only
+    for preset in [*(root / "conf" / "confirm").glob("*.toml"),
+                   *(root / "conf" / "confirm2").glob("*.toml")]:
         doc = tomllib.loads(preset.read_text())
         for grid in doc["grid"]:
             if grid.get("kind") == "tuning":
                 assert set(grid["axes"]["seed"]) == set(TUNING_SEEDS), preset.name
+
+
+def test_no_result_or_preset_but_the_second_confirmation_uses_its_seeds() -> None:
+    # Seeds 200-207 are the second confirmation's (issue 46): no committed cell archive
+    # (each cell's config.json), no preset and no grid of its own presets but its confirmation
+    # grids may use them
+    import tomllib
+
+    from sim.archives import MANIFEST, archived_files
+    from sim.confirmation import SECOND_CONFIRMATION_SEEDS, SECOND_PRESET_PREFIX
+
+    root = Path(__file__).resolve().parents[1]
+    used: set[int] = set()
+    for manifest in sorted((root / "docs" / "results").glob(f"*/{MANIFEST}")):
+        if manifest.parent.name.startswith(SECOND_PRESET_PREFIX):
+            continue  # its own reports: what its presets' grids (below) ran
+        meta = json.loads(manifest.read_text())
+        if "parts" in meta:
+            used |= {int(json.loads(data)["seed"])
+                     for _, data in archived_files(manifest, "config.json")}
+        else:
+            used |= {int(c["point"]["seed"]) for c in meta["cells"] if "seed" in c["point"]}
+    presets = [*root.glob("conf/*.toml"), *root.glob("conf/confirm/*.toml")]
+    for preset in presets:
+        used |= _seeds_in(tomllib.loads(preset.read_text()))
+    for preset in root.glob("conf/confirm2/*.toml"):
+        doc = tomllib.loads(preset.read_text())
+        used |= _seeds_in([g for g in doc["grid"] if g.get("kind") != "ablation"])
+    assert {0, 50, 100} <= used  # it looked
+    assert not used & set(SECOND_CONFIRMATION_SEEDS), sorted(used & set(SECOND_CONFIRMATION_SEEDS))
 
 
 def test_the_confirmation_arms_carry_the_committed_tuning_picks() -> None:
