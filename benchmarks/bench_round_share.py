@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 import server_app.app as server_app
+import server_app.factory as server_factory
 from benchmarks._common import load_average, machine_info, markdown_table, rotated, write_outputs
 from benchmarks.bench_ranking_battery import spearman
 from client_app.app import app as client_app
@@ -109,7 +110,7 @@ def play(run_config: dict[str, Any], num_nodes: int
 
     cfg = parse_run_config(run_config)
     nodes = [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
-    with task_identity(), mock.patch.object(server_app, "CoalitionUtility", Capturing):
+    with task_identity(), mock.patch.object(server_factory, "CoalitionUtility", Capturing):
         server_app.run(InProcessGrid(client_app, nodes, run_config), cfg,
                        Path(run_config["output-dir"]))
     recording[0] = False

@@ -67,6 +67,7 @@ SETTINGS_KEYS: Mapping[str, str] = MappingProxyType({
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
                               "device", "round-timeout", "node-wait-timeout", "torch-threads",
+                              "valuation-workers",
                               "download", "verbose"})
 
 
@@ -124,6 +125,7 @@ class RunConfig(TaskConfig):
     selection_level: float = _SELECTION.resolve_level
     selection_cap: float = _SELECTION.cap
     torch_threads: int = 1
+    valuation_workers: int = 1
     resume_from: str = ""
     krum_malicious: int = _VALUATION.krum_malicious
     # Peer defences (issue 17): see fedowen_strategy.peers.fltrust / foolsgold.
@@ -227,6 +229,9 @@ class RunConfig(TaskConfig):
             (self.round_timeout > 0, "round-timeout must be > 0"),
             (self.node_wait_timeout > 0, "node-wait-timeout must be > 0"),
             (self.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
+            (self.valuation_workers >= 0,
+             f"valuation-workers={self.valuation_workers} must be >= 0 (1: the server's thread "
+             "alone; 0: one per core the ServerApp may use)"),
             (self.test_max_samples >= 0, "test-max-samples must be >= 0 (0 = no cap)"),
             (self.output_dir == "" or os.path.isabs(self.output_dir),
              f"output-dir={self.output_dir!r} must be an absolute path"),

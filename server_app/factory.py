@@ -10,6 +10,7 @@ the constructor arguments the run config cannot hold (:mod:`server_app.peers`). 
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,10 +42,16 @@ def build_strategy(cfg: RunConfig, factory: UtilityFactory | None,
                    on_evaluate=client_evaluation(recorder) if recorder else None)
 
 
+def valuation_workers(workers: int) -> int:
+    """``valuation-workers`` resolved: 0 is one per core this process may use."""
+    return workers or len(os.sched_getaffinity(0))
+
+
 def _fedowen(cfg: RunConfig, num_nodes: int, parts: ServerParts) -> ServerStrategy:
     """FedOwen with a coalition utility on the evaluation set."""
     factory = CoalitionUtility(parts.model, parts.sets.x_eval, parts.sets.y_eval,
-                               metric=cfg.utility_metric, device=parts.device)
+                               metric=cfg.utility_metric, device=parts.device,
+                               workers=valuation_workers(cfg.valuation_workers))
     # norm-cap = "server": the reference norm is one epoch on the evaluation set, as FLTrust's
     step = (PerRound(root_trainer(cfg, parts.model, parts.sets, parts.device, 0, 1))
             if cfg.choices().norm_cap == "server" else None)

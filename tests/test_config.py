@@ -103,7 +103,7 @@ ONE_MISTAKE = {
     "aggregate-noise": -0.001, "krum-malicious": -1,
     "fltrust-root-size": -1,
     "fltrust-root-epochs": 0, "fltrust-server-lr": 0.0, "foolsgold-kappa": 0.0, "device": 1,
-    "torch-threads": -1,
+    "torch-threads": -1, "valuation-workers": -1,
 }
 
 

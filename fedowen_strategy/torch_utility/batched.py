@@ -30,8 +30,11 @@ the linearly averaged running statistics.
 
 from __future__ import annotations
 
+import copy
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -115,6 +118,12 @@ class CoalitionGame:
         one per run instead of tracing the model every round); None: prepared here.
     free_memory_bytes : int or None
         Overrides the measured free memory in the chunk rule (tests use a fake figure).
+    workers : int
+        Threads that evaluate a chunk's coalitions in loop mode, each on its own copy of the
+        network (1: the calling thread alone). Every coalition's forwards and score sums are
+        the same operations in the same order whichever thread runs them, so the values are
+        bit-identical to one worker's (``tests/test_valuation_workers.py``); torch releases the
+        GIL in its kernels, so with one torch thread each they run on as many cores.
     """
 
     def __init__(
@@ -136,7 +145,10 @@ class CoalitionGame:
         shares: Sequence[float] | None = None,
         net: nn.Module | None = None,
         free_memory_bytes: int | None = None,
+        workers: int = 1,
     ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers={workers!r} must be >= 1 (threads evaluating coalitions)")
         self.device = resolve_device(device)
         self.batch_size = batch_size or (128 if self.device.type == "cpu" else 256)
         _check_args(metric, mode, x_eval, y_eval, self.batch_size)
@@ -158,6 +170,7 @@ class CoalitionGame:
             reference, [*client_states, global_state], self.device
         )
         self.mode = choose_mode(mode, self.device, self._stacked.shape[1])
+        self.workers = workers if self.mode == "loop" else 1
         dtype = self._stacked.dtype
         self._x = x_eval.to(self.device, dtype)
         self._y = y_eval.to(self.device, torch.long)
@@ -253,10 +266,46 @@ class CoalitionGame:
 
     def _sums_loop(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
         c = next(iter(params.values())).shape[0]
-        out = torch.zeros(c, dtype=torch.float64, device=self.device)
-        for j in range(c):
+        if self.workers == 1 or c == 1:
+            return self._sums_block(params, self._net, range(c))
+        blocks = [range(int(b[0]), int(b[-1]) + 1)
+                  for b in np.array_split(np.arange(c), min(self.workers, c))]
+        nets = _replicas(self._net, len(blocks))
+
+        def run(job: tuple[nn.Module, range]) -> torch.Tensor:
+            with torch.inference_mode():  # thread-local: the worker needs its own
+                return self._sums_block(params, *job)
+
+        return torch.cat(list(_pool(len(blocks)).map(run, zip(nets, blocks, strict=True))))
+
+    def _sums_block(self, params: dict[str, torch.Tensor], net: nn.Module,
+                    block: range) -> torch.Tensor:
+        """Score sums of the coalitions ``block`` of ``params``, one forward per batch."""
+        out = torch.zeros(len(block), dtype=torch.float64, device=self.device)
+        for i, j in enumerate(block):
             p = {key: v[j] for key, v in params.items()}
             for s in range(0, len(self._x), self.batch_size):
-                logits = functional_call(self._net, p, (self._x[s : s + self.batch_size],))
-                out[j] += score_sum(logits, self._y[s : s + self.batch_size], self.metric)
+                logits = functional_call(net, p, (self._x[s : s + self.batch_size],))
+                out[i] += score_sum(logits, self._y[s : s + self.batch_size], self.metric)
         return out
+
+
+#: Per network, its copies for worker threads (``functional_call`` swaps a module's parameters
+#: while it runs, so two threads may not share one module).
+_REPLICAS: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _replicas(net: nn.Module, k: int) -> list[nn.Module]:
+    """``net`` and ``k - 1`` copies of it, kept for the next round's game."""
+    copies = _REPLICAS.setdefault(net, [])
+    while len(copies) < k - 1:
+        copies.append(copy.deepcopy(net))
+    return [net, *copies[: k - 1]]
+
+
+def _pool(k: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``k`` threads (created once per size)."""
+    if k not in _POOLS:
+        _POOLS[k] = ThreadPoolExecutor(max_workers=k, thread_name_prefix="coalitions")
+    return _POOLS[k]
