@@ -14,6 +14,12 @@ utility of each worker count, ``--repeats`` times in rotating order. Per worker 
   which the workers do not touch);
 * ``identical``: whether phi is bit-identical to one worker's (it must be).
 
+``--backend flwr``: instead, one real ``flwr run`` per worker count (Ray, a SuperLink of this
+process, ``--nodes`` virtual clients of one CPU each, ``valuation-workers`` set in the run
+config); per round after the warm-up, the round's wall time (``elapsed_seconds``) and the
+app's ``valuation_seconds`` from rounds.jsonl; ``identical`` compares the runs' phi round by
+round (the runs are seeded alike).
+
 Example (the machine should be otherwise idle: the workers compete for its cores)::
 
     PYTHONPATH=. FEDOWEN_DATA=/work/shared/data python benchmarks/bench_valuation_workers.py \
@@ -88,6 +94,47 @@ def measure(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def flwr_rounds(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """One real ``flwr run`` per worker count; each measured round's share."""
+    from fedowen_deploy.launcher import LocalSuperLink, flwr_run
+
+    phi: dict[int, dict[int, Any]] = {}
+    rows: list[dict[str, Any]] = []
+    for w in args.workers:
+        out = work / f"flwr-{w}"
+        config = {"dataset": "mnist", "model": "lenet", "clients-per-round": args.clients,
+                  "num-server-rounds": args.warmup + args.rounds, "seed": args.seed,
+                  "data-dir": str(args.data_dir), "device": "cpu", "torch-threads": 1,
+                  "valuation-workers": w, "output-dir": str(out)}
+        started = time.perf_counter()
+        with LocalSuperLink(work / f"home-{w}") as link:
+            outcome = flwr_run(link, config, num_supernodes=args.nodes, cpus_per_client=1.0,
+                               timeout=args.timeout)
+        if not outcome.ok:
+            tail = "\n".join(outcome.output.splitlines()[-30:])
+            raise RuntimeError(f"flwr run {outcome.run_id} ended {outcome.status}:\n{tail}")
+        all_rounds = read_rounds(out)
+        valued = [r for r in all_rounds if r.get("valuation_seconds") is not None]
+        seconds = round_seconds(valued, all_rounds)
+        phi[w] = {r["round"]: r.get("phi_raw") for r in valued}
+        for r in valued:
+            if r["round"] <= args.warmup:
+                continue
+            v, r_s = float(r["valuation_seconds"]), seconds[r["round"]]
+            rows.append({"round": r["round"], "n": len(r.get("phi_raw") or {}), "workers": w,
+                         "seconds": v, "share": v / r_s, "round_s": r_s, "app_valuation_s": v})
+        print(f"  flwr run, {w} workers: {time.perf_counter() - started:.0f}s; "
+              + ", ".join(f"round {x['round']} {x['round_s']:.1f}s (valuation "
+                          f"{x['seconds']:.1f}s)" for x in rows if x["workers"] == w)
+              + f"; load {load_average()[0]:.1f}", flush=True)
+    one = min(args.workers)
+    for row in rows:
+        base = next(x for x in rows if x["workers"] == one and x["round"] == row["round"])
+        row["over_one"] = row["seconds"] / base["seconds"]
+        row["identical"] = phi[row["workers"]][row["round"]] == phi[one][row["round"]]
+    return rows
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """Medians over the measured rounds, per worker count."""
     out = []
@@ -111,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=2, help="rounds measured after the warm-up")
     p.add_argument("--repeats", type=int, default=3, help="valuations per round and count")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=("inprocess", "flwr"), default="inprocess")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per flwr run")
     p.add_argument("--data-dir", default=None, help="default: $FEDOWEN_DATA or ../shared/data")
     p.add_argument("--out-json", default=None)
     p.add_argument("--out-md", default=None)
@@ -120,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     args.data_dir = resolve_data_dir(args.data_dir)
     before = machine_info()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = measure(args, Path(tmp))
+        rows = (flwr_rounds if args.backend == "flwr" else measure)(args, Path(tmp))
     md = table(rows)
     write_outputs({"machine": before, "load_after": load_average(), "args": vars(args) | {
         "data_dir": str(args.data_dir)}, "rows": rows}, md, args.out_json, args.out_md)
