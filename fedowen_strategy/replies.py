@@ -76,14 +76,16 @@ def short_label(client_id: str, digits: int = 6) -> str:
     return client_id
 
 
-def client_id_of(msg: Message) -> str:
-    """The stable id a reply names itself with, else ``node:<node_id>``."""
+def client_id_of(msg: Message, known: Mapping[int, str] | None = None) -> str:
+    """The stable id a reply names itself with, else the id ``known`` binds its node to (an
+    error reply names nobody), else ``node:<node_id>``."""
     content = msg.content if msg.has_content() else None
     if content is not None and CLIENT_RECORD_KEY in content.config_records:
         value = content.config_records[CLIENT_RECORD_KEY].get(CLIENT_ID_FIELD)
         if isinstance(value, str | int) and str(value):
             return str(value)
-    return f"node:{msg.metadata.src_node_id}"
+    node = msg.metadata.src_node_id
+    return (known or {}).get(node, f"node:{node}")
 
 
 def ray_nodes(replies: Iterable[Message]) -> dict[str, list[str]]:
@@ -179,6 +181,7 @@ def parse_replies(
     arrays_key: str = "arrays",
     weight_key: str = "num-examples",
     max_norm_ratio: float = 0.0,
+    known: Mapping[int, str] | None = None,
 ) -> ParsedReplies:
     """Validate every reply against the global ``reference`` state.
 
@@ -188,11 +191,15 @@ def parse_replies(
     ``max_norm_ratio`` > 0 also rejects updates whose distance to the global model exceeds
     that multiple of the global model's norm (an "absurd norm"); 0 disables the check, and a
     global model of norm 0 (nothing to compare with) skips it.
+
+    ``known`` (node id -> client id, the strategy's identity book) names the node of an error
+    reply, which carries no client id of its own: a client that failed is then counted under
+    the id it was selected by, not a second time as ``node:<id>``.
     """
     out = ParsedReplies()
     seen: set[str] = set()
     for msg in replies:
-        who = client_id_of(msg)
+        who = client_id_of(msg, known)
         if msg.has_error():
             out.failed[who] = f"error {msg.error.code}: {msg.error.reason}"
             log.warning("client %s failed this round: %s", who, out.failed[who])

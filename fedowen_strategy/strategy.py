@@ -214,7 +214,8 @@ class FedOwen(FedAvg):
         global_state, answers = replies.record_to_state(self._global), list(answers)
         parse = partial(replies.parse_replies, reference=global_state,
                         arrays_key=self.arrayrecord_key, weight_key=self.weighted_by_key,
-                        max_norm_ratio=self.guards.max_norm_ratio)
+                        max_norm_ratio=self.guards.max_norm_ratio,
+                        known=self.roster.book.client_of_node)
         parsed, contents = self.roster.intake(answers, self._selected_nodes, self._connected, parse)
         step = self.server_step
         extra: dict[str, Any] = {"selection": self._choice} if self.selection not in (

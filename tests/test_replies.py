@@ -83,6 +83,9 @@ def test_error_replies_count_as_failures() -> None:
     parsed = parse_replies([failed, reply(good())], REF)
     assert parsed.failed == {"node:7": "error 3: out of memory"}
     assert len(parsed.updates) == 1
+    # a node the strategy knows is counted under its client id, not as node:7 besides it
+    parsed = parse_replies([failed, reply(good())], REF, known={7: "c7"})
+    assert parsed.failed == {"c7": "error 3: out of memory"}
 
 
 def test_second_reply_of_a_client_is_rejected() -> None:
