@@ -31,7 +31,7 @@ import numpy as np
 
 from sim.attack_costs import attack_name, attacked
 from sim.compact import open_csv, save_png
-from sim.grid import load_preset
+from sim.grid import Preset, load_preset
 from sim.results import LAST_K, CellResult, load_results
 from sim.stats import Interval, mean_interval, paired_interval
 
@@ -193,10 +193,21 @@ def plot(rounds: Sequence[dict[str, Any]], path: Path) -> Path | None:
     return path
 
 
+def measured(res: Mapping[str, CellResult]) -> bool:
+    """Whether any finished cell recorded attack success (a backdoor ran)."""
+    return any(r.finished and any(x.get("attack_success") is not None for x in r.rounds)
+               for r in res.values())
+
+
 def write(preset_path: Path, results: Path, out: Path, reference: str) -> list[Path]:
     """Read the cells, apply the rule, write the report files."""
     preset = load_preset(preset_path)
-    res = load_results(preset, results)
+    return write_cells(preset, load_results(preset, results), out, reference)
+
+
+def write_cells(preset: Preset, res: Mapping[str, CellResult], out: Path,
+                reference: str) -> list[Path]:
+    """The report files of ``res``, ``preset``'s loaded cells."""
     rows = cell_rows(res)
     adopted, failures = verdict(rows, reference)
     done = sum(r.finished for r in res.values())

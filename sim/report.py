@@ -176,6 +176,7 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
 
     ``source`` is the preset file as the commands should name it (default
     ``conf/<name>.toml``); ``command`` replaces the quoted run command."""
+    from sim import backdoor
     from sim.ablation import ablation_section, overview_section
     from sim.adversarial import adversarial_section
     from sim.confirmation import tuning_section
@@ -215,6 +216,12 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
         md += lines
         csv_rows += rows
         files += pngs
+    if backdoor.measured(res):  # a backdoor ran: its attack success beside the accuracy
+        reference = next((g.reference for g in preset.grids if g.reference), "fedowen")
+        files += backdoor.write_cells(preset, res, out, reference)
+        md += ["## Attack success", "", "Backdoor cells: attack success per seed and clean "
+               f"cost against `{reference}` in [attack-success.md](attack-success.md) "
+               "(`python -m sim.backdoor`).", ""]
     with (out / "final_accuracy.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
