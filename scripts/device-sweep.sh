@@ -3,8 +3,8 @@
 #
 # Here, once per session (fills the git-ignored .device/: the Python 3.12 packages flwr 1.42 and
 # scikit-learn need, installed here and packed with xz, 16 MB; the raw files of the datasets in
-# DEVICE_DATASETS, default MNIST, 9 MB; FashionMNIST 26 MB more; the finished cells of earlier
-# device calls):
+# DEVICE_DATASETS (folders of the data directory: MNIST, FashionMNIST, femnist, medmnist),
+# default MNIST, 9 MB; FashionMNIST 26 MB more; the finished cells of earlier device calls):
 #   DEVICE_DATASETS="MNIST FashionMNIST" bash scripts/device-sweep.sh prepare [CELLS_ARCHIVE]
 # A call sends the checkout's tracked files and .device, 64 MiB at most: before the calls,
 # `hide` takes docs/results and archives/ out of the index (and ignores them; the files stay;
@@ -48,10 +48,14 @@ prepare() {
     tar -C "$DEV/site" -cf - . | xz -9 -T2 > "$DEV/site.tar.xz"
     rm -rf "$DEV/site"
     data="$(cd "$ROOT" && "$py" -c 'from fedowen_task.data import resolve_data_dir; print(resolve_data_dir(None))')"
-    # the datasets' raw files (torchvision's layout), xz: MNIST 9 MB, FashionMNIST 26 MB
+    # each dataset folder's files as the data directory lays them out, xz: MNIST 9 MB,
+    # FashionMNIST 26 MB, femnist 6 MB, medmnist under 1 MB (cifar10's 63 MB of JPEGs do not fit)
     for name in ${DEVICE_DATASETS:-MNIST}; do
-        mkdir -p "$DEV/data/$name/raw"
-        for f in "$data/$name/raw/"*-ubyte; do xz -9 -T2 -c "$f" > "$DEV/data/$name/raw/$(basename "$f").xz"; done
+        [ -d "$data/$name" ] || { echo "[device-sweep] no $data/$name" >&2; exit 2; }
+        (cd "$data" && find "$name" -type f ! -name '*.gz') | while read -r rel; do
+            mkdir -p "$DEV/data/$(dirname "$rel")"
+            xz -9 -T2 -c "$data/$rel" > "$DEV/data/$rel.xz"
+        done
     done
     if [ -n "$archive" ]; then cp "$archive" "$DEV/cells.tar.gz"; fi
     du -sh "$DEV"
@@ -69,10 +73,10 @@ run() {
         "sklearn", sklearn.__version__, "scipy", scipy.__version__, "numpy", numpy.__version__,
         "torch", torch.__version__, "cuda", torch.cuda.is_available())'
     mkdir -p /tmp/results
-    for f in "$DEV"/data/*/raw/*.xz; do
-        name="$(basename "$(dirname "$(dirname "$f")")")"
-        mkdir -p "/tmp/data/$name/raw"
-        [ -f "/tmp/data/$name/raw/$(basename "$f" .xz)" ] || xz -dc "$f" > "/tmp/data/$name/raw/$(basename "$f" .xz)"
+    (cd "$DEV/data" && find . -type f -name '*.xz') | while read -r rel; do
+        target="/tmp/data/${rel%.xz}"
+        mkdir -p "$(dirname "$target")"
+        [ -f "$target" ] || xz -dc "$DEV/data/$rel" > "$target"
     done
     local restore=()
     if [ -f "$DEV/cells.tar.gz" ]; then restore=(--restore "$DEV/cells.tar.gz"); fi
