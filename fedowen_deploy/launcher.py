@@ -20,7 +20,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -185,8 +187,24 @@ def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
     if match is None:
         return RunOutcome(None, "not-submitted", output)
     run_id = int(match.group(1))
-    status = _run_status(run_id, env)
-    while status.startswith(("pending", "starting", "running")) and time.monotonic() < deadline:
-        time.sleep(1.0)
-        status = _run_status(run_id, env)
-    return RunOutcome(run_id, status, output)
+    return RunOutcome(run_id, final_status(partial(_run_status, run_id, env), deadline), output)
+
+
+#: Seconds an ``unknown`` status (``flwr list`` not answering yet, or not listing the run yet)
+#: is asked again before it is taken as the answer.
+UNKNOWN_GRACE = 10.0
+
+
+def final_status(poll: Callable[[], str], deadline: float, grace: float = UNKNOWN_GRACE,
+                 sleep: Callable[[float], None] = time.sleep) -> str:
+    """``poll()`` once a second while the run is pending, starting or running (until
+    ``deadline``, a ``time.monotonic`` value), and while it reads ``unknown`` for up to
+    ``grace`` seconds: right after the log stream ends the SuperLink may not answer yet."""
+    status = poll()
+    unknown_until = time.monotonic() + grace
+    while time.monotonic() < deadline and (
+            status.startswith(("pending", "starting", "running"))
+            or (status == "unknown" and time.monotonic() < unknown_until)):
+        sleep(1.0)
+        status = poll()
+    return status

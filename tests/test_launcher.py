@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,3 +123,14 @@ def test_run_sh_fails_before_any_superlink_naming_the_problem(
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and said in last, last
     assert not (tmp_path / "home").exists()
+
+
+def test_an_early_unknown_status_is_asked_again_and_a_lasting_one_is_the_answer() -> None:
+    from fedowen_deploy.launcher import final_status
+
+    answers = iter(["unknown", "unknown", "running", "finished:completed"])
+    assert final_status(lambda: next(answers), time.monotonic() + 60, sleep=lambda s: None) \
+        == "finished:completed"
+    # an unknown that lasts past the grace is the answer (the loop ends)
+    assert final_status(lambda: "unknown", time.monotonic() + 60, grace=0.05,
+                        sleep=time.sleep) == "unknown"
