@@ -50,6 +50,7 @@ from fedowen_strategy.links import link_groups, merge_groups, upper_triangle
 from fedowen_strategy.majority import UPDATE_FILTERS, filter_majority
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate, norm_ratio_limit
+from fedowen_strategy.server_direction import filter_server_direction
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 from fedowen_strategy.updates import cosine_matrix, update_norm
 
@@ -109,10 +110,13 @@ class Guards(Settings):
         are caught a group of copies gets one member's weight, and its client ids are banned
         (never selected again, pay forfeited). Keep it at copy level: under one-class non-IID
         data honest updates came within 0.0007 of each other (docs/results/duplicates/).
-    update_filter : {"none", "majority"}
+    update_filter : {"none", "majority", "server-direction"}
         ``majority``: only the largest cluster of the round's update directions (HDBSCAN on
         cosine distances, a strict majority at least; :mod:`fedowen_strategy.majority`,
         FLAME's filter) is valued and averaged; the rest are rejected (opt-in, issue 45).
+        ``server-direction``: only updates of positive cosine with the server's own step on
+        the evaluation set (FLTrust's trust as a filter,
+        :mod:`fedowen_strategy.server_direction`; opt-in, issue 45).
     robust_lr_threshold : int
         The robust learning rate's sign vote on the round's aggregate: where fewer than this
         many more updates agree on a coordinate's sign than disagree, the server's step there
@@ -266,6 +270,14 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     if guards.update_filter == "majority" and out.updates:
         out.updates, outside = filter_majority(out.updates, global_state)
         out.rejected.update(outside)
+    if guards.update_filter == "server-direction" and out.updates:
+        if server_update is None:
+            raise ValueError("update_filter='server-direction' needs server_update (one "
+                             "server training step on the evaluation set)")
+        out.updates, against, cosines = filter_server_direction(out.updates, global_state,
+                                                                server_update())
+        out.rejected.update(against)
+        out.record["server_cosines"] = cosines
     reference = _cap(out, global_state, guards, norm_cap, server_update)
     # valued and averaged in client-id order, so the estimator's sampled orders (and float
     # sums) do not depend on arrival times

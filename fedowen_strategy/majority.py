@@ -24,8 +24,9 @@ from fedowen_strategy.updates import flat_deltas
 if TYPE_CHECKING:
     from fedowen_strategy.replies import ClientUpdate
 
-#: ``update-filter``: none, or the majority cluster of update directions.
-UPDATE_FILTERS = ("none", "majority")
+#: ``update-filter``: none, the majority cluster of update directions, or the updates that
+#: point the way of the server's own step (:mod:`fedowen_strategy.server_direction`).
+UPDATE_FILTERS = ("none", "majority", "server-direction")
 #: FLAME's noise level for image classification (the paper's lambda).
 FLAME_NOISE = 0.001
 

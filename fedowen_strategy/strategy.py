@@ -102,6 +102,9 @@ class FedOwen(FedAvg):
         if self.choices.norm_cap == "server" and server_step is None:
             raise ValueError("norm_cap='server' needs server_step (one server training step on "
                              "the evaluation set); or use norm_cap='median'")
+        if self.guards.update_filter == "server-direction" and server_step is None:
+            raise ValueError("update_filter='server-direction' needs server_step (one server "
+                             "training step on the evaluation set)")
         if clients_per_round:  # wait for k nodes
             fedavg["min_available_nodes"] = clients_per_round
         super().__init__(fraction_evaluate=fraction_evaluate, **fedavg)

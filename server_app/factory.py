@@ -52,9 +52,11 @@ def _fedowen(cfg: RunConfig, num_nodes: int, parts: ServerParts) -> ServerStrate
     factory = CoalitionUtility(parts.model, parts.sets.x_eval, parts.sets.y_eval,
                                metric=cfg.utility_metric, device=parts.device,
                                workers=valuation_workers(cfg.valuation_workers))
-    # norm-cap = "server": the reference norm is one epoch on the evaluation set, as FLTrust's
+    # norm-cap = "server" and update-filter = "server-direction": one epoch on the evaluation
+    # set a round, as FLTrust's server update
     step = (PerRound(root_trainer(cfg, parts.model, parts.sets, parts.device, 0, 1))
-            if cfg.choices().norm_cap == "server" else None)
+            if cfg.choices().norm_cap == "server" or cfg.update_filter == "server-direction"
+            else None)
     return build_strategy(cfg, factory, parts.recorder, step)
 
 
