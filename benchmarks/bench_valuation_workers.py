@@ -18,7 +18,10 @@ utility of each worker count, ``--repeats`` times in rotating order. Per worker 
 process, ``--nodes`` virtual clients of one CPU each, ``valuation-workers`` set in the run
 config); per round after the warm-up, the round's wall time (``elapsed_seconds``) and the
 app's ``valuation_seconds`` from rounds.jsonl; ``identical`` compares the runs' phi round by
-round (the runs are seeded alike).
+round (the runs are seeded alike). ``--cluster-nodes N`` runs them on a Ray cluster of N nodes
+on this machine (:func:`sim.local_cluster.local_cluster`, ``--cpus-per-node`` each; the
+SuperLink's ``RAY_ADDRESS`` attaches Flower's Ray backend to it, docs/deployment.md section 8):
+the actors spread over the nodes, the ServerApp and its valuation stay on the head.
 
 Example (the machine should be otherwise idle: the workers compete for its cores)::
 
@@ -96,6 +99,16 @@ def measure(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
 def flwr_rounds(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     """One real ``flwr run`` per worker count; each measured round's share."""
+    from sim.local_cluster import local_cluster
+
+    if args.cluster_nodes:
+        with local_cluster(nodes=args.cluster_nodes, cpus_per_node=args.cpus_per_node) as info:
+            return _flwr_rounds(args, work, {"RAY_ADDRESS": info["address"]})
+    return _flwr_rounds(args, work, {})
+
+
+def _flwr_rounds(args: argparse.Namespace, work: Path, env: dict[str, str]
+                 ) -> list[dict[str, Any]]:
     from fedowen_deploy.launcher import LocalSuperLink, flwr_run
 
     phi: dict[int, dict[int, Any]] = {}
@@ -107,7 +120,7 @@ def flwr_rounds(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                   "data-dir": str(args.data_dir), "device": "cpu", "torch-threads": 1,
                   "valuation-workers": w, "output-dir": str(out)}
         started = time.perf_counter()
-        with LocalSuperLink(work / f"home-{w}") as link:
+        with LocalSuperLink(work / f"home-{w}", env=env) as link:
             outcome = flwr_run(link, config, num_supernodes=args.nodes, cpus_per_client=1.0,
                                timeout=args.timeout)
         if not outcome.ok:
@@ -160,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=("inprocess", "flwr"), default="inprocess")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per flwr run")
+    p.add_argument("--cluster-nodes", type=int, default=0,
+                   help="with --backend flwr: a local Ray cluster of this many nodes (0: none)")
+    p.add_argument("--cpus-per-node", type=float, default=1.0)
     p.add_argument("--data-dir", default=None, help="default: $FEDOWEN_DATA or ../shared/data")
     p.add_argument("--out-json", default=None)
     p.add_argument("--out-md", default=None)
