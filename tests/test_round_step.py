@@ -208,3 +208,32 @@ def test_without_a_norm_cap_the_value_cap_has_no_reference_and_values_as_average
     assert resolve_auto("none", norm_cap="auto").norm_cap == "none"
     with pytest.raises(ValueError, match="value_cap_multiple=-1"):
         Guards(value_cap_multiple=-1)
+
+
+def test_with_the_defaults_a_boosted_update_pointing_away_gets_at_most_an_honest_weight() -> None:
+    # Prepare: eight honest clients step halfway to TARGET (each with a twist of its own); two
+    # attackers share a direction of their own (orthogonal to TARGET: a backdoor's pull that
+    # the clean game does not reward) and send it boosted 10 x
+    away = np.array([2.0, 1.0, 0.0, 0.0])  # away @ TARGET == 0
+    twists = np.random.default_rng(1).normal(0.0, 0.6, (8, 4))
+    honest = [ClientUpdate(100 + i, f"c{i}", {"w": 0.5 * TARGET + twists[i]}, 10, 1.0)
+              for i in range(8)]
+    attackers = [ClientUpdate(108 + j, f"c{8 + j}",
+                              {"w": 10.0 * (away + 0.05 * np.eye(4)[j])}, 10, 1.0)
+                 for j in range(2)]
+    parsed = ParsedReplies(updates=[*honest, *attackers])
+    # Execute: the app's defaults (owen-antithetic M = 4, delta game, softmax weights, the
+    # median norm cap, the value cap exactly at the reference, the link threshold)
+    out = aggregate_round(parsed, {"w": np.zeros(4)},
+                          selected=[u.client_id for u in parsed.updates],
+                          valuation=ValuationSettings(), guards=Guards(),
+                          norm_cap=Guards().norm_cap, utility_factory=delta_game,
+                          rng=np.random.default_rng(0), server_round=2)
+    # Assert: the attackers' shared direction links them into one player (no honest pair is
+    # that close: as on real rounds at alpha 0.1), both were cut to the norm cap, and each
+    # weighs no more than any honest client
+    assert out.links == [["c8", "c9"]]
+    weights = dict(zip([u.client_id for u in out.parsed.updates], out.valuation.weights,
+                       strict=True))
+    assert {"c8", "c9"} <= set(out.record["capped"])
+    assert max(weights["c8"], weights["c9"]) <= min(weights[f"c{i}"] for i in range(8))
