@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import flat_delta, float_keys
+from fedowen_strategy.updates import cosines_to, flat_delta, float_keys
 
 if TYPE_CHECKING:
     from fedowen_strategy.replies import ClientUpdate
@@ -25,17 +25,13 @@ if TYPE_CHECKING:
 
 def server_cosines(states: Sequence[Mapping[str, NDArray]], server_state: Mapping[str, NDArray],
                    global_state: Mapping[str, NDArray]) -> NDArray[np.float64]:
-    """Each update's cosine with the server's step (0 where either is zero)."""
+    """Each update's cosine with the server's step (0 where either is zero): FLTrust's trust
+    score before its ReLU."""
     keys = float_keys(global_state)
-    g0 = flat_delta(server_state, global_state, keys)
-    g_norm = float(np.linalg.norm(g0))
-    out = np.zeros(len(states))
-    for i, state in enumerate(states):
-        delta = flat_delta(state, global_state, keys)
-        norm = float(np.linalg.norm(delta))
-        if norm > 0 and g_norm > 0:
-            out[i] = float(delta @ g0) / (norm * g_norm)
-    return out
+    if not states:
+        return np.zeros(0)
+    deltas = np.stack([flat_delta(state, global_state, keys) for state in states])
+    return cosines_to(deltas, flat_delta(server_state, global_state, keys))
 
 
 def filter_server_direction(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDArray],

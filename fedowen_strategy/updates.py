@@ -80,6 +80,17 @@ def update_norm(state: State, reference: State) -> float:
     return float(np.sqrt(total))
 
 
+def cosines_to(deltas: NDArray[np.float64], direction: NDArray[np.float64]
+               ) -> NDArray[np.float64]:
+    """Each row of ``deltas`` against ``direction``: their cosine; 0 where either is zero."""
+    norms = np.linalg.norm(deltas, axis=1)
+    d_norm = float(np.linalg.norm(direction))
+    if d_norm == 0.0:
+        return np.zeros(len(deltas))
+    return np.divide(deltas @ direction, norms * d_norm, out=np.zeros(len(deltas)),
+                     where=norms > 0)
+
+
 def cosine_matrix(states: Sequence[State], reference: State) -> NDArray[np.float64]:
     """Pairwise cosine similarities of the updates ``states[i] - reference`` (floating arrays),
     accumulated array by array so no flat copy of all updates is held; a zero update has

@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
 from fedowen_strategy.peers import UpdateWeighted
-from fedowen_strategy.updates import State, flat_delta
+from fedowen_strategy.updates import State, cosines_to, flat_delta
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +49,7 @@ ServerUpdate = Callable[[dict[str, NDArray], int], Mapping[str, NDArray]]
 def trust_scores(deltas: NDArray[np.float64], server_delta: NDArray[np.float64]
                  ) -> NDArray[np.float64]:
     """``ReLU(cos(g_i, g0))`` per row of ``deltas``; 0 where either vector is 0."""
-    norms = np.linalg.norm(deltas, axis=1)
-    g0_norm = float(np.linalg.norm(server_delta))
-    if g0_norm == 0.0:
-        return np.zeros(len(deltas))
-    dots = deltas @ server_delta
-    cos = np.divide(dots, norms * g0_norm, out=np.zeros(len(deltas)), where=norms > 0)
-    return np.maximum(cos, 0.0)
+    return np.maximum(cosines_to(deltas, server_delta), 0.0)
 
 
 def fltrust_aggregate(deltas: NDArray[np.float64], server_delta: NDArray[np.float64]
