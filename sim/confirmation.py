@@ -120,6 +120,45 @@ def tuning_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: 
     return md, [scores_csv, rounds_csv, png]
 
 
+#: Tuning grids of which one baseline goes on in the second confirmation: "the better of FedAvgM
+#: and FedProx" (rule 2 of conf/confirm2/*.toml), the family whose pick scores higher; on a tie
+#: the first listed.
+BETTER_OF = ("tune-fedavgm", "tune-fedprox")
+
+
+def better_of_section(preset: Preset, res: dict[str, CellResult],
+                      families: tuple[str, ...] = BETTER_OF) -> list[str]:
+    """Markdown lines: per column point, each family's pick with its score and the better
+    family's pick; none until every family has its pick there. Empty when the preset lacks
+    one of the families' grids or is not the second confirmation's (the first ran both)."""
+    names = {g.name for g in preset.grids}
+    if not preset.name.startswith(SECOND_PRESET_PREFIX) or not set(families) <= names:
+        return []
+    grids = [preset.grid(name) for name in families]
+    md = [f"## The better of {' and '.join(families)}", "",
+          "Per setting, each family's pick and its score (validation accuracy of the last "
+          f"{LAST_K} rounds, mean over the tuning seeds); the better family's pick goes on (a "
+          "tie: the first listed). Test accuracy is not read.", "",
+          "| setting | " + " | ".join(families) + " | goes on |",
+          "|---|" + "---|" * len(families) + "---|"]
+    for col in grid_points(grids[0], grids[0].column_keys):
+        picks: list[tuple[Any, float] | None] = []
+        for grid in grids:
+            scores = tuning_scores(grid, preset, res, col)
+            chosen = pick(scores, {c.config.seed for c in expand_grid(preset, grid)})
+            picks.append(None if chosen is None else
+                         (chosen, sum(scores[chosen].values()) / len(scores[chosen])))
+        done = [p for p in picks if p is not None]
+        best = max(p[1] for p in done) if len(done) == len(picks) else None
+        winner = next((p[0] for p in done if p[1] == best), None)
+        setting = ", ".join(f"{k}={v}" for k, v in col.items()) or "-"
+        md.append(f"| {setting} | "
+                  + " | ".join("not yet" if p is None else f"{p[0]} ({p[1]:.2f})"
+                               for p in picks)
+                  + f" | {'**' + str(winner) + '**' if winner is not None else 'not yet'} |")
+    return [*md, ""]
+
+
 def _settings(preset: Preset, grid: Grid, name: Any) -> str:
     keys = preset.variants.get(str(name)) if grid.rows == "variant" else {grid.rows: name}
     return ", ".join(f"{k} = {v}" for k, v in (keys or {}).items())

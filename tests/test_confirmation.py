@@ -82,6 +82,44 @@ def test_a_tie_goes_to_the_first_listed_and_a_missing_seed_picks_nothing(
     assert "Pick: **a**" in (tmp_path / "out" / "README.md").read_text()
 
 
+def test_the_better_of_fedavgm_and_fedprox_is_the_family_pick_of_the_higher_score(
+        tmp_path: Path) -> None:
+    # Prepare: two families at two alphas; FedAvgM's pick scores higher at 0.1, FedProx's at
+    # 0.01 (where FedAvgM's pick is best on test accuracy, which is never read)
+    raw = tuning_preset()
+    raw["preset"]["name"] = "confirm2-tune"  # the first confirmation ran both families
+    raw["variants"] = {"m1": {"lr": 0.02}, "m2": {"lr": 0.05}, "p1": {"lr": 0.01},
+                       "p2": {"lr": 0.03}}
+    raw["grid"] = [{"name": name, "kind": "tuning", "rows": "variant",
+                    "axes": {"seed": [50, 51], "alpha": [0.1, 0.01], "variant": rows}}
+                   for name, rows in (("tune-fedavgm", ["m1", "m2"]),
+                                      ("tune-fedprox", ["p1", "p2"]))]
+    preset = parse_preset(raw)
+    val = {("m1", 0.1): 0.9, ("m2", 0.1): 0.8, ("p1", 0.1): 0.85, ("p2", 0.1): 0.7,
+           ("m1", 0.01): 0.6, ("m2", 0.01): 0.5, ("p1", 0.01): 0.4, ("p2", 0.01): 0.7}
+    cells = preset.cells()
+    for cell in cells:
+        key = (cell.point["variant"], cell.point["alpha"])
+        if key != ("p2", 0.01) or cell.run_config["seed"] == 50:
+            write_cell(tmp_path / "res" / cell.cell_id, val[key], 0.99 if key[0] == "m1" else 0.5)
+    # Execute: one FedProx cell at alpha 0.01 is still to run
+    write_report(preset, tmp_path / "res", tmp_path / "out")
+    readme = (tmp_path / "out" / "README.md").read_text()
+    # Assert: alpha 0.1 decided, alpha 0.01 not yet
+    assert "| alpha=0.1 | m1 (90.00) | p1 (85.00) | **m1** |" in readme
+    assert "| alpha=0.01 | m1 (60.00) | not yet | not yet |" in readme
+    # Execute: the last cell
+    last = next(c for c in cells if (c.point["variant"], c.point["alpha"],
+                                     c.run_config["seed"]) == ("p2", 0.01, 51))
+    write_cell(tmp_path / "res" / last.cell_id, 0.7, 0.5)
+    write_report(preset, tmp_path / "res", tmp_path / "out")
+    assert "| alpha=0.01 | m1 (60.00) | p2 (70.00) | **p2** |" in (
+        tmp_path / "out" / "README.md").read_text()
+    raw["preset"]["name"] = "confirm-tune"
+    write_report(parse_preset(raw), tmp_path / "res", tmp_path / "first")
+    assert "The better of" not in (tmp_path / "first" / "README.md").read_text()
+
+
 def test_a_tuning_grid_without_a_validation_set_is_refused() -> None:
     with pytest.raises(PresetError, match="validation-fraction"):
         parse_preset(tuning_preset(**{"validation-fraction": 0.0}))
