@@ -13,7 +13,8 @@
 # There, in each call (carry [".device"]; at most 10 minutes a call, so stop a minute early;
 # 60 backdoor cells of 100 MNIST/FashionMNIST rounds took 5.4 min at --jobs 48 on an H100):
 #   (but selection-dev's 100-client cells at --jobs 64 took 5-7 min each and finish together:
-#   a runner cut at 6.3 min kept 24 of 64; give one runner the whole call, ~48 cells at once)
+#   a runner cut at 6.3 min kept 24 of 64; give one runner the whole call, ~48 cells at once,
+#   whole settings: --grid mnist --where alpha=0.01 is 45 cells)
 #   bash scripts/device-sweep.sh run conf/ablation-mnist.toml 8 --grid ablation --jobs 30
 # Back here: the call's files hold cells.tar.gz (every finished cell of this and earlier calls)
 # and sweep.log; keep the archive as .device/cells.tar.gz for the next call and report with

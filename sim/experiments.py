@@ -20,7 +20,9 @@ import argparse
 import json
 import logging
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 from fedowen_deploy.launcher import APP_DIR
 from fedowen_deploy.procs import exit_on_signals
@@ -83,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         jobs=args.jobs)
     else:
         runner = Runner(preset, results, data_dir, run_fn=flwr_run, link_factory=LocalSuperLink)
-    cells = runner.selected_cells(args.grid)
+    cells = runner.selected_cells(args.grid, args.where)
     print(f"[experiments] {preset.name}: {len(cells)} cells, {preset.num_supernodes} virtual "
           f"clients, backend {backend} (jobs {args.jobs}), results in {results}, data "
           f"{data_dir}", flush=True)
@@ -91,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                dynamic_ncols=True, mininterval=5.0)
     runner.progress = bar.write
     counts = runner.run(retry_failed=args.retry_failed, limit=args.limit, grids=args.grid,
-                        bar=bar)
+                        where=args.where, bar=bar)
     bar.close()
     print(f"[experiments] {preset.name}: {counts}. Report: python -m sim.experiments report "
           f"{args.preset or '--results ' + str(results)}", flush=True)
@@ -148,7 +150,7 @@ def cmd_run_on_cluster(args: argparse.Namespace) -> int:
         jobs = args.jobs if args.jobs > 1 else max(1, session.slots)
         runner = Runner(preset, results, data_dir, run_fn=session.run_fn,
                         link_factory=nullcontext, jobs=jobs, follow_rounds=False)
-        cells = runner.selected_cells(args.grid)
+        cells = runner.selected_cells(args.grid, args.where)
         print(f"[experiments] {preset.name}: {len(cells)} cells, {preset.num_supernodes} "
               f"virtual clients, inline backend on the {session.describe()}; {jobs} in "
               f"flight; results in {results}, data {data_dir} (the same path on every node)",
@@ -157,7 +159,7 @@ def cmd_run_on_cluster(args: argparse.Namespace) -> int:
                    dynamic_ncols=True, mininterval=5.0)
         runner.progress = session.progress = bar.write
         counts = runner.run(retry_failed=args.retry_failed, limit=args.limit,
-                            grids=args.grid, bar=bar)
+                            grids=args.grid, where=args.where, bar=bar)
         bar.close()
     print(f"[experiments] {preset.name}: {counts}. Report: python -m sim.experiments report "
           f"{args.preset or '--results ' + str(results)} --backend inline", flush=True)
@@ -203,6 +205,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _where_pair(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``run --where``: the value read as TOML (``0.01``, ``true``), else kept
+    as the text (``fedowen``)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip() or not raw.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE, e.g. alpha=0.01")
+    try:
+        value: Any = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.strip(), value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -235,6 +250,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--limit", type=int, default=None, help="start at most this many cells")
     run.add_argument("--grid", action="append", default=None, metavar="NAME",
                      help="only this grid's cells (one table), repeatable")
+    run.add_argument("--where", action="append", default=None, type=_where_pair,
+                     metavar="KEY=VALUE",
+                     help="only cells whose grid point (or run config) has this value, e.g. "
+                          "alpha=0.01 (a setting's cells alone, so that a short call finishes "
+                          "one setting whole); repeatable, all must hold")
     status.add_argument("-v", "--verbose", action="store_true", help="list every cell")
     report.add_argument("--out", type=Path, default=None,
                         help="report dir (default docs/results/<preset name>)")
@@ -255,7 +275,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                           "with --limit 0 nothing else runs")
     report.add_argument("--command-note", default=None,
                         help="the command that produced the results, quoted in the README")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if getattr(args, "where", None) is not None:
+        args.where = dict(args.where)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ from fedowen_deploy.procs import stopping
 from server_app.store.records import ROUNDS_FILE, read_rounds
 from server_app.strategies import RESUMABLE
 from sim.grid import Cell, Preset, expand_grid
+from sim.results import matches_point
 
 log = logging.getLogger(__name__)
 STATE_FILE = "cells.jsonl"
@@ -264,21 +265,36 @@ class Runner:
                                     "log_tail": _tail(self.results / cell.cell_id / LOG_FILE)})
         return "failed"
 
-    def selected_cells(self, grids: list[str] | None = None) -> list[Cell]:
-        """The preset's cells, or those of the named grids (unknown names are an error)."""
-        if not grids:
-            return self.preset.cells()
-        wanted = {self.preset.grid(name).name for name in grids}
-        keep = {c.cell_id for g in self.preset.grids if g.name in wanted
-                for c in expand_grid(self.preset, g)}
-        return [c for c in self.preset.cells() if c.cell_id in keep]
+    def selected_cells(self, grids: list[str] | None = None,
+                       where: dict[str, Any] | None = None) -> list[Cell]:
+        """The preset's cells, or those of the named grids (unknown names are an error), and of
+        those the ones matching every ``where`` key (a grid-point key such as ``alpha`` or
+        ``variant``, or a run-config key); a ``where`` that matches no cell is an error."""
+        cells = self.preset.cells()
+        if grids:
+            wanted = {self.preset.grid(name).name for name in grids}
+            keep = {c.cell_id for g in self.preset.grids if g.name in wanted
+                    for c in expand_grid(self.preset, g)}
+            cells = [c for c in cells if c.cell_id in keep]
+        if where:
+            matched = [c for c in cells if matches_point(c, where)]
+            if not matched:
+                shown = " ".join(f"{k}={v}" for k, v in where.items())
+                raise KeyError(f"--where {shown} matches none of the {len(cells)} cells "
+                               f"selected of preset {self.preset.name!r}: give a grid axis's "
+                               "value as the preset spells it (e.g. alpha=0.01, "
+                               "variant=fedowen)")
+            cells = matched
+        return cells
 
     def run(self, *, retry_failed: bool = False, limit: int | None = None,
-            grids: list[str] | None = None, bar: Any = None) -> dict[str, int]:
+            grids: list[str] | None = None, where: dict[str, Any] | None = None,
+            bar: Any = None) -> dict[str, int]:
         """Run every cell not yet done; returns counts by final status.
 
-        ``limit`` caps the cells started, ``grids`` keeps the cells of those grids only, ``bar``
-        is a tqdm-like object (``update``, ``set_postfix_str``) or None.
+        ``limit`` caps the cells started, ``grids`` and ``where`` keep the cells
+        :meth:`selected_cells` keeps, ``bar`` is a tqdm-like object (``update``,
+        ``set_postfix_str``) or None.
         """
         self.results.mkdir(parents=True, exist_ok=True)
         (self.results / PRESET_FILE).write_text(json.dumps(self.preset.to_json(), indent=2))
@@ -292,7 +308,7 @@ class Runner:
                                     f"{counts['failed'] + counts['skipped-failed']}")
 
         todo: list[tuple[Cell, str]] = []
-        for cell in self.selected_cells(grids):
+        for cell in self.selected_cells(grids, where):
             st = cell_status(self.results, cell.cell_id, state.get(cell.cell_id, []))
             if st == "done" or (st == "failed" and not retry_failed):
                 counts["done" if st == "done" else "skipped-failed"] += 1

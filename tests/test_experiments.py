@@ -236,6 +236,30 @@ def test_run_selects_one_grid(tmp_path: Path) -> None:
     assert [c["valuation"] for c in fake.calls] == ["none"]
 
 
+def test_run_keeps_the_cells_where_an_axis_has_a_value(tmp_path: Path) -> None:
+    # Prepare: two alphas x two valuations
+    raw = small_preset(axes={"seed": [0], "alpha": [0.1, 0.01], "valuation": ["owen", "none"]})
+    fake = FakeFlwr([])
+    runner = make_runner(tmp_path, fake, raw)
+    # Execute
+    runner.run(where={"alpha": 0.01})
+    # Assert: one setting's cells alone; a value no cell has is an error that says what to give
+    assert sorted((c["alpha"], c["valuation"]) for c in fake.calls) == [(0.01, "none"),
+                                                                         (0.01, "owen")]
+    with pytest.raises(KeyError, match=r"alpha=0\.5 matches none of the 4 cells"):
+        runner.selected_cells(where={"alpha": 0.5})
+
+
+def test_where_reads_its_value_as_toml_else_as_text() -> None:
+    from sim.experiments import parse_args
+
+    args = parse_args(["run", "conf/x.toml", "--where", "alpha=0.01", "--where",
+                       "variant=fedowen"])
+    assert args.where == {"alpha": 0.01, "variant": "fedowen"}
+    with pytest.raises(SystemExit):
+        parse_args(["run", "conf/x.toml", "--where", "alpha"])
+
+
 # ---------------------------------------------------------------- reports
 
 def test_stat_text() -> None:
