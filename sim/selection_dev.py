@@ -12,7 +12,10 @@ adopts. Test accuracy is reported, never used.
         --out docs/results/selection-dev
 
 writes ``selection.md``, ``selection-arms.csv`` (one row per setting and arm),
-``selection-seeds.csv`` (one row per finished cell) and ``selection-val.png``.
+``selection-seeds.csv`` (one row per finished cell) and ``selection-val.png``. With
+``--device-results DIR`` (cells run on a lent accelerator), a setting whose cells all finished
+there is read from there, every other setting from ``--results`` (the preset's rule: device
+cells differ in float rounding, so no setting mixes machines); ``selection.md`` says which.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.attack_costs import attacked, collapsed
-from sim.grid import Preset, load_preset
+from sim.grid import Cell, Preset, load_preset
 from sim.results import LAST_K, CellResult, load_results
 from sim.stats import Interval, mean_interval, paired_interval
 
@@ -76,10 +79,9 @@ def settings(preset: Preset, res: Mapping[str, CellResult]) -> list[Setting]:
         result = res[cell.cell_id]
         if attacked(cell.run_config) or not result.finished:
             continue
-        cfg = cell.config
-        name = cfg.dataset if cfg.dataset == "femnist" else f"{cfg.dataset} alpha={cfg.alpha:g}"
+        name = setting_key(cell)
         setting = out.setdefault(name, Setting(name, {}, {}))
-        arm, seed = cell.point["variant"], cfg.seed
+        arm, seed = cell.point["variant"], cell.config.seed
         for metric in (VAL, TEST):
             value = result.last_k_accuracy(LAST_K, key=metric)
             if value is not None:
@@ -87,6 +89,31 @@ def settings(preset: Preset, res: Mapping[str, CellResult]) -> list[Setting]:
         setting.distinct.setdefault(arm, {})[seed] = distinct_share(result,
                                                                    preset.num_supernodes)
     return list(out.values())
+
+
+def setting_key(cell: Cell) -> str:
+    """The setting a cell belongs to: its dataset and alpha (FEMNIST: its dataset), attacked
+    or clean."""
+    cfg = cell.config
+    name = cfg.dataset if cfg.dataset == "femnist" else f"{cfg.dataset} alpha={cfg.alpha:g}"
+    return f"{name}, attacked" if attacked(cell.run_config) else name
+
+
+def merge_machines(preset: Preset, cpu: Mapping[str, CellResult],
+                   device: Mapping[str, CellResult] | None
+                   ) -> tuple[dict[str, CellResult], dict[str, str]]:
+    """Each cell's result from the machine its setting is read from: the device where every
+    cell of the setting finished there, else the CPU runs; and each setting's machine."""
+    by_setting: dict[str, list[Cell]] = {}
+    for cell in preset.cells():
+        by_setting.setdefault(setting_key(cell), []).append(cell)
+    merged, machine = dict(cpu), {}
+    for key, cells in by_setting.items():
+        whole = device is not None and all(device[c.cell_id].finished for c in cells)
+        machine[key] = "device" if whole else "CPU"
+        if whole and device is not None:
+            merged.update({c.cell_id: device[c.cell_id] for c in cells})
+    return merged, machine
 
 
 def collapses(preset: Preset, res: Mapping[str, CellResult]) -> dict[str, list[str]]:
@@ -148,7 +175,8 @@ def verdict(found: Sequence[Setting], collapsed_runs: Mapping[str, list[str]]
 
 
 def markdown(found: Sequence[Setting], rows: Sequence[dict[str, Any]], adopted: str | None,
-             failures: Mapping[str, list[str]], done: int, total: int) -> str:
+             failures: Mapping[str, list[str]], done: int, total: int,
+             machine: Mapping[str, str] | None = None) -> str:
     """The report: per setting the arms' table, then the rule's reading."""
     state = "complete" if done == total else f"INTERIM: {done} of {total} cells finished"
     out = [f"# selection-dev: the rule's reading ({state})", "",
@@ -156,6 +184,11 @@ def markdown(found: Sequence[Setting], rows: Sequence[dict[str, Any]], adopted: 
            "± the 95% t-interval's half-width; differences are paired by seed. `val` decides "
            "(validation split), `test` is reported. Distinct: share of the 100 clients "
            "selected at least once in the run.", ""]
+    on_device = sorted(k for k, v in (machine or {}).items() if v == "device")
+    if machine is not None:
+        out += ["Read from the lent accelerator's cells (every cell of the setting finished "
+                "there): " + (", ".join(on_device) if on_device else "none") + "; every other "
+                "setting from this machine's CPU runs.", ""]
     for s in found:
         peer = s.best_peer()
         out += [f"## {s.name}", "", f"Tuned peers: {s.tuned('power-of-choice')}, "
@@ -201,10 +234,13 @@ def plot(found: Sequence[Setting], path: Path) -> None:
     plt.close(fig)
 
 
-def write(preset_path: Path, results: Path, out: Path) -> list[Path]:
-    """Read the cells, apply the rule, write the report files."""
+def write(preset_path: Path, results: Path, out: Path, device: Path | None = None
+          ) -> list[Path]:
+    """Read the cells (each setting from one machine: :func:`merge_machines`), apply the
+    rule, write the report files."""
     preset = load_preset(preset_path)
-    res = load_results(preset, results)
+    res, machine = merge_machines(preset, load_results(preset, results),
+                                  None if device is None else load_results(preset, device))
     found = settings(preset, res)
     rows = arm_rows(found)
     adopted, failures = verdict(found, collapses(preset, res))
@@ -212,7 +248,8 @@ def write(preset_path: Path, results: Path, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "selection.md", out / "selection-arms.csv", out / "selection-seeds.csv",
              out / "selection-val.png"]
-    paths[0].write_text(markdown(found, rows, adopted, failures, done, len(res)))
+    paths[0].write_text(markdown(found, rows, adopted, failures, done, len(res),
+                                 machine if device is not None else None))
     _write_csv(paths[1], rows)
     seeds = [{"setting": s.name, "arm": arm, "seed": seed,
               "val": s.scores[arm].get(VAL, {}).get(seed),
@@ -239,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("preset", type=Path)
     p.add_argument("--results", type=Path, required=True, help="the preset's results folder")
     p.add_argument("--out", type=Path, required=True, help="where the report goes")
+    p.add_argument("--device-results", type=Path, default=None,
+                   help="the cells run on a lent accelerator: a setting all of whose cells "
+                        "finished there is read from there")
     args = p.parse_args(argv)
-    for path in write(args.preset, args.results, args.out):
+    for path in write(args.preset, args.results, args.out, args.device_results):
         print(f"[selection-dev] wrote {path}")
     return 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sim.selection_dev import CONTENDERS, VAL, Setting, verdict
 
 
@@ -36,3 +38,34 @@ def test_the_rule_tunes_peers_and_adopts_the_best_eligible_contender() -> None:
     adopted, failures = verdict([one, two], {"posterior-phi": ["attacks seed=0 boosted"]})
     assert failures["posterior-phi"] == ["attacks seed=0 boosted collapsed"]
     assert adopted in CONTENDERS and adopted != "posterior-phi"
+
+
+def test_a_setting_is_read_from_the_device_only_when_all_its_cells_finished_there() -> None:
+    from pathlib import Path
+
+    from sim.grid import load_preset
+    from sim.results import CellResult
+    from sim.selection_dev import merge_machines, setting_key
+
+    # Prepare: the real grid; the CPU has every cell, the device every MNIST alpha 0.01 cell
+    # (clean) and all but one MNIST alpha 0.1 cell
+    preset = load_preset(Path("conf/selection-dev.toml"))
+    cells = preset.cells()
+
+    def done(cell: Any) -> CellResult:
+        return CellResult(cell, [{"round": r} for r in range(101)])
+
+    cpu = {c.cell_id: done(c) for c in cells}
+    on_device = [c for c in cells if setting_key(c) in ("mnist alpha=0.01", "mnist alpha=0.1")]
+    device = {c.cell_id: CellResult(c, []) for c in cells}
+    device.update({c.cell_id: done(c) for c in on_device[:-1]})
+    missing = on_device[-1]
+    # Execute
+    merged, machine = merge_machines(preset, cpu, device)
+    # Assert: eight settings; only the whole one comes from the device
+    assert len(machine) == 8 and setting_key(missing) != "mnist alpha=0.01"
+    assert [k for k, v in machine.items() if v == "device"] == ["mnist alpha=0.01"]
+    for c in cells:
+        source = device if setting_key(c) == "mnist alpha=0.01" else cpu
+        assert merged[c.cell_id] is source[c.cell_id]
+    assert merge_machines(preset, cpu, None)[1] == dict.fromkeys(machine, "CPU")
