@@ -19,6 +19,7 @@ A preset file has three kinds of tables (unknown keys anywhere are an error)::
     axes = { valuation = ["owen", "none"], alpha = [0.01, 0.1], seed = [0, 1, 2] }
     rows = "valuation"        # table rows; columns are the other non-seed axes
     extra = [{ seed = [3, 4], alpha = [0.1], valuation = ["owen"] }]  # optional: more points
+    overrides = [{ where = { alpha = 0.01, valuation = "owen" }, set = { budget-m = 8 } }]
     [[grid.paper]]            # the paper's numbers for the same cells (optional)
     where = { dataset = "mnist", imbalance-factor = 0.01, alpha = 0.01 }
     values = { owen = 84.77, none = 77.60 }
@@ -27,9 +28,12 @@ A cell is one run: ``base`` + ``set`` + one point of ``axes`` (a ``variant`` val
 its run-config keys). ``extra`` adds the products of ``axes`` with some value lists replaced,
 e.g. two more seeds for the two rows of one column that lie too close to call: the tables keep
 the grid's rows and columns (an extra value other than a seed must be one of its axis's) and
-count each entry's seeds from its own cells. A cell's id is a hash of that run config (without
-paths, which differ between machines) and the simulation settings, so the same cell has the
-same id in every preset, on every machine and under either backend.
+count each entry's seeds from its own cells. ``overrides`` sets run-config keys at some points
+only (applied last, in order), e.g. a baseline tuned per setting: the arm keeps one row name
+while its parameters differ by alpha, and the table keeps its rows and columns. A cell's id is
+a hash of that run config (without paths, which differ between machines) and the simulation
+settings, so the same cell has the same id in every preset, on every machine and under either
+backend.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ PRESET_KEYS = {"name", "description", "num-supernodes", "cpus-per-client", "cell
 BACKENDS = ("flwr", "inline")
 VARIANT = "variant"
 GRID_KEYS = {"name", "kind", "set", "axes", "rows", "x", "paper", "description", "reference",
-             "extra"}
+             "extra", "overrides"}
+OVERRIDE_KEYS = {"where", "set"}
 PAPER_KEYS = {"where", "values"}
 KINDS = ("table", "sweep", "adversarial", "ablation", "tuning")
 # Keys the runner owns (paths are per machine; resume-from is how a cell continues).
@@ -85,6 +90,7 @@ class Grid:
     description: str = ""
     reference: str = ""
     extra: tuple[dict[str, list[Any]], ...] = ()
+    overrides: tuple[dict[str, dict[str, Any]], ...] = ()
 
     @property
     def column_keys(self) -> list[str]:
@@ -159,6 +165,8 @@ class Preset:
         grids = [{"name": g.name, "kind": g.kind, "set": g.fixed, "axes": g.axes,
                   "rows": g.rows, "x": g.x, "description": g.description,
                   "reference": g.reference, "extra": [dict(e) for e in g.extra],
+                  "overrides": [{"where": dict(o["where"]), "set": dict(o["set"])}
+                                for o in g.overrides],
                   "paper": [{"where": p.where, "values": p.values} for p in g.paper]}
                  for g in self.grids]
         return {"preset": {"name": self.name, "description": self.description,
@@ -198,6 +206,9 @@ def expand_grid(preset: Preset, grid: Grid) -> list[Cell]:
         for values in itertools.product(*(axes[k] for k in keys)):
             point = dict(zip(keys, values, strict=True))
             cfg = {**preset.base, **grid.fixed, **point_config(point, preset.variants)}
+            for override in grid.overrides:
+                if all(point.get(k) == v for k, v in override["where"].items()):
+                    cfg.update(override["set"])
             out.append(Cell(cell_id(cfg, preset.num_supernodes), grid.name, cfg, point))
         return out
 
@@ -276,14 +287,50 @@ def _parse_grid(raw: dict[str, Any], i: int, base: dict[str, Any],
             elif key != "seed" and any(v not in axes[key] for v in values):
                 problems.append(f"{where} extra #{j + 1}: {key}={values} must be among the "
                                 f"axis's values {axes[key]} (only seeds may be new)")
+    overrides = _parse_overrides(raw.get("overrides", []), where, axes, base,
+                                 raw.get("set", {}), variants, problems)
     fixed = dict(raw.get("set", {}))
     if rows not in axes and rows not in fixed and rows in base:
         fixed[rows] = base[rows]  # same config, but the grid now names its row value
     grid = Grid(str(raw.get("name", f"grid{i + 1}")), kind, fixed,
                 {k: list(v) for k, v in axes.items()}, rows, x, tuple(refs),
                 str(raw.get("description", "")), reference,
-                tuple({k: list(v) for k, v in e.items()} for e in extra))
+                tuple({k: list(v) for k, v in e.items()} for e in extra), tuple(overrides))
     return grid, problems
+
+
+def _parse_overrides(raw: Any, where: str, axes: dict[str, list[Any]], base: dict[str, Any],
+                     fixed: dict[str, Any], variants: dict[str, dict[str, Any]],
+                     problems: list[str]) -> list[dict[str, dict[str, Any]]]:
+    """A grid's ``overrides``: each ``where`` names axis values, each ``set`` run-config keys
+    the app accepts at every point it matches; problems are appended."""
+    if not isinstance(raw, list) or not all(isinstance(o, dict) for o in raw):
+        problems.append(f"{where}: overrides must be a list of tables, e.g. overrides = "
+                        "[{ where = { alpha = 0.01, variant = \"fedavgm\" }, set = { "
+                        "server-momentum = 0.9 } }]")
+        return []
+    out = []
+    for j, entry in enumerate(raw):
+        at = f"{where} overrides #{j + 1}"
+        problems.extend(_unknown(at, entry, OVERRIDE_KEYS))
+        match, keys = entry.get("where"), entry.get("set")
+        if not isinstance(match, dict) or not match or not isinstance(keys, dict) or not keys:
+            problems.append(f"{at}: needs where = {{ axis = value, ... }} and set = {{ run-config "
+                            "keys }}, both non-empty")
+            continue
+        bad = [f"{k}={v!r}" for k, v in match.items() if k not in axes or v not in axes[k]]
+        if bad:
+            problems.append(f"{at}: where {', '.join(bad)} is not an axis value of this grid "
+                            f"(axes: {axes}); an override only changes points the grid has")
+            continue
+        first = {k: match.get(k, v[0]) for k, v in axes.items()}
+        try:
+            parse_run_config({**base, **fixed, **point_config(first, variants), **keys})
+        except ValueError as err:
+            problems.append(f"{at}: {err}")
+            continue
+        out.append({"where": dict(match), "set": dict(keys)})
+    return out
 
 
 def parse_preset(raw: dict[str, Any]) -> Preset:

@@ -290,6 +290,41 @@ def test_extra_points_are_validated(extra: Any, match: str) -> None:
         parse_preset(ablation_preset(extra=extra))
 
 
+def test_an_override_changes_only_the_points_it_names_and_survives_the_stored_preset() -> None:
+    # Prepare: fedowen tuned per alpha: budget 8 at alpha 0.01 only
+    raw = ablation_preset(overrides=[{"where": {"alpha": 0.01, "variant": "fedowen"},
+                                      "set": {"budget-m": 8}}])
+    raw["grid"][0]["axes"]["alpha"] = [0.1, 0.01]
+    plain = ablation_preset()
+    plain["grid"][0]["axes"]["alpha"] = [0.1, 0.01]
+    # Execute
+    preset = parse_preset(raw)
+    cells = {(c.point["variant"], c.point["alpha"], c.run_config["seed"]): c
+             for c in preset.cells()}
+    # Assert: the one arm x setting has the key, every other cell is the plain preset's cell
+    assert {k for k, c in cells.items() if c.run_config.get("budget-m") == 8} == {
+        ("fedowen", 0.01, s) for s in (0, 1, 2)}
+    others = {c.cell_id for k, c in cells.items() if k[:2] != ("fedowen", 0.01)}
+    assert others <= {c.cell_id for c in parse_preset(plain).cells()}
+    assert len(cells) == 12 and preset.grids[0].column_keys == ["alpha"]
+    # the results folder's preset.json reads back to the same cells
+    again = parse_preset(json.loads(json.dumps(preset.to_json())))
+    assert [c.cell_id for c in again.cells()] == [c.cell_id for c in preset.cells()]
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    ([{"where": {"alpha": 0.5}, "set": {"budget-m": 8}}], "not an axis value"),
+    ([{"where": {"lr": 0.1}, "set": {"budget-m": 8}}], "not an axis value"),
+    ([{"where": {"alpha": 0.1}, "set": {}}], "both non-empty"),
+    ([{"where": {"alpha": 0.1}, "set": {"budget-m": 8}, "to": 1}], "unknown key 'to'"),
+    ([{"where": {"alpha": 0.1}, "set": {"no-such-key": 1}}], "no-such-key"),
+    ({"where": {"alpha": 0.1}}, "list of tables"),
+])
+def test_overrides_are_validated(overrides: Any, match: str) -> None:
+    with pytest.raises(PresetError, match=match):
+        parse_preset(ablation_preset(overrides=overrides))
+
+
 def test_committed_arena_preset_follows_the_protocol() -> None:
     # issue 17: 7 defences x 7 attacks x both alphas, 100 rounds, >= 3 seeds per cell, paired
     # against FLTrust; a close call's extra seeds add cells to the same grids
