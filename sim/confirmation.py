@@ -225,6 +225,9 @@ REFERENCE = "fedowen"
 CONFIRM_GRID = "confirm"
 #: Departures from the protocol, by hand, beside it (docs/confirmation/deviations.md).
 DEVIATIONS = "deviations.md"
+#: The protocol's picks of "the better of" groups chosen before the scored seeds (a Study with
+#: ``picked`` hypotheses): ``{dataset: {setting: {group key: arm}}}``.
+PICKS = "picks.json"
 #: Primary hypotheses, per dataset x setting: FedOwen beats each; a tuple is "the better of"
 #: (the one with the higher mean endpoint on the confirmation seeds: the harder comparison).
 PRIMARY: tuple[tuple[str, ...], ...] = (("fedavg-equal",), ("fedavgm", "fedprox"), ("fltrust",))
@@ -234,6 +237,58 @@ ENDPOINT_ROUNDS = tuple(range(96, 101))
 LEVEL = 0.05
 HYPOTHESIS_FIELDS = ("family", "dataset", "setting", "against", "n", "mean_diff", "ci_lo",
                      "ci_hi", "p_t", "p_wilcoxon", "p_holm", "decision")
+
+
+@dataclass(frozen=True)
+class Against:
+    """Whom FedOwen is compared with in one hypothesis: one arm, or one of a group chosen by
+    ``rule``: ``better``, the one of the higher mean endpoint on the scored seeds (the first
+    confirmation's rule); ``picked``, the one the protocol picked on validation before any
+    scored seed ran (``picks.json``); ``other``, the one it did not pick."""
+
+    arms: tuple[str, ...]
+    rule: str = "better"
+
+    @property
+    def key(self) -> str:
+        return "+".join(self.arms)
+
+
+@dataclass(frozen=True)
+class Study:
+    """One pre-registered confirmation: its presets and reports (``<prefix><dataset>``), its
+    folder of protocol files (``docs/<folder>/``: PROTOCOL.md, arms.json, deviations.md,
+    hypotheses.csv, and picks.json: ``{dataset: {setting: {group key: arm}}}``), its page
+    (``docs/<folder>.md``), seeds, hypotheses and the per-dataset table's column names."""
+
+    prefix: str
+    folder: str
+    title: str
+    seeds: tuple[int, ...]
+    primary: tuple[Against, ...]
+    secondary: tuple[Against, ...]
+    columns: tuple[str, ...]
+
+    def arms(self) -> list[str]:
+        """Every arm of the hypotheses, FedOwen first, each once."""
+        named = [REFERENCE, *(a for h in (*self.primary, *self.secondary) for a in h.arms)]
+        return list(dict.fromkeys(named))
+
+
+#: The second confirmation's field selectors: the better one (picked on validation) is primary.
+SELECTORS = ("power-of-choice", "oort")
+FIRST = Study(PRESET_PREFIX, "confirmation", "The pre-registered confirmation",
+              CONFIRMATION_SEEDS, tuple(Against(g) for g in PRIMARY),
+              tuple(Against(g) for g in SECONDARY),
+              ("vs equal-weight FedAvg", "vs tuned FedAvgM / FedProx", "vs FLTrust"))
+SECOND = Study(SECOND_PRESET_PREFIX, "confirmation2", "The second pre-registered confirmation",
+               SECOND_CONFIRMATION_SEEDS,
+               (Against(("fedavg-equal",)), Against(("fedavg-tuned",)), Against(("fltrust",)),
+                Against(SELECTORS, "picked")),
+               (Against(SELECTORS, "other"), Against(("fedowen-random",))),
+               ("vs equal-weight FedAvg", "vs tuned FedAvgM / FedProx", "vs FLTrust",
+                "vs the better selector"))
+STUDIES = {"first": FIRST, "second": SECOND}
 
 
 @dataclass(frozen=True)
@@ -274,23 +329,44 @@ def read_endpoints(rounds_csv: Path) -> dict[tuple[str, str], dict[int, float]]:
     return out
 
 
-def compare(endpoints: dict[str, dict[tuple[str, str], dict[int, float]]]) -> list[Comparison]:
+def compare(endpoints: dict[str, dict[tuple[str, str], dict[int, float]]],
+            study: Study | None = None, picks: dict[str, Any] | None = None
+            ) -> list[Comparison]:
     """Every hypothesis of every dataset (``{dataset: read_endpoints(...)}``), Holm-adjusted
     within its family (all primaries together; all secondaries together)."""
+    study = study or FIRST
     found: list[Comparison] = []
-    for family, hypotheses in (("primary", PRIMARY), ("secondary", SECONDARY)):
+    for family, hypotheses in (("primary", study.primary), ("secondary", study.secondary)):
         tested = []
         for dataset, table in endpoints.items():
             settings = sorted({s for (arm, s) in table if arm == REFERENCE})
             for setting in settings:
                 ours = table[(REFERENCE, setting)]
-                for arms in hypotheses:
-                    against = max(arms, key=lambda a: _mean(table.get((a, setting), {})))
+                for hypothesis in hypotheses:
+                    against = _against(hypothesis, table, setting,
+                                       (picks or {}).get(dataset, {}).get(setting, {}),
+                                       f"{dataset} {setting}")
                     test = paired_test(ours, table.get((against, setting), {}))
                     tested.append(Comparison(family, dataset, setting, against, test))
         adjusted = holm([c.test.p_t for c in tested])
         found += [replace(c, p_holm=p) for c, p in zip(tested, adjusted, strict=True)]
     return found
+
+
+def _against(hypothesis: Against, table: dict[tuple[str, str], dict[int, float]],
+             setting: str, picks: dict[str, str], where: str) -> str:
+    """The arm a hypothesis compares FedOwen with at one setting (:class:`Against`)."""
+    arms = hypothesis.arms
+    if len(arms) == 1:
+        return arms[0]
+    if hypothesis.rule == "better":
+        return max(arms, key=lambda a: _mean(table.get((a, setting), {})))
+    chosen = picks.get(hypothesis.key)
+    if chosen not in arms:
+        raise ValueError(f"{where}: no pick among {list(arms)} for {hypothesis.key!r} in the "
+                         f"protocol's picks.json (got {chosen!r}): write the pick made on the "
+                         "validation split there before the report is read")
+    return chosen if hypothesis.rule == "picked" else next(a for a in arms if a != chosen)
 
 
 def _mean(values: dict[int, float]) -> float:
@@ -309,11 +385,11 @@ def hypothesis_rows(comparisons: list[Comparison]) -> list[dict[str, Any]]:
              "decision": c.decision} for c in comparisons]
 
 
-def expected_settings(arms_file: Path) -> set[tuple[str, str]]:
+def expected_settings(arms_file: Path, prefix: str = PRESET_PREFIX) -> set[tuple[str, str]]:
     """Every (dataset, setting) the protocol plans, from its ``arms.json``; empty without one."""
     if not arms_file.exists():
         return set()
-    return {(a["preset"].removeprefix(PRESET_PREFIX), a["setting"])
+    return {(a["preset"].removeprefix(prefix), a["setting"])
             for a in json.loads(arms_file.read_text())}
 
 
@@ -329,14 +405,16 @@ def verdict(decisions: list[str]) -> str:
 
 
 def dataset_verdicts(comparisons: list[Comparison], expected: set[tuple[str, str]],
-                     complete: bool) -> list[str]:
-    """The per-dataset section: each setting's three primary decisions and the verdict."""
+                     complete: bool, study: Study | None = None) -> list[str]:
+    """The per-dataset section: each setting's primary decisions and the verdict."""
+    study = study or FIRST
+    count = {3: "three", 4: "four"}.get(len(study.primary), str(len(study.primary)))
     md = ["## Per dataset", "",
-          "FedOwen's advantage per dataset (PROTOCOL.md section 6): *confirmed* only where all "
-          "three primaries are confirmed in every setting." + ("" if complete else
+          f"FedOwen's advantage per dataset (PROTOCOL.md section 6): *confirmed* only where all "
+          f"{count} primaries are confirmed in every setting." + ("" if complete else
           " **Interim**: the verdicts below are not the confirmation's."), "",
-          "| dataset | setting | vs equal-weight FedAvg | vs tuned FedAvgM / FedProx | vs FLTrust "
-          "| verdict |", "|---|---|---|---|---|---|"]
+          f"| dataset | setting | {' | '.join(study.columns)} | verdict |",
+          "|---|---|" + "---|" * len(study.columns) + "---|"]
     primary = [c for c in comparisons if c.family == "primary"]
     for dataset in sorted({c.dataset for c in primary}):
         rows = [c for c in primary if c.dataset == dataset]
@@ -346,7 +424,8 @@ def dataset_verdicts(comparisons: list[Comparison], expected: set[tuple[str, str
         if missing:
             ruling = f"pending ({', '.join(missing)} not run yet)"
         for i, setting in enumerate(settings):
-            cells = [f"{c.decision} ({c.against})" if len(PRIMARY[k]) > 1 else c.decision
+            cells = [f"{c.decision} ({c.against})" if len(study.primary[k].arms) > 1
+                     else c.decision
                      for k, c in enumerate(c for c in rows if c.setting == setting)]
             md.append(f"| {dataset} | {setting} | {' | '.join(cells)} | "
                       f"{ruling if i == 0 else ''} |")
@@ -357,11 +436,12 @@ def dataset_verdicts(comparisons: list[Comparison], expected: set[tuple[str, str
 COLLAPSE_BELOW = 20.0
 
 
-def arm_endpoints(endpoints: dict[str, dict[tuple[str, str], dict[int, float]]]) -> list[str]:
+def arm_endpoints(endpoints: dict[str, dict[tuple[str, str], dict[int, float]]],
+                  study: Study | None = None) -> list[str]:
     """The every-arm section: per dataset and setting, each arm's mean endpoint over the seeds
     present and its lowest seed, in bold where a seed collapsed, so a hypothesis won against a
     broken baseline is seen as one."""
-    arms = [REFERENCE, *(a for group in (*PRIMARY, *SECONDARY) for a in group)]
+    arms = (study or FIRST).arms()
     md = ["## Every arm's endpoint", "",
           "Mean endpoint over the seeds present (the lowest seed's in brackets), %; **bold**: "
           f"some seed below {COLLAPSE_BELOW:.0f}%, a collapsed run. A hypothesis won against a "
@@ -379,17 +459,20 @@ def arm_endpoints(endpoints: dict[str, dict[tuple[str, str], dict[int, float]]])
     return [*md, ""]
 
 
-def confirmation_report(results_root: Path, seeds: int = len(CONFIRMATION_SEEDS),
-                        expected: set[tuple[str, str]] | None = None
+def confirmation_report(results_root: Path, seeds: int | None = None,
+                        expected: set[tuple[str, str]] | None = None,
+                        study: Study | None = None, picks: dict[str, Any] | None = None
                         ) -> tuple[str, list[dict[str, Any]]]:
     """docs/confirmation.md's hypotheses and per-dataset sections and its rows, from the
     committed per-round CSVs ``<results_root>/confirm-<dataset>/confirm-rounds.csv.gz`` alone
     (:func:`sim.compact.rounds_file`: a plain ``.csv`` of an older report reads the same);
     ``expected``: every (dataset, setting) the protocol plans (complete only when all ran)."""
-    sources = [path for report in sorted(results_root.glob(f"{PRESET_PREFIX}*"))
+    study = study or FIRST
+    seeds = len(study.seeds) if seeds is None else seeds
+    sources = [path for report in sorted(results_root.glob(f"{study.prefix}*"))
                if report.is_dir() and (path := rounds_file(report, CONFIRM_GRID))]
-    endpoints = {p.parent.name.removeprefix(PRESET_PREFIX): read_endpoints(p) for p in sources}
-    comparisons = compare(endpoints)
+    endpoints = {p.parent.name.removeprefix(study.prefix): read_endpoints(p) for p in sources}
+    comparisons = compare(endpoints, study, picks)
     ran = {(c.dataset, c.setting) for c in comparisons}
     complete = (bool(comparisons) and all(c.test.diff.n == seeds for c in comparisons)
                 and (expected or set()) <= ran)
@@ -416,8 +499,8 @@ def confirmation_report(results_root: Path, seeds: int = len(CONFIRMATION_SEEDS)
                       f"{_p(c.test.p_t)} | {_p(c.test.p_wilcoxon)} | {_p(c.p_holm)} | "
                       f"{c.decision} |")
         md.append("")
-    md += dataset_verdicts(comparisons, expected or set(), complete)
-    md += arm_endpoints(endpoints)
+    md += dataset_verdicts(comparisons, expected or set(), complete, study)
+    md += arm_endpoints(endpoints, study)
     return "\n".join(md), hypothesis_rows(comparisons)
 
 
@@ -427,19 +510,19 @@ def _p(p: float) -> str:
     return "<0.0001" if p < 1e-4 else f"{p:.4f}"
 
 
-def tuning_summary(results_root: Path) -> list[str]:
+def tuning_summary(results_root: Path, prefix: str = PRESET_PREFIX) -> list[str]:
     """The tuning tables of every dataset in one: candidate, its mean validation score over
     the tuning seeds and the pick, from the committed ``tune-*-validation.csv``."""
     md = ["## Tuning (validation split, tuning seeds; test accuracy never read)", "",
           "| dataset | grid | candidate | validation (%) per seed | mean | picked |",
           "|---|---|---|---|---|---|"]
-    for path in sorted(results_root.glob(f"{PRESET_PREFIX}*/tune-*-validation.csv")):
+    for path in sorted(results_root.glob(f"{prefix}*/tune-*-validation.csv")):
         by_candidate: dict[str, list[tuple[str, float, bool]]] = {}
         with path.open() as fh:
             for row in csv.DictReader(fh):
                 by_candidate.setdefault(row["variant"], []).append(
                     (row["seed"], float(row["val_last5"]), row["picked"] == "True"))
-        dataset = path.parent.name.removeprefix(PRESET_PREFIX)
+        dataset = path.parent.name.removeprefix(prefix)
         grid = path.name.removesuffix("-validation.csv")
         for name, seeds in by_candidate.items():
             per_seed = ", ".join(f"{s}: {v:.2f}" for s, v, _ in seeds)
@@ -456,26 +539,38 @@ def deviations(path: Path) -> list[str]:
     return ["## Deviations", "", body or "None: every cell so far ran as the protocol says.", ""]
 
 
-def write_confirmation(results_root: Path, out_md: Path, out_csv: Path) -> list[Path]:
-    """``docs/confirmation.md`` and its hypotheses CSV, regenerated from the committed CSVs
-    under ``results_root`` (byte-identical for the same CSVs)."""
+def write_confirmation(results_root: Path, out_md: Path, out_csv: Path,
+                       study: Study | None = None) -> list[Path]:
+    """The study's page (``docs/confirmation.md``) and its hypotheses CSV, regenerated from
+    the committed CSVs under ``results_root`` (byte-identical for the same CSVs); the protocol
+    files are read from ``out_md``'s folder's ``<study folder>/``."""
+    study = study or FIRST
+    folder = out_md.parent / study.folder
+    picks_file = folder / PICKS
+    picks = json.loads(picks_file.read_text()) if picks_file.exists() else None
     hypotheses_md, rows = confirmation_report(
-        results_root, expected=expected_settings(out_md.parent / "confirmation" / "arms.json"))
-    plots = sorted(results_root.glob(f"{PRESET_PREFIX}*/{CONFIRM_GRID}-accuracy.png"))
-    md = ["# The pre-registered confirmation", "",
+        results_root, expected=expected_settings(folder / "arms.json", study.prefix),
+        study=study, picks=picks)
+    plots = sorted(results_root.glob(f"{study.prefix}*/{CONFIRM_GRID}-accuracy.png"))
+    md = [f"# {study.title}", "",
           "The protocol, committed before the first confirmation cell: "
-          "[confirmation/PROTOCOL.md](confirmation/PROTOCOL.md). Regenerate this page from the "
-          "committed per-round CSVs with `python -m sim.confirmation report`.", "",
-          hypotheses_md, *deviations(out_md.parent / "confirmation" / DEVIATIONS),
-          *tuning_summary(results_root), "## Accuracy per round", ""]
+          f"[{study.folder}/PROTOCOL.md]({study.folder}/PROTOCOL.md). Regenerate this page from "
+          "the committed per-round CSVs with `python -m sim.confirmation report"
+          + ("" if study is FIRST else f" --study {_name(study)}") + "`.", "",
+          hypotheses_md, *deviations(folder / DEVIATIONS),
+          *tuning_summary(results_root, study.prefix), "## Accuracy per round", ""]
     for png in plots:
         rel = png.relative_to(out_md.parent)
-        md += [f"### {png.parent.name.removeprefix(PRESET_PREFIX)}", "", f"![{rel}]({rel})", ""]
+        md += [f"### {png.parent.name.removeprefix(study.prefix)}", "", f"![{rel}]({rel})", ""]
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text("\n".join(md) + "\n")
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     _write_csv(out_csv, rows, list(HYPOTHESIS_FIELDS))
     return [out_md, out_csv]
+
+
+def _name(study: Study) -> str:
+    return next(name for name, known in STUDIES.items() if known is study)
 
 
 # ------------------------------------------------------------------ the protocol's arms
@@ -592,19 +687,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["report", "arms", "check"])
     parser.add_argument("presets", nargs="*", type=Path,
                         help="conf/confirm/<dataset>.toml (arms, check)")
+    parser.add_argument("--study", choices=sorted(STUDIES), default="first",
+                        help="first: docs/confirmation/ (seeds 100-107); second: "
+                             "docs/confirmation2/ (seeds 200-207, conf/confirm2/)")
     parser.add_argument("--results", type=Path, default=None,
                         help="report: the folder of the confirm-<dataset>/ reports (default "
                              "docs/results); check: the preset's cell folder (default "
                              "results/<preset name>)")
     parser.add_argument("--out", type=Path, default=None,
                         help="report: docs/confirmation.md; arms: docs/confirmation/arms.json")
-    parser.add_argument("--csv", type=Path,
-                        default=root / "docs" / "confirmation" / "hypotheses.csv")
+    parser.add_argument("--csv", type=Path, default=None,
+                        help="report: docs/<study folder>/hypotheses.csv")
     args = parser.parse_args(argv)
-    arms_file = root / "docs" / "confirmation" / "arms.json"
+    study = STUDIES[args.study]
+    folder = root / "docs" / study.folder
+    arms_file = folder / "arms.json"
     if args.command == "report":
         for path in write_confirmation(args.results or root / "docs" / "results",
-                                       args.out or root / "docs" / "confirmation.md", args.csv):
+                                       args.out or root / "docs" / f"{study.folder}.md",
+                                       args.csv or folder / "hypotheses.csv", study):
             print(path)
         return 0
     if not args.presets:

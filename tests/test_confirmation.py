@@ -242,7 +242,8 @@ ARM_LEVELS = {"fedowen": 80.0, "fedavg-equal": 78.0, "fedavgm": 79.0, "fedprox":
               "fltrust": 86.0, "fedavg-samples": 80.0, "fedowen-random": 79.5}
 
 
-def write_confirm_rounds(path: Path, settings: list[str], seeds: range) -> None:
+def write_confirm_rounds(path: Path, settings: list[str], seeds: range | tuple[int, ...],
+                         levels: dict[str, float] | None = None) -> None:
     """An ablation report's rounds CSV: every arm at its level, a shared per-seed offset (so
     the pairing matters) and a small arm-by-seed wobble."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -251,7 +252,7 @@ def write_confirm_rounds(path: Path, settings: list[str], seeds: range) -> None:
                                                 "test_accuracy"])
         writer.writeheader()
         for setting in settings:
-            for i, (arm, level) in enumerate(ARM_LEVELS.items()):
+            for i, (arm, level) in enumerate((levels or ARM_LEVELS).items()):
                 for seed in seeds:
                     shared, wobble = 3.0 * ((seed * 7) % 5), 0.3 * (((seed + i) * 3) % 4)
                     for rnd in range(101):
@@ -297,6 +298,48 @@ def test_the_confirmation_report_decides_by_holm_and_regenerates_byte_identical(
     # Holm over the whole primary family, in the family's order
     raw = [float(r["p_t"]) for r in primary]
     assert [float(r["p_holm"]) for r in primary] == pytest.approx(holm(raw), abs=1e-4)
+
+
+def test_the_second_confirmation_compares_with_the_selector_the_protocol_picked(
+        tmp_path: Path) -> None:
+    # Prepare: Oort's endpoint is the higher on the scored seeds, but the protocol picked
+    # Power-of-Choice on validation at alpha=0.1 (and Oort at alpha=0.01)
+    from sim.confirmation import SECOND, SECOND_CONFIRMATION_SEEDS, write_confirmation
+
+    levels = {"fedowen": 80.0, "fedavg-equal": 78.0, "fedavg-tuned": 79.0, "fltrust": 76.0,
+              "power-of-choice": 77.0, "oort": 83.0, "fedowen-random": 79.5}
+    results = tmp_path / "results"
+    write_confirm_rounds(results / "confirm2-mnist" / "confirm-rounds.csv",
+                         ["alpha=0.01", "alpha=0.1"], SECOND_CONFIRMATION_SEEDS, levels)
+    write_confirm_rounds(results / "confirm-mnist" / "confirm-rounds.csv", ["alpha=0.1"],
+                         range(100, 108))  # the first confirmation's: not read here
+    folder = tmp_path / "confirmation2"
+    folder.mkdir()
+    picks = {"mnist": {"alpha=0.1": {"power-of-choice+oort": "power-of-choice"},
+                       "alpha=0.01": {"power-of-choice+oort": "oort"}}}
+    (folder / "picks.json").write_text(json.dumps(picks))
+    # Execute
+    write_confirmation(results, tmp_path / "confirmation2.md", tmp_path / "h.csv", SECOND)
+    # Assert: 2 settings x 4 primaries; the picked selector is the comparison, the other one
+    # a secondary; four columns in the per-dataset table
+    with (tmp_path / "h.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    primary = {(r["setting"], r["against"]): r["decision"] for r in rows
+               if r["family"] == "primary"}
+    assert len(primary) == 8 and ("alpha=0.1", "power-of-choice") in primary
+    assert primary[("alpha=0.1", "power-of-choice")] == "confirmed"
+    assert primary[("alpha=0.01", "oort")] == "reversed"
+    secondary = {(r["setting"], r["against"]) for r in rows if r["family"] == "secondary"}
+    assert secondary == {("alpha=0.1", "oort"), ("alpha=0.01", "power-of-choice"),
+                         ("alpha=0.1", "fedowen-random"), ("alpha=0.01", "fedowen-random")}
+    text = (tmp_path / "confirmation2.md").read_text()
+    assert text.startswith("# The second pre-registered confirmation")
+    assert "| vs FLTrust | vs the better selector | verdict |" in text
+    assert "all four primaries" in text and "--study second" in text
+    # without the protocol's pick the report refuses, naming what to write
+    (folder / "picks.json").unlink()
+    with pytest.raises(ValueError, match=r"no pick among .* picks\.json"):
+        write_confirmation(results, tmp_path / "confirmation2.md", tmp_path / "h.csv", SECOND)
 
 
 def test_the_per_dataset_verdict_follows_the_protocols_rule() -> None:
