@@ -120,14 +120,19 @@ def tuning_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: 
     return md, [scores_csv, rounds_csv, png]
 
 
-#: Tuning grids of which one baseline goes on in the second confirmation: "the better of FedAvgM
-#: and FedProx" (rule 2 of conf/confirm2/*.toml), the family whose pick scores higher; on a tie
-#: the first listed.
-BETTER_OF = ("tune-fedavgm", "tune-fedprox")
+#: Pairs of tuning grids of which the second confirmation's report names the better family pick
+#: (the higher score; on a tie the first listed): "the better of FedAvgM and FedProx" (rule 2 of
+#: conf/confirm2/*.toml) and, where the selectors are tuned there, the better selector.
+BETTER_OF = (("tune-fedavgm", "tune-fedprox"), ("tune-poc", "tune-oort"))
+
+
+def better_of_sections(preset: Preset, res: dict[str, CellResult]) -> list[str]:
+    """:func:`better_of_section` for every pair of :data:`BETTER_OF` the preset tunes."""
+    return [line for pair in BETTER_OF for line in better_of_section(preset, res, pair)]
 
 
 def better_of_section(preset: Preset, res: dict[str, CellResult],
-                      families: tuple[str, ...] = BETTER_OF) -> list[str]:
+                      families: tuple[str, ...] = BETTER_OF[0]) -> list[str]:
     """Markdown lines: per column point, each family's pick with its score and the better
     family's pick; none until every family has its pick there. Empty when the preset lacks
     one of the families' grids or is not the second confirmation's (the first ran both)."""

@@ -179,7 +179,7 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
     from sim import backdoor
     from sim.ablation import ablation_section, overview_section
     from sim.adversarial import adversarial_section
-    from sim.confirmation import better_of_section, tuning_section
+    from sim.confirmation import better_of_sections, tuning_section
 
     out.mkdir(parents=True, exist_ok=True)
     res = load_results(preset, results)
@@ -211,7 +211,7 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
         md += lines
         csv_rows += rows
         files += pngs
-    md += better_of_section(preset, res)
+    md += better_of_sections(preset, res)
     if any(g.kind == "adversarial" for g in preset.grids):
         lines, rows, pngs = adversarial_section(preset, res, out)
         md += lines

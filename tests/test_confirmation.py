@@ -82,8 +82,9 @@ def test_a_tie_goes_to_the_first_listed_and_a_missing_seed_picks_nothing(
     assert "Pick: **a**" in (tmp_path / "out" / "README.md").read_text()
 
 
-def test_the_better_of_fedavgm_and_fedprox_is_the_family_pick_of_the_higher_score(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize("families", [("tune-fedavgm", "tune-fedprox"), ("tune-poc", "tune-oort")])
+def test_the_better_of_two_families_is_the_family_pick_of_the_higher_score(
+        tmp_path: Path, families: tuple[str, str]) -> None:
     # Prepare: two families at two alphas; FedAvgM's pick scores higher at 0.1, FedProx's at
     # 0.01 (where FedAvgM's pick is best on test accuracy, which is never read)
     raw = tuning_preset()
@@ -92,8 +93,7 @@ def test_the_better_of_fedavgm_and_fedprox_is_the_family_pick_of_the_higher_scor
                        "p2": {"lr": 0.03}}
     raw["grid"] = [{"name": name, "kind": "tuning", "rows": "variant",
                     "axes": {"seed": [50, 51], "alpha": [0.1, 0.01], "variant": rows}}
-                   for name, rows in (("tune-fedavgm", ["m1", "m2"]),
-                                      ("tune-fedprox", ["p1", "p2"]))]
+                   for name, rows in zip(families, (["m1", "m2"], ["p1", "p2"]), strict=True)]
     preset = parse_preset(raw)
     val = {("m1", 0.1): 0.9, ("m2", 0.1): 0.8, ("p1", 0.1): 0.85, ("p2", 0.1): 0.7,
            ("m1", 0.01): 0.6, ("m2", 0.01): 0.5, ("p1", 0.01): 0.4, ("p2", 0.01): 0.7}
@@ -106,6 +106,7 @@ def test_the_better_of_fedavgm_and_fedprox_is_the_family_pick_of_the_higher_scor
     write_report(preset, tmp_path / "res", tmp_path / "out")
     readme = (tmp_path / "out" / "README.md").read_text()
     # Assert: alpha 0.1 decided, alpha 0.01 not yet
+    assert f"## The better of {families[0]} and {families[1]}" in readme
     assert "| alpha=0.1 | m1 (90.00) | p1 (85.00) | **m1** |" in readme
     assert "| alpha=0.01 | m1 (60.00) | not yet | not yet |" in readme
     # Execute: the last cell
