@@ -212,6 +212,39 @@ def test_no_result_or_preset_but_the_second_confirmation_uses_its_seeds() -> Non
     assert not used & set(SECOND_CONFIRMATION_SEEDS), sorted(used & set(SECOND_CONFIRMATION_SEEDS))
 
 
+def test_the_second_confirmations_tuning_is_what_its_protocol_says() -> None:
+    # docs/confirmation2/PROTOCOL.md section 4: per setting FedAvgM, FedProx and FLTrust, three
+    # candidates each on seeds 50-51 and the validation split; the selectors tuned per family
+    # exactly where the selection development grid did not cover the setting
+    from sim.confirmation import BETTER_OF, SECOND_PRESET_PREFIX, TUNING_SEEDS
+    from sim.grid import load_preset
+
+    root = Path(__file__).resolve().parents[1]
+    dev = load_preset(root / "conf" / "selection-dev.toml")
+    covered = {(c.config.dataset, None if c.config.dataset == "femnist" else c.config.alpha)
+               for c in dev.cells()}
+    presets = [load_preset(p) for p in sorted((root / "conf" / "confirm2").glob("*.toml"))]
+    assert len(presets) == 5
+    settings = 0
+    for preset in presets:
+        assert preset.name.startswith(SECOND_PRESET_PREFIX)
+        grids = {g.name: g for g in preset.grids if g.kind == "tuning"}
+        for name in ("tune-fedavgm", "tune-fedprox", "tune-fltrust"):
+            assert len(grids[name].axes["variant"]) == 3, (preset.name, name)
+        for grid in grids.values():
+            assert tuple(grid.axes["seed"]) == TUNING_SEEDS, (preset.name, grid.name)
+        tuned_selectors = {(c.config.dataset,
+                            None if c.config.dataset == "femnist" else c.config.alpha)
+                           for name in BETTER_OF[1] if name in grids
+                           for c in preset.cells() if c.grid == name}
+        for cell in (c for c in preset.cells() if c.grid == "tune-fedavgm"):
+            setting = (cell.config.dataset,
+                       None if cell.config.dataset == "femnist" else cell.config.alpha)
+            assert (setting in tuned_selectors) != (setting in covered), (preset.name, setting)
+        settings += len({c.config.alpha for c in preset.cells() if c.grid == "tune-fedavgm"})
+    assert settings == 8  # the first confirmation's eight settings
+
+
 def test_the_confirmation_arms_carry_the_committed_tuning_picks() -> None:
     # Every confirm grid's recipe (the preset's [base] lr and momentum), fedavgm and fedprox arms
     # are the candidates its committed tuning report picked, value for value
