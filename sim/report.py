@@ -179,7 +179,7 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
     from sim import backdoor
     from sim.ablation import ablation_section, overview_section
     from sim.adversarial import adversarial_section
-    from sim.confirmation import better_of_sections, tuning_section
+    from sim.tuning import better_of_sections, tuning_section
 
     out.mkdir(parents=True, exist_ok=True)
     res = load_results(preset, results)

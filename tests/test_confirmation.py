@@ -147,7 +147,7 @@ def test_no_earlier_result_or_preset_used_the_tuning_or_confirmation_seeds() -> 
     import tomllib
 
     from sim.archives import MANIFEST, archived_files
-    from sim.confirmation import (
+    from sim.protocol import (
         CONFIRMATION_SEEDS,
         PRESET_PREFIX,
         SECOND_PRESET_PREFIX,
@@ -189,7 +189,7 @@ def test_no_result_or_preset_but_the_second_confirmation_uses_its_seeds() -> Non
     import tomllib
 
     from sim.archives import MANIFEST, archived_files
-    from sim.confirmation import SECOND_CONFIRMATION_SEEDS, SECOND_PRESET_PREFIX
+    from sim.protocol import SECOND_CONFIRMATION_SEEDS, SECOND_PRESET_PREFIX
 
     root = Path(__file__).resolve().parents[1]
     used: set[int] = set()
@@ -216,8 +216,9 @@ def test_the_second_confirmations_tuning_is_what_its_protocol_says() -> None:
     # docs/confirmation2/PROTOCOL.md section 4: per setting FedAvgM, FedProx and FLTrust, three
     # candidates each on seeds 50-51 and the validation split; the selectors tuned per family
     # exactly where the selection development grid did not cover the setting
-    from sim.confirmation import BETTER_OF, SECOND_PRESET_PREFIX, TUNING_SEEDS
     from sim.grid import load_preset
+    from sim.protocol import SECOND_PRESET_PREFIX, TUNING_SEEDS
+    from sim.tuning import BETTER_OF
 
     root = Path(__file__).resolve().parents[1]
     dev = load_preset(root / "conf" / "selection-dev.toml")
@@ -299,7 +300,8 @@ def test_the_confirmation_report_decides_by_holm_and_regenerates_byte_identical(
         tmp_path: Path) -> None:
     # Prepare: two datasets; FedOwen is 2 points above equal-weight FedAvg, below FedProx
     # (the better of FedAvgM and FedProx) and 6 below FLTrust
-    from sim.confirmation import CONFIRMATION_SEEDS, read_endpoints, write_confirmation
+    from sim.confirmation import read_endpoints, write_confirmation
+    from sim.protocol import CONFIRMATION_SEEDS
     from sim.stats import holm
 
     results = tmp_path / "results"
@@ -338,7 +340,8 @@ def test_the_second_confirmation_compares_with_the_selector_the_protocol_picked(
         tmp_path: Path) -> None:
     # Prepare: Oort's endpoint is the higher on the scored seeds, but the protocol picked
     # Power-of-Choice on validation at alpha=0.1 (and Oort at alpha=0.01)
-    from sim.confirmation import SECOND, SECOND_CONFIRMATION_SEEDS, write_confirmation
+    from sim.confirmation import SECOND, write_confirmation
+    from sim.protocol import SECOND_CONFIRMATION_SEEDS
 
     levels = {"fedowen": 80.0, "fedavg-equal": 78.0, "fedavg-tuned": 79.0, "fltrust": 76.0,
               "power-of-choice": 77.0, "oort": 83.0, "fedowen-random": 79.5}
@@ -389,7 +392,8 @@ def test_the_per_dataset_verdict_follows_the_protocols_rule() -> None:
 def test_a_confirmation_missing_a_planned_setting_is_interim_and_its_dataset_pending(
         tmp_path: Path) -> None:
     # Prepare: every seed of MNIST alpha=0.1, but the protocol also plans alpha=0.01
-    from sim.confirmation import CONFIRMATION_SEEDS, write_confirmation
+    from sim.confirmation import write_confirmation
+    from sim.protocol import CONFIRMATION_SEEDS
 
     results = tmp_path / "results"
     write_confirm_rounds(results / "confirm-mnist" / "confirm-rounds.csv", ["alpha=0.1"],
@@ -429,7 +433,8 @@ def test_the_committed_confirmation_report_regenerates_byte_identical(tmp_path: 
     # confirm-<dataset> reports are copied into a scratch docs/ and the page written there
     import shutil
 
-    from sim.confirmation import PRESET_PREFIX, write_confirmation
+    from sim.confirmation import write_confirmation
+    from sim.protocol import PRESET_PREFIX
 
     docs = Path(__file__).resolve().parents[1] / "docs"
     for report in (docs / "results").glob(f"{PRESET_PREFIX}*"):
@@ -448,8 +453,8 @@ def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
     from client_app.app import app as client_app
     from server_app.app import run
     from server_app.config import parse_run_config
-    from sim.confirmation import ADDED_AFTER_PROTOCOL, check_cells, config_hash, protocol_arms
     from sim.inline_grid import InProcessGrid
+    from sim.protocol import ADDED_AFTER_PROTOCOL, check_cells, config_hash, protocol_arms
 
     raw = {"preset": {"name": "confirm-unit", "num-supernodes": 6, "backend": "inline"},
            "base": {"dataset": "mnist", "num-server-rounds": 1, "clients-per-round": 4,
@@ -505,9 +510,9 @@ def test_every_arms_endpoint_is_listed_and_a_collapsed_arm_is_marked() -> None:
 
 def test_the_committed_protocol_hashes_are_what_the_presets_resolve_to_today() -> None:
     # A key the app gains after the protocol commit must not move the hash that names an arm
-    # (sim.confirmation.ADDED_AFTER_PROTOCOL); any other change to what an arm runs must.
-    from sim.confirmation import protocol_arms
+    # (sim.protocol.ADDED_AFTER_PROTOCOL); any other change to what an arm runs must.
     from sim.grid import load_preset
+    from sim.protocol import protocol_arms
 
     root = Path(__file__).resolve().parents[1]
     committed = {(a["preset"], a["arm"], a["setting"]): a["hash"] for a in json.loads(

@@ -1,0 +1,127 @@
+"""The confirmations' fixed points: their seeds, preset prefixes and the protocol's arms.
+
+A protocol names every arm x setting by the hash of its full resolved run config
+(``docs/<study>/arms.json``, written by ``python -m sim.confirmation arms``); every cell
+records its config and the commit it ran, and :func:`check_cells` compares the two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sim.grid import Grid, Preset, expand_grid
+from sim.results import point_label
+
+#: Seeds of the baselines' tuning and of the confirmation itself; no earlier result used either
+#: (tests/test_confirmation.py checks every committed archive and preset).
+TUNING_SEEDS = (50, 51)
+CONFIRMATION_SEEDS = tuple(range(100, 108))
+#: The presets (conf/confirm/<dataset>.toml) and report folders of the confirmation.
+PRESET_PREFIX = "confirm-"
+#: The second confirmation's (issue 46): seeds no committed result or preset used before it,
+#: its presets (conf/confirm2/<dataset>.toml, tuning on TUNING_SEEDS) and report folders.
+SECOND_CONFIRMATION_SEEDS = tuple(range(200, 208))
+SECOND_PRESET_PREFIX = "confirm2-"
+
+
+#: The grid that holds the confirmation cells (an ``ablation`` grid with reference ``fedowen`` in
+#: every conf/confirm*/<dataset>.toml).
+CONFIRM_GRID = "confirm"
+
+#: Per-run keys that differ between the seeds and machines of one arm by design.
+_PER_RUN = ("seed", "output_dir", "data_dir", "resume_from")
+#: Keys the app gained after the protocol commit (839845a), with the value that runs as the
+#: code did before them: a config without them (a cell's config.json written then, or a
+#: preset that leaves them to the defaults, which have changed since) ran at that value, and
+#: at that value they are left out of an arm's resolved config, so the protocol's hashes keep
+#: naming the same runs.
+ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", "link_memory": 0,
+                        "poc_d": 20, "oort_exploration_min": 0.3, "selection_reward": "rank",
+                        "selection_level": 0.01, "selection_cap": 0.0,
+                        "adversary_trigger": "square", "adversary_trigger_size": 3,
+                        "adversary_trigger_position": "bottom-right", "adversary_target": 0,
+                        "adversary_poison_fraction": 0.5, "update_filter": "none",
+                        "robust_lr_threshold": 0, "aggregate_noise": 0.0, "valuation_workers": 1}
+
+
+def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:
+    """The full run config an arm runs with, as the ServerApp resolves it (every key, the
+    defaults included; ``auto`` selection, aggregation and norm cap resolved), less the
+    per-run keys. ``config`` is a run config (kebab-case) or a cell's config.json."""
+    from server_app.config import parse_run_config
+
+    given = {k.replace("-", "_"): v for k, v in config.items()}
+    cfg = parse_run_config({k.replace("_", "-"): v
+                            for k, v in {**ADDED_AFTER_PROTOCOL, **given}.items()
+                            if k not in _PER_RUN})
+    choices = cfg.choices()
+    resolved = {k: v for k, v in asdict(cfg).items() if k not in _PER_RUN
+                and not (k in ADDED_AFTER_PROTOCOL and ADDED_AFTER_PROTOCOL[k] == v)}
+    return {**resolved, "selection": choices.selection, "aggregation": choices.aggregation,
+            "norm_cap": choices.norm_cap}
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """12 hex digits of the SHA-256 of :func:`resolved_arm`: one per arm and setting, the
+    same in the protocol and in every cell that ran it."""
+    text = json.dumps(resolved_arm(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _setting(grid: Grid, cell: Any) -> str:
+    """The cell's column label, exactly as the ablation report's rounds CSV writes it (the
+    report's hypotheses are keyed by that label)."""
+    return point_label({k: cell.point[k] for k in grid.column_keys})
+
+
+def protocol_arms(preset: Preset) -> list[dict[str, Any]]:
+    """Every arm x setting of the preset's ``confirm`` grid: its hash, seeds and full
+    resolved run config (docs/confirmation/arms.json)."""
+    grid = preset.grid(CONFIRM_GRID)
+    arms: dict[tuple[str, str], dict[str, Any]] = {}
+    for cell in expand_grid(preset, grid):
+        setting = _setting(grid, cell)
+        entry = arms.setdefault((str(cell.point[grid.rows]), setting), {
+            "preset": preset.name, "arm": str(cell.point[grid.rows]), "setting": setting,
+            "hash": config_hash(cell.run_config), "seeds": [],
+            "num_supernodes": preset.num_supernodes,
+            "run_config": resolved_arm(cell.run_config)})
+        entry["seeds"].append(cell.config.seed)
+        if config_hash(cell.run_config) != entry["hash"]:
+            raise ValueError(f"{preset.name}: arm {entry['arm']} at {setting} differs between "
+                             "seeds in more than the seed")
+    return list(arms.values())
+
+
+def check_cells(arms: list[dict[str, Any]], preset: Preset, results: Path) -> list[str]:
+    """What is wrong with the confirmation cells under ``results``: a cell whose recorded
+    config (config.json) hashes otherwise than its arm in the protocol, or that ran from a
+    checkout with uncommitted changes (code.json). A cell carried from the committed rows
+    (``sim.carry``) is checked when the report's records archive gave it both files; one
+    without them is not: :func:`main` counts those."""
+    from sim.runner import CODE_FILE
+
+    expected = {(a["arm"], a["setting"]): a["hash"] for a in arms if a["preset"] == preset.name}
+    grid = preset.grid(CONFIRM_GRID)
+    problems = []
+    for cell in expand_grid(preset, grid):
+        setting = _setting(grid, cell)
+        recorded = results / cell.cell_id / "config.json"
+        if not recorded.exists():
+            continue
+        arm = str(cell.point[grid.rows])
+        got = config_hash(json.loads(recorded.read_text()))
+        if got != expected.get((arm, setting)):
+            problems.append(f"{cell.cell_id} ({arm}, {setting}, seed "
+                            f"{cell.run_config.get('seed')}): config hash {got}, protocol "
+                            f"{expected.get((arm, setting))}")
+        code = results / cell.cell_id / CODE_FILE
+        for attempt in json.loads(code.read_text()) if code.exists() else []:
+            if attempt.get("dirty"):
+                problems.append(f"{cell.cell_id}: attempt {attempt['attempt']} ran on "
+                                f"{attempt.get('commit')} with uncommitted changes")
+    return problems
