@@ -24,7 +24,11 @@
 # there: a next call on the still-warm machine (within its 30 s) resumes them.
 # Device cells differ from CPU cells in float rounding, so they are their own report, never
 # mixed into a CPU sweep's pairs; nor are GPU cells bit-reproducible from call to call (one
-# backdoor cell gave 5.6% and 9.3% attack success), so pair arms within one call. GPU-NOTES
+# backdoor cell gave 5.6% and 9.3% attack success), so pair arms within one call.
+# (Within one call they were: a probe in session 20 ran one 8-round MNIST FedOwen cell four
+# times at once on an H100, twice with cuDNN's deterministic kernels and twice without; all
+# four recorded identical rounds, phi and weights. Where the cross-call difference comes from,
+# another machine or 48-way contention, is not known.) GPU-NOTES
 # (../shared) has the measured throughput.
 # flwr 1.42 imports httpx (and idna) at import time, which the device lacks: their wheels travel
 # too (found by running a cell here with only the device's packages importable).
