@@ -5,6 +5,8 @@
 #   JOBS=2 scripts/confirmation.sh cifar10         # two at once (one core each)
 #   scripts/confirmation.sh mnist --limit 0        # set up and count, run nothing (more
 #                                                  # arguments go to the runner)
+#   STUDY=second scripts/confirmation.sh mnist     # the second confirmation (conf/confirm2/,
+#                                                  # docs/confirmation2/; refused until in force)
 # Steps: (1) the worktree ($FEDOWEN_WORKTREE, default ../confirm) at the protocol commit, made
 # when missing; (2) the results dir ($FEDOWEN_RESULTS, default ../runs/confirm-<dataset>) gets the
 # committed tuning cells (archives/confirm-<dataset>/, when git has them) and every finished cell of
@@ -14,24 +16,34 @@
 #   scripts/experiment.sh report conf/confirm/<dataset>.toml --results <results> --archive
 #   python -m sim.confirmation check conf/confirm/<dataset>.toml --results <results>
 #   python -m sim.confirmation report          # docs/confirmation.md from the committed CSVs
+# (with --study second for the second confirmation's check and report)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DATASET="${1:?usage: scripts/confirmation.sh <dataset> (a conf/confirm/<dataset>.toml) [runner args]}"
+case "${STUDY:-first}" in
+  first) CONF=conf/confirm; DOCS=docs/confirmation; NAME=confirm ;;
+  second) CONF=conf/confirm2; DOCS=docs/confirmation2; NAME=confirm2 ;;
+  *) echo "[confirmation] STUDY=$STUDY: give first or second" >&2; exit 2 ;;
+esac
+DATASET="${1:?usage: [STUDY=second] scripts/confirmation.sh <dataset> (a $CONF/<dataset>.toml) [runner args]}"
 shift
-PRESET="conf/confirm/$DATASET.toml"
-[ -f "$ROOT/$PRESET" ] || { echo "[confirmation] no $PRESET: pick one of $(cd "$ROOT/conf/confirm" && ls *.toml | sed 's/.toml//' | tr '\n' ' ')" >&2; exit 2; }
+PRESET="$CONF/$DATASET.toml"
+[ -f "$ROOT/$PRESET" ] || { echo "[confirmation] no $PRESET: pick one of $(cd "$ROOT/$CONF" && ls *.toml | sed 's/.toml//' | tr '\n' ' ')" >&2; exit 2; }
+if ! grep -q '^\*\*In force\*\*' "$ROOT/$DOCS/PROTOCOL.md"; then
+  echo "[confirmation] $DOCS/PROTOCOL.md is not in force yet: no confirmation cell runs before it (its tuning runs with python -m sim.experiments run $PRESET)" >&2
+  exit 2
+fi
 VENV="$(bash "$ROOT/scripts/setup-venv.sh")"
-PROTOCOL="$(git -C "$ROOT" log -1 --format=%H -- docs/confirmation/PROTOCOL.md)"
-TREE="${FEDOWEN_WORKTREE:-$ROOT/../confirm}"
-RESULTS="$(mkdir -p "${FEDOWEN_RESULTS:-$ROOT/../runs/confirm-$DATASET}" && cd "${FEDOWEN_RESULTS:-$ROOT/../runs/confirm-$DATASET}" && pwd)"
+PROTOCOL="$(git -C "$ROOT" log -1 --format=%H -- "$DOCS/PROTOCOL.md")"
+TREE="${FEDOWEN_WORKTREE:-$ROOT/../$NAME}"
+RESULTS="$(mkdir -p "${FEDOWEN_RESULTS:-$ROOT/../runs/$NAME-$DATASET}" && cd "${FEDOWEN_RESULTS:-$ROOT/../runs/$NAME-$DATASET}" && pwd)"
 if [ ! -d "$TREE" ]; then
   git -C "$ROOT" worktree add --detach "$TREE" "$PROTOCOL"
 fi
 [ "$(git -C "$TREE" rev-parse HEAD)" = "$PROTOCOL" ] || { echo "[confirmation] $TREE is not at the protocol commit ${PROTOCOL:0:7}: move it or set FEDOWEN_WORKTREE" >&2; exit 2; }
-REPORT="$ROOT/docs/results/confirm-$DATASET"
+REPORT="$ROOT/docs/results/$NAME-$DATASET"
 RESTORE=()
-if [ -d "$ROOT/archives/confirm-$DATASET" ]; then
-  RESTORE=(--restore "$ROOT/archives/confirm-$DATASET")
+if [ -d "$ROOT/archives/$NAME-$DATASET" ]; then
+  RESTORE=(--restore "$ROOT/archives/$NAME-$DATASET")
 elif [ -f "$REPORT/cells.tar.gz" ]; then  # a report written before issue 44
   RESTORE=(--restore "$REPORT/cells.tar.gz")
 fi
