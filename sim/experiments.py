@@ -29,7 +29,7 @@ from fedowen_deploy.procs import exit_on_signals
 from sim.archives import ARCHIVE, MANIFEST, archive_sources, keep_archive, restore_cells
 from sim.archives import archive_cells as archive_cells  # where scripts and tests import it
 from sim.carry import carry_rows
-from sim.grid import BACKENDS, Preset, PresetError, load_preset, parse_preset
+from sim.grid import BACKENDS, Preset, PresetError, expand_grid, load_preset, parse_preset
 from sim.results import drift_summary, sweep_drift
 from sim.runner import PRESET_FILE, Runner, cell_status, read_state
 
@@ -178,6 +178,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             err = next((e.get("error") for e in reversed(events) if e.get("error")), "")
             print(f"{cell.cell_id} {st:8s} {cell.grid}: {cell.label()} {err}")
     print(f"{preset.name}: {sum(counts.values())} cells: {counts}")
+    if len(preset.grids) > 1:  # how far each table is: which settings are whole
+        done = {c.cell_id for c in preset.cells()
+                if cell_status(results, c.cell_id, state.get(c.cell_id, [])) == "done"}
+        print("  by grid: " + ", ".join(
+            f"{g.name} {sum(c.cell_id in done for c in cells)}/{len(cells)}"
+            for g in preset.grids for cells in [expand_grid(preset, g)]))
     drift = sweep_drift(preset, results)
     if drift:
         print(f"{preset.name}: {drift_summary(drift)}")

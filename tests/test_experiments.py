@@ -250,6 +250,22 @@ def test_run_keeps_the_cells_where_an_axis_has_a_value(tmp_path: Path) -> None:
         runner.selected_cells(where={"alpha": 0.5})
 
 
+def test_status_counts_each_grids_finished_cells(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: two grids, the first run whole, the second not at all
+    from sim.experiments import main
+
+    raw = small_preset(axes={"seed": [0], "valuation": ["owen", "none"]})
+    raw["grid"].append({"name": "other", "axes": {"seed": [1], "valuation": ["none"]}})
+    runner = make_runner(tmp_path, FakeFlwr([]), raw)
+    runner.run(grids=[raw["grid"][0]["name"]])
+    # Execute
+    main(["status", "--results", str(tmp_path / "res")])
+    # Assert
+    out = capsys.readouterr().out
+    assert f"by grid: {raw['grid'][0]['name']} 2/2, other 0/1" in out
+
+
 def test_where_reads_its_value_as_toml_else_as_text() -> None:
     from sim.experiments import parse_args
 
