@@ -97,7 +97,7 @@ run() {
 import os, sys
 from pathlib import Path
 from sim.experiments import archive_cells
-from sim.grid import load_preset
+from sim.presets import load_preset
 preset = load_preset(Path(sys.argv[1]))
 path = archive_cells(preset, Path("/tmp/results"), Path(os.environ["OUT"]) / "cells.tar.gz")
 done = sum((Path("/tmp/results") / c.cell_id / "summary.json").exists() for c in preset.cells())

@@ -36,7 +36,8 @@ import numpy as np
 
 from sim.adversarial import cell_adversaries, ledger_stats
 from sim.compact import save_png
-from sim.grid import app_config, load_preset
+from sim.grid import app_config
+from sim.presets import load_preset
 from sim.results import CellResult, load_results
 from sim.stats import Interval, mean_interval
 

@@ -31,7 +31,8 @@ import numpy as np
 
 from sim.attack_costs import attack_name, attacked
 from sim.compact import open_csv, save_png
-from sim.grid import Preset, load_preset
+from sim.grid import Preset
+from sim.presets import load_preset
 from sim.results import LAST_K, CellResult, load_results
 from sim.stats import Interval, mean_interval, paired_interval
 

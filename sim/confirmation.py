@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from sim.carry import is_carried
-    from sim.grid import load_preset
+    from sim.presets import load_preset
 
     root = Path(__file__).resolve().parents[1]
     parser = argparse.ArgumentParser(

@@ -29,7 +29,8 @@ from fedowen_deploy.procs import exit_on_signals
 from sim.archives import ARCHIVE, MANIFEST, archive_sources, keep_archive, restore_cells
 from sim.archives import archive_cells as archive_cells  # where scripts and tests import it
 from sim.carry import carry_rows
-from sim.grid import BACKENDS, Preset, PresetError, expand_grid, load_preset, parse_preset
+from sim.grid import BACKENDS, Preset, expand_grid
+from sim.presets import PresetError, load_preset, parse_preset
 from sim.results import drift_summary, sweep_drift
 from sim.runner import PRESET_FILE, Runner, cell_status, read_state
 

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from sim.attack_costs import attacked, collapsed
-from sim.grid import Cell, Preset, load_preset
+from sim.grid import Cell, Preset
+from sim.presets import load_preset
 from sim.results import LAST_K, CellResult, load_results
 from sim.stats import Interval, mean_interval, paired_interval
 

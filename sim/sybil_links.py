@@ -35,7 +35,7 @@ import numpy as np
 from fedowen_strategy.payouts import client_values, payouts
 from sim.adversarial import cell_adversaries
 from sim.compact import save_png
-from sim.grid import load_preset
+from sim.presets import load_preset
 from sim.results import CellResult, load_results
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)

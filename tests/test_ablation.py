@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sim.compact import open_csv
-from sim.grid import PresetError, parse_preset
+from sim.presets import PresetError, parse_preset
 from sim.report import write_report
 from sim.runner import Runner, read_state
 from sim.stats import mean_interval, paired_interval
@@ -153,7 +153,7 @@ def test_ablation_report_names_close_calls(tmp_path: Path) -> None:
 def test_committed_ablation_presets_follow_the_protocol() -> None:
     # 100 rounds, >= 5 seeds, both alphas and schemes, paired against equal-weight FedAvg
     conf = Path(__file__).resolve().parents[1] / "conf"
-    from sim.grid import load_preset
+    from sim.presets import load_preset
 
     preset = load_preset(conf / "ablation-mnist.toml")
     # the candidates share the ablation's equal-weight FedAvg and FedOwen cells
@@ -328,7 +328,7 @@ def test_overrides_are_validated(overrides: Any, match: str) -> None:
 def test_committed_arena_preset_follows_the_protocol() -> None:
     # issue 17: 7 defences x 7 attacks x both alphas, 100 rounds, >= 3 seeds per cell, paired
     # against FLTrust; a close call's extra seeds add cells to the same grids
-    from sim.grid import load_preset
+    from sim.presets import load_preset
 
     preset = load_preset(Path(__file__).resolve().parents[1] / "conf" / "arena-mnist.toml")
     assert preset.base["num-server-rounds"] == 100

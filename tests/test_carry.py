@@ -11,7 +11,8 @@ from typing import Any
 from sim.carry import RECORDS, carry_rows, cell_key, is_carried
 from sim.compact import open_csv
 from sim.experiments import archive_cells, restore_cells
-from sim.grid import Preset, parse_preset
+from sim.grid import Preset
+from sim.presets import parse_preset
 from sim.report import write_report
 from sim.runner import cell_status
 

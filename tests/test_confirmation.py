@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sim.compact import open_csv
-from sim.grid import PresetError, parse_preset
+from sim.presets import PresetError, parse_preset
 from sim.report import write_report
 
 CANDIDATES = {"a": {"lr": 0.02}, "b": {"lr": 0.05}, "c": {"lr": 0.01}}
@@ -216,7 +216,7 @@ def test_the_second_confirmations_tuning_is_what_its_protocol_says() -> None:
     # docs/confirmation2/PROTOCOL.md section 4: per setting FedAvgM, FedProx and FLTrust, three
     # candidates each on seeds 50-51 and the validation split; the selectors tuned per family
     # exactly where the selection development grid did not cover the setting
-    from sim.grid import load_preset
+    from sim.presets import load_preset
     from sim.protocol import SECOND_PRESET_PREFIX, TUNING_SEEDS
     from sim.tuning import BETTER_OF
 
@@ -511,7 +511,7 @@ def test_every_arms_endpoint_is_listed_and_a_collapsed_arm_is_marked() -> None:
 def test_the_committed_protocol_hashes_are_what_the_presets_resolve_to_today() -> None:
     # A key the app gains after the protocol commit must not move the hash that names an arm
     # (sim.protocol.ADDED_AFTER_PROTOCOL); any other change to what an arm runs must.
-    from sim.grid import load_preset
+    from sim.presets import load_preset
     from sim.protocol import protocol_arms
 
     root = Path(__file__).resolve().parents[1]

@@ -16,7 +16,8 @@ import pytest
 
 from fedowen_task.adversary.keys import adversary_ids
 from sim.adversarial import ledger_stats, moving_average, rank_percentiles, round_stats
-from sim.grid import PresetError, cell_id, load_preset, parse_preset
+from sim.grid import cell_id
+from sim.presets import PresetError, load_preset, parse_preset
 from sim.report import write_report
 from sim.results import Stat
 from sim.runner import STATE_FILE, Runner, read_state

@@ -43,7 +43,7 @@ def test_the_rule_tunes_peers_and_adopts_the_best_eligible_contender() -> None:
 def test_a_setting_is_read_from_the_device_only_when_all_its_cells_finished_there() -> None:
     from pathlib import Path
 
-    from sim.grid import load_preset
+    from sim.presets import load_preset
     from sim.results import CellResult
     from sim.selection_dev import merge_machines, setting_key
 
