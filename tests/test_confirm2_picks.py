@@ -1,0 +1,53 @@
+"""The second confirmation's picks (sim.confirm2_picks): the rules of its protocol's section 4."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim.confirm2_picks import SELECTOR_KEY, Pick, gather, setting_picks, write
+
+
+def tuned(**scores: float) -> dict[str, Pick]:
+    return {grid: Pick(f"{grid}-best", score, "test") for grid, score in scores.items()}
+
+
+def test_the_better_family_and_the_better_selector_are_the_higher_scores() -> None:
+    # Prepare: FedProx's pick above FedAvgM's; Oort's above Power-of-Choice's (selection-dev)
+    dev = {"power-of-choice": Pick("poc-d20", 75.0, "dev"), "oort": Pick("oort-x0.1", 77.0, "dev")}
+    # Execute
+    picks = setting_picks(tuned(**{"tune-fedavgm": 80.0, "tune-fedprox": 82.0,
+                                   "tune-fltrust": 70.0}), dev)
+    # Assert
+    assert picks["fedavg-tuned"].candidate == "tune-fedprox-best"
+    assert picks["fltrust"].score == 70.0 and picks[SELECTOR_KEY] == "oort"
+    assert "missing" not in picks
+    # a tie goes to the first listed: FedAvgM, Power-of-Choice
+    tie = setting_picks(tuned(**{"tune-fedavgm": 80.0, "tune-fedprox": 80.0, "tune-fltrust": 1.0,
+                                 "tune-poc": 60.0, "tune-oort": 60.0}), None)
+    assert tie["fedavg-tuned"].candidate == "tune-fedavgm-best"
+    assert tie[SELECTOR_KEY] == "power-of-choice"
+    assert tie["oort"].candidate == "tune-oort-best"
+
+
+def test_picks_json_is_written_only_when_every_setting_has_every_pick(tmp_path: Path) -> None:
+    full = setting_picks(tuned(**{"tune-fedavgm": 1.0, "tune-fedprox": 2.0, "tune-fltrust": 3.0,
+                                  "tune-poc": 5.0, "tune-oort": 4.0}), None)
+    part = setting_picks(tuned(**{"tune-fedavgm": 1.0}), None)
+    assert part["missing"] == ["tune-fedprox", "tune-fltrust", "tune-poc/tune-oort"]
+    paths = write({"mnist": {"alpha=0.1": full, "alpha=0.01": part}}, tmp_path)
+    assert [p.name for p in paths] == ["picks.md"]
+    assert "| mnist | alpha=0.01 | not yet | tune-fedprox" in paths[0].read_text()
+    paths = write({"mnist": {"alpha=0.1": full}}, tmp_path)
+    assert json.loads((tmp_path / "picks.json").read_text()) == {
+        "mnist": {"alpha=0.1": {SELECTOR_KEY: "power-of-choice"}}}
+
+
+def test_before_any_tuning_cell_every_setting_waits(tmp_path: Path) -> None:
+    # the eight settings of conf/confirm2, nothing run: each names what it waits for
+    picks = gather(tmp_path, tmp_path / "no-selection-results")
+    settings = [(d, s) for d, by in picks.items() for s in by]
+    assert len(settings) == 8
+    assert all("missing" in picks[d][s] for d, s in settings)
+    assert picks["mnist"]["alpha=0.1"]["missing"][-1] == "selection-dev"  # it covered MNIST
+    assert picks["breastmnist"]["all"]["missing"][-1] == "tune-poc/tune-oort"
