@@ -10,8 +10,10 @@ the preset's ``tune-poc`` / ``tune-oort`` grids elsewhere. Test accuracy is neve
         ../runs/sel-da280a4/results/selection-dev --out docs/confirmation2
 
 reads ``<tuning-results>/confirm2-<dataset>/`` and writes ``picks.md`` (every pick with its
-score and source) and, once every setting has every pick, ``picks.json`` (what
-``python -m sim.confirmation report --study second`` reads).
+score and source); once every setting has every pick, ``picks.json`` (what
+``python -m sim.confirmation report --study second`` reads); and for each dataset whose picks
+are complete ``confirm-<dataset>.toml``: its arms and ``confirm`` grid (per-setting picks as the
+grid's ``overrides``) to append to ``conf/confirm2/<dataset>.toml`` in the protocol commit.
 """
 
 from __future__ import annotations
@@ -165,6 +167,105 @@ def write(picks: dict[str, dict[str, dict[str, Any]]], out: Path) -> list[Path]:
     return paths
 
 
+#: The confirm grid's arms in the protocol's order (section 3), and the untuned ones' keys:
+#: FedOwen runs as shipped (the app's defaults at the protocol commit, no key).
+ARMS = ("fedowen", "fedavg-equal", "fedavg-tuned", "fltrust", "power-of-choice", "oort",
+        "fedowen-random")
+FIXED_ARMS: dict[str, dict[str, Any]] = {
+    "fedowen": {}, "fedavg-equal": {"valuation": "none", "selection": "random",
+                                    "aggregation": "uniform"},
+    "fedowen-random": {"selection": "random"}}
+
+
+def _keys(candidate: str, preset: Preset, dev: Preset) -> dict[str, Any]:
+    """A picked candidate's run-config keys: the tuning preset's variant, else selection-dev's."""
+    found = preset.variants.get(candidate, dev.variants.get(candidate))
+    if found is None:
+        raise KeyError(f"candidate {candidate!r} is a variant of neither {preset.name} nor "
+                       f"{dev.name}")
+    return dict(found)
+
+
+def _point(label: str) -> dict[str, Any]:
+    """A column label (``alpha=0.1``) back to its grid point, numbers as numbers."""
+    out: dict[str, Any] = {}
+    for part in label.split(", "):
+        key, _, raw = part.partition("=")
+        try:
+            out[key] = float(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def confirm_block(preset: Preset, by_setting: dict[str, dict[str, Any]], seeds: list[int],
+                  dev: Preset) -> str:
+    """TOML to append to the dataset's conf/confirm2 preset once its picks are complete: the
+    arms as ``[variants."<arm>"]`` tables (the first setting's picks) and the ``confirm`` grid,
+    whose ``overrides`` give every other setting its own picks; a key one setting's pick sets
+    and another's does not is set to the app's default there."""
+    from sim.grid import app_config
+
+    labels = list(by_setting)
+    chosen = {arm: [_keys(by_setting[label][arm].candidate, preset, dev) for label in labels]
+              for arm in ARMS if arm not in FIXED_ARMS}
+    defaults = app_config({})
+
+    def full(keys: dict[str, Any], arm: str) -> dict[str, Any]:
+        every = {k for variant in chosen[arm] for k in variant}
+        return {k: keys.get(k, getattr(defaults, k.replace("-", "_"))) for k in sorted(every)}
+
+    def toml_value(value: Any) -> str:
+        return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+
+    lines = [f"# The second confirmation's arms and grid for {preset.name}, written by",
+             "# python -m sim.confirm2_picks from the picks in docs/confirmation2/picks.md.", ""]
+    for arm in ARMS:
+        keys = FIXED_ARMS.get(arm) if arm in FIXED_ARMS else full(chosen[arm][0], arm)
+        lines += [f'[variants."{arm}"]', *(f"{k} = {toml_value(v)}" for k, v in
+                                           (keys or {}).items()), ""]
+    axis = preset.grid("tune-fedavgm").column_keys
+    points = [_point(label) if axis else {} for label in labels]
+    overrides = []
+    for i, where in enumerate(points[1:], start=1):
+        for arm in chosen:
+            keys = full(chosen[arm][i], arm)
+            if keys != full(chosen[arm][0], arm):
+                entry = ", ".join(f"{k} = {toml_value(v)}" for k, v in keys.items())
+                place = ", ".join(f"{k} = {toml_value(v)}" for k, v in where.items())
+                overrides.append(f'    {{ where = {{ {place}, variant = "{arm}" }}, '
+                                 f"set = {{ {entry} }} }},")
+    axes = ", ".join([f"seed = {seeds}",
+                      *(f"{k} = {[p[k] for p in points]}" for k in axis),
+                      f"variant = {json.dumps(list(ARMS))}"])
+    lines += ["[[grid]]", 'name = "confirm"', 'kind = "ablation"', 'rows = "variant"',
+              'reference = "fedowen"',
+              'description = "The second confirmation (docs/confirmation2/PROTOCOL.md): FedOwen '
+              'as shipped against the tuned and untuned arms, seeds 200-207, endpoint test '
+              'accuracy over rounds 96-100."',
+              f"axes = {{ {axes} }}"]
+    if overrides:
+        lines += ["overrides = [", *overrides, "]"]
+    return "\n".join(lines) + "\n"
+
+
+def write_blocks(picks: dict[str, dict[str, dict[str, Any]]], out: Path) -> list[Path]:
+    """``confirm-<dataset>.toml`` (:func:`confirm_block`) for every dataset whose settings all
+    have every pick."""
+    from sim.protocol import SECOND_CONFIRMATION_SEEDS
+
+    dev = load_preset(ROOT / "conf" / "selection-dev.toml")
+    paths = []
+    for dataset, by_setting in picks.items():
+        if any("missing" in arms for arms in by_setting.values()):
+            continue
+        preset = load_preset(ROOT / "conf" / "confirm2" / f"{dataset}.toml")
+        path = out / f"confirm-{dataset}.toml"
+        path.write_text(confirm_block(preset, by_setting, list(SECOND_CONFIRMATION_SEEDS), dev))
+        paths.append(path)
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tuning-results", type=Path, required=True,
@@ -173,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="selection-dev's results folder (the selectors where it covered)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "confirmation2")
     args = p.parse_args(argv)
-    for path in write(gather(args.tuning_results, args.selection_results), args.out):
+    picks = gather(args.tuning_results, args.selection_results)
+    for path in [*write(picks, args.out), *write_blocks(picks, args.out)]:
         print(f"[confirm2-picks] wrote {path}")
     return 0
 

@@ -51,3 +51,40 @@ def test_before_any_tuning_cell_every_setting_waits(tmp_path: Path) -> None:
     assert all("missing" in picks[d][s] for d, s in settings)
     assert picks["mnist"]["alpha=0.1"]["missing"][-1] == "selection-dev"  # it covered MNIST
     assert picks["breastmnist"]["all"]["missing"][-1] == "tune-poc/tune-oort"
+
+
+def test_the_confirm_block_runs_each_settings_own_picks() -> None:
+    # Prepare: MNIST picks that differ by alpha for the tuned baseline and Power-of-Choice
+    import tomllib
+
+    from sim.confirm2_picks import confirm_block
+    from sim.presets import load_preset, parse_preset
+    from sim.protocol import SECOND_CONFIRMATION_SEEDS
+
+    root = Path(__file__).resolve().parents[1]
+    preset = load_preset(root / "conf" / "confirm2" / "mnist.toml")
+    dev = load_preset(root / "conf" / "selection-dev.toml")
+
+    def picks(avg: str, poc: str) -> dict[str, object]:
+        return {"fedavg-tuned": Pick(avg, 1.0, "t"), "fltrust": Pick("fltrust-slr0.3", 1.0, "t"),
+                "power-of-choice": Pick(poc, 1.0, "d"), "oort": Pick("oort-x0.3", 1.0, "d"),
+                SELECTOR_KEY: "oort"}
+
+    by_setting = {"alpha=0.1": picks("fedavgm-slr1.0-sm0.5-equal", "poc-d20"),
+                  "alpha=0.01": picks("fedprox-mu0.1-equal", "poc-d50")}
+    # Execute
+    block = confirm_block(preset, by_setting, list(SECOND_CONFIRMATION_SEEDS), dev)
+    text = (root / "conf" / "confirm2" / "mnist.toml").read_text() + "\n" + block
+    confirm = [c for c in parse_preset(tomllib.loads(text)).cells() if c.grid == "confirm"]
+    # Assert: 7 arms x 2 settings x 8 seeds; each setting runs its own pick, whole
+    assert len(confirm) == 112
+    at = {(c.point["variant"], c.point["alpha"]): c.run_config for c in confirm}
+    assert at["fedavg-tuned", 0.1]["strategy"] == "fedavgm"
+    assert "server_momentum=0.5" in at["fedavg-tuned", 0.1]["strategy-params"]
+    assert at["fedavg-tuned", 0.01]["strategy"] == "fedprox"
+    assert at["fedavg-tuned", 0.01]["proximal-mu"] == 0.1
+    assert at["fedavg-tuned", 0.01]["strategy-params"] == "weighted_by_key=unit-weight"
+    assert at["fedavg-tuned", 0.1]["proximal-mu"] == 0.0  # the app's default, set explicitly
+    assert (at["power-of-choice", 0.1]["poc-d"], at["power-of-choice", 0.01]["poc-d"]) == (20, 50)
+    assert at["fltrust", 0.1]["fltrust-server-lr"] == at["fltrust", 0.01]["fltrust-server-lr"]
+    assert {k for k in at["fedowen", 0.1]} == {k for k in preset.base} | {"seed", "alpha"}
