@@ -44,7 +44,7 @@ _CHECKED = RECORDED[:2]  # what a carried cell takes from the records: what `che
 
 def cell_key(grid: Grid, cell: Cell) -> tuple[str, ...]:
     """How a grid's rounds CSV names a cell: (row value, column label, seed) for an ablation
-    grid (``sim.ablation.write_rounds_csv``), (row value, column values..., seed) for a tuning
+    grid (``sim.ablation_data.write_rounds_csv``), (row value, column values..., seed) for a tuning
     grid (``sim.tuning._round_rows``), every part as the CSV writes it."""
     row = str(cell.point.get(grid.rows))
     if grid.kind == "ablation":

@@ -197,7 +197,7 @@ def test_a_changed_default_is_reported_not_hidden(tmp_path: Path) -> None:
 
 def test_rounds_with_non_finite_weights_have_no_largest_weight() -> None:
     # FLTrust's weights are recorded as null once its server update diverged to NaN
-    from sim.ablation import max_weights
+    from sim.ablation_data import max_weights
     from sim.results import CellResult
 
     cell = parse_preset(ablation_preset()).cells()[0]
