@@ -24,20 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.grid import Preset, expand_grid
+from sim.attack_costs import attacked
+from sim.grid import Preset
 from sim.presets import load_preset
 from sim.protocol import SECOND_PRESET_PREFIX
 from sim.results import CellResult, grid_points, load_results, point_label
-from sim.selection_dev import PEERS, settings
-from sim.tuning import BETTER_OF, pick, tuning_scores
+from sim.selection_dev import PEERS, setting_key, settings
+from sim.tuning import BETTER_OF, family_pick
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The confirm grid's arm each tuned family's pick becomes, and the selector group's key in
-#: picks.json (sim.confirmation.SECOND).
-FAMILY_ARM = {"tune-fltrust": "fltrust", "tune-poc": "power-of-choice", "tune-oort": "oort"}
+#: The confirm grid's arm each tuned selector family's pick becomes (selection-dev's PEERS use
+#: the arm names), and the selector group's key in picks.json (sim.confirmation.SECOND).
+FAMILY_ARM = {"tune-poc": "power-of-choice", "tune-oort": "oort"}
 SELECTOR_KEY = "power-of-choice+oort"
-#: selection-dev's peer families by the confirmation's arm names.
-DEV_FAMILY = {"power-of-choice": "power-of-choice", "oort": "oort"}
 
 
 @dataclass(frozen=True)
@@ -54,14 +53,11 @@ def preset_picks(preset: Preset, res: dict[str, CellResult]) -> dict[str, dict[s
     tuning seed at that setting."""
     out: dict[str, dict[str, Pick]] = {}
     for grid in (g for g in preset.grids if g.kind == "tuning"):
-        seeds = {c.config.seed for c in expand_grid(preset, grid)}
         for col in grid_points(grid, grid.column_keys):
-            scores = tuning_scores(grid, preset, res, col)
-            chosen = pick(scores, seeds)
-            if chosen is not None:
-                values = scores[chosen]
+            found = family_pick(grid, preset, res, col)
+            if found is not None:
                 out.setdefault(point_label(col), {})[grid.name] = Pick(
-                    str(chosen), sum(values.values()) / len(values), f"{preset.name} {grid.name}")
+                    str(found[0]), found[1], f"{preset.name} {grid.name}")
     return out
 
 
@@ -74,12 +70,17 @@ def selection_picks(dev_preset: Preset, res: dict[str, CellResult]
         if any(len(s.scores.get(c, {}).get("val_accuracy", {})) < 5
                for family in PEERS.values() for c in family):
             continue
-        dataset, _, alpha = s.name.partition(" ")
-        label = alpha or "all"
-        out[(dataset, label)] = {
-            arm: Pick(s.tuned(family), s.mean(s.tuned(family)), "selection-dev (seeds 0-4)")
-            for arm, family in DEV_FAMILY.items()}
+        out[_dev_setting(s.name)] = {
+            family: Pick(s.tuned(family), s.mean(s.tuned(family)), "selection-dev (seeds 0-4)")
+            for family in PEERS}
     return out
+
+
+def _dev_setting(name: str) -> tuple[str, str]:
+    """A selection-dev setting name (:func:`sim.selection_dev.setting_key`, ``mnist
+    alpha=0.01`` or ``femnist``) as ``(dataset, confirm grid column label)``."""
+    dataset, _, alpha = name.partition(" ")
+    return dataset, alpha or "all"
 
 
 def setting_picks(tuned: dict[str, Pick], dev: dict[str, Pick] | None) -> dict[str, Any]:
@@ -112,13 +113,12 @@ def setting_picks(tuned: dict[str, Pick], dev: dict[str, Pick] | None) -> dict[s
 def gather(tuning_root: Path, selection_results: Path | None
            ) -> dict[str, dict[str, dict[str, Any]]]:
     """``{dataset: {setting: setting_picks}}`` over every conf/confirm2 preset."""
+    dev_preset = load_preset(ROOT / "conf" / "selection-dev.toml")
     dev: dict[tuple[str, str], dict[str, Pick]] = {}
     if selection_results is not None:
-        dev_preset = load_preset(ROOT / "conf" / "selection-dev.toml")
         dev = selection_picks(dev_preset, load_results(dev_preset, selection_results))
-    dev_covered = {(c.config.dataset, point_label(
-        {} if c.config.dataset == "femnist" else {"alpha": c.config.alpha}))
-        for c in load_preset(ROOT / "conf" / "selection-dev.toml").cells()}
+    dev_covered = {_dev_setting(setting_key(c)) for c in dev_preset.cells()
+                   if not attacked(c.run_config)}
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for path in sorted((ROOT / "conf" / "confirm2").glob("*.toml")):
         preset = load_preset(path)
@@ -186,18 +186,6 @@ def _keys(candidate: str, preset: Preset, dev: Preset) -> dict[str, Any]:
     return dict(found)
 
 
-def _point(label: str) -> dict[str, Any]:
-    """A column label (``alpha=0.1``) back to its grid point, numbers as numbers."""
-    out: dict[str, Any] = {}
-    for part in label.split(", "):
-        key, _, raw = part.partition("=")
-        try:
-            out[key] = float(raw)
-        except ValueError:
-            out[key] = raw
-    return out
-
-
 def confirm_block(preset: Preset, by_setting: dict[str, dict[str, Any]], seeds: list[int],
                   dev: Preset) -> str:
     """TOML to append to the dataset's conf/confirm2 preset once its picks are complete: the
@@ -206,7 +194,9 @@ def confirm_block(preset: Preset, by_setting: dict[str, dict[str, Any]], seeds: 
     and another's does not is set to the app's default there."""
     from sim.grid import app_config
 
-    labels = list(by_setting)
+    axis = preset.grid("tune-fedavgm").column_keys
+    points = grid_points(preset.grid("tune-fedavgm"), axis)
+    labels = [point_label(p) for p in points]
     chosen = {arm: [_keys(by_setting[label][arm].candidate, preset, dev) for label in labels]
               for arm in ARMS if arm not in FIXED_ARMS}
     defaults = app_config({})
@@ -224,8 +214,6 @@ def confirm_block(preset: Preset, by_setting: dict[str, dict[str, Any]], seeds: 
         keys = FIXED_ARMS.get(arm) if arm in FIXED_ARMS else full(chosen[arm][0], arm)
         lines += [f'[variants."{arm}"]', *(f"{k} = {toml_value(v)}" for k, v in
                                            (keys or {}).items()), ""]
-    axis = preset.grid("tune-fedavgm").column_keys
-    points = [_point(label) if axis else {} for label in labels]
     overrides = []
     for i, where in enumerate(points[1:], start=1):
         for arm in chosen:

@@ -109,6 +109,17 @@ def tuning_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: 
 BETTER_OF = (("tune-fedavgm", "tune-fedprox"), ("tune-poc", "tune-oort"))
 
 
+def family_pick(grid: Grid, preset: Preset, res: dict[str, CellResult], col: dict[str, Any]
+                ) -> tuple[Any, float] | None:
+    """A tuning grid's pick at column ``col`` and its score (mean validation accuracy over the
+    tuning seeds); None until every candidate has every seed (:func:`pick`)."""
+    scores = tuning_scores(grid, preset, res, col)
+    chosen = pick(scores, {c.config.seed for c in expand_grid(preset, grid)})
+    if chosen is None:
+        return None
+    return chosen, sum(scores[chosen].values()) / len(scores[chosen])
+
+
 def better_of_sections(preset: Preset, res: dict[str, CellResult]) -> list[str]:
     """:func:`better_of_section` for every pair of :data:`BETTER_OF` the preset tunes."""
     return [line for pair in BETTER_OF for line in better_of_section(preset, res, pair)]
@@ -130,12 +141,7 @@ def better_of_section(preset: Preset, res: dict[str, CellResult],
           "| setting | " + " | ".join(families) + " | goes on |",
           "|---|" + "---|" * len(families) + "---|"]
     for col in grid_points(grids[0], grids[0].column_keys):
-        picks: list[tuple[Any, float] | None] = []
-        for grid in grids:
-            scores = tuning_scores(grid, preset, res, col)
-            chosen = pick(scores, {c.config.seed for c in expand_grid(preset, grid)})
-            picks.append(None if chosen is None else
-                         (chosen, sum(scores[chosen].values()) / len(scores[chosen])))
+        picks = [family_pick(grid, preset, res, col) for grid in grids]
         done = [p for p in picks if p is not None]
         best = max(p[1] for p in done) if len(done) == len(picks) else None
         winner = next((p[0] for p in done if p[1] == best), None)

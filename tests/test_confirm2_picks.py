@@ -88,3 +88,28 @@ def test_the_confirm_block_runs_each_settings_own_picks() -> None:
     assert (at["power-of-choice", 0.1]["poc-d"], at["power-of-choice", 0.01]["poc-d"]) == (20, 50)
     assert at["fltrust", 0.1]["fltrust-server-lr"] == at["fltrust", 0.01]["fltrust-server-lr"]
     assert {k for k in at["fedowen", 0.1]} == {k for k in preset.base} | {"seed", "alpha"}
+
+
+def test_selection_devs_tuned_peers_become_the_selector_picks_where_it_covered() -> None:
+    # Prepare: selection-dev's MNIST alpha=0.1 peers on seeds 0-4 (d = 50 and floor 0.1 best on
+    # validation); every other cell unfinished
+    from sim.confirm2_picks import selection_picks
+    from sim.presets import load_preset
+    from sim.results import CellResult
+
+    dev = load_preset(Path(__file__).resolve().parents[1] / "conf" / "selection-dev.toml")
+    val = {"poc-d20": 0.80, "poc-d50": 0.82, "oort-x0.3": 0.78, "oort-x0.1": 0.79}
+    res = {}
+    for cell in dev.cells():
+        arm = cell.point.get("variant")
+        mnist01 = cell.grid == "mnist" and cell.point.get("alpha") == 0.1
+        rounds = ([{"round": r, "val_accuracy": val[arm], "test_accuracy": 0.5}
+                   for r in range(101)] if mnist01 and arm in val else [])
+        res[cell.cell_id] = CellResult(cell, rounds)
+    # Execute
+    picks = selection_picks(dev, res)
+    # Assert: only the covered setting, keyed as the confirm grid labels it
+    assert list(picks) == [("mnist", "alpha=0.1")]
+    got = picks[("mnist", "alpha=0.1")]
+    assert (got["power-of-choice"].candidate, got["oort"].candidate) == ("poc-d50", "oort-x0.1")
+    assert got["power-of-choice"].score == 82.0
