@@ -28,7 +28,7 @@
 # (Within one call they were: a probe in session 20 ran one 8-round MNIST FedOwen cell four
 # times at once on an H100, twice with cuDNN's deterministic kernels and twice without; all
 # four recorded identical rounds, phi and weights. Where the cross-call difference comes from,
-# another machine or 48-way contention, is not known.) GPU-NOTES
+# another machine or 48-way contention, is not known; docs/results/gpu-probe.) GPU-NOTES
 # (../shared) has the measured throughput.
 # flwr 1.42 imports httpx (and idna) at import time, which the device lacks: their wheels travel
 # too (found by running a cell here with only the device's packages importable).
