@@ -1,5 +1,6 @@
 # deterministic GPU kernels for a reproducibility probe (FEDOWEN_DET=1 only)
 import os
+
 if os.environ.get("FEDOWEN_DET") == "1":
     import torch
     torch.backends.cudnn.deterministic = True
