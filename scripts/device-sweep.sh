@@ -3,8 +3,9 @@
 #
 # Here, once per session (fills the git-ignored .device/: the Python 3.12 packages flwr 1.42 and
 # scikit-learn need, installed here and packed with xz, 16 MB; the raw files of the datasets in
-# DEVICE_DATASETS (folders of the data directory: MNIST, FashionMNIST, femnist, medmnist),
-# default MNIST, 9 MB; FashionMNIST 26 MB more; the finished cells of earlier device calls):
+# DEVICE_DATASETS (folders of the data directory: MNIST, FashionMNIST, femnist, medmnist,
+# cifar10), default MNIST, 9 MB; FashionMNIST 26 MB more, cifar10 19 MB; the finished cells of
+# earlier device calls):
 #   DEVICE_DATASETS="MNIST FashionMNIST" bash scripts/device-sweep.sh prepare [CELLS_ARCHIVE]
 # A call sends the checkout's tracked files and .device, 64 MiB at most: before the calls,
 # `hide` takes docs/results and archives/ out of the index (and ignores them; the files stay;
@@ -56,7 +57,8 @@ prepare() {
     rm -rf "$DEV/site"
     data="$(cd "$ROOT" && "$py" -c 'from fedowen_task.data import resolve_data_dir; print(resolve_data_dir(None))')"
     # each dataset folder's files as the data directory lays them out, xz: MNIST 9 MB,
-    # FashionMNIST 26 MB, femnist 6 MB, medmnist under 1 MB (cifar10's 63 MB of JPEGs do not fit)
+    # FashionMNIST 26 MB, femnist 6 MB, medmnist under 1 MB, cifar10 19 MB (its zip stores 60,000
+    # small JPEGs whose headers repeat: 63 MB packs to 19 MB)
     for name in ${DEVICE_DATASETS:-MNIST}; do
         [ -d "$data/$name" ] || { echo "[device-sweep] no $data/$name" >&2; exit 2; }
         (cd "$data" && find "$name" -type f ! -name '*.gz') | while read -r rel; do
@@ -89,6 +91,17 @@ run() {
     if [ -f "$DEV/cells.tar.gz" ]; then restore=(--restore "$DEV/cells.tar.gz"); fi
     cd "$ROOT"
     export PYTHONPATH="$ROOT:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+    # decode the preset's datasets once, before its cells start: 48 cells decoding CIFAR-10's
+    # JPEGs at once would each take 17 s of a core and 0.75 GB (the decoded cache is shared)
+    python3 - "$preset" <<'EOF'
+import sys
+from pathlib import Path
+from fedowen_task.data import load_dataset
+from sim.presets import load_preset
+for name in sorted({cell.config.dataset for cell in load_preset(Path(sys.argv[1])).cells()}):
+    load_dataset(name, "/tmp/data")
+    print(f"[device-sweep] {name} decoded")
+EOF
     # SIGTERM at the deadline: the runner stops its cells; finished ones are kept
     timeout --signal=TERM --kill-after=30 "${minutes}m" python3 -m sim.experiments run "$preset" \
         --backend inline --results /tmp/results --data-dir /tmp/data "${restore[@]}" "$@" \
