@@ -34,7 +34,7 @@ from sim.tuning import BETTER_OF, family_pick
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The confirm grid's arm each tuned selector family's pick becomes (selection-dev's PEERS use
-#: the arm names), and the selector group's key in picks.json (sim.confirmation.SECOND).
+#: the arm names), and the selector group's key in picks.json (sim.hypotheses.SECOND).
 FAMILY_ARM = {"tune-poc": "power-of-choice", "tune-oort": "oort"}
 SELECTOR_KEY = "power-of-choice+oort"
 

@@ -300,7 +300,8 @@ def test_the_confirmation_report_decides_by_holm_and_regenerates_byte_identical(
         tmp_path: Path) -> None:
     # Prepare: two datasets; FedOwen is 2 points above equal-weight FedAvg, below FedProx
     # (the better of FedAvgM and FedProx) and 6 below FLTrust
-    from sim.confirmation import read_endpoints, write_confirmation
+    from sim.confirmation import write_confirmation
+    from sim.hypotheses import read_endpoints
     from sim.protocol import CONFIRMATION_SEEDS
     from sim.stats import holm
 
@@ -340,7 +341,8 @@ def test_the_second_confirmation_compares_with_the_selector_the_protocol_picked(
         tmp_path: Path) -> None:
     # Prepare: Oort's endpoint is the higher on the scored seeds, but the protocol picked
     # Power-of-Choice on validation at alpha=0.1 (and Oort at alpha=0.01)
-    from sim.confirmation import SECOND, write_confirmation
+    from sim.confirmation import write_confirmation
+    from sim.hypotheses import SECOND
     from sim.protocol import SECOND_CONFIRMATION_SEEDS
 
     levels = {"fedowen": 80.0, "fedavg-equal": 78.0, "fedavg-tuned": 79.0, "fltrust": 76.0,
@@ -380,7 +382,7 @@ def test_the_second_confirmation_compares_with_the_selector_the_protocol_picked(
 
 
 def test_the_per_dataset_verdict_follows_the_protocols_rule() -> None:
-    from sim.confirmation import verdict
+    from sim.hypotheses import verdict
 
     assert verdict(["confirmed"] * 6) == "confirmed"
     assert verdict(["confirmed", "not confirmed", "confirmed"]) == "partly confirmed"
