@@ -67,7 +67,7 @@ SETTINGS_KEYS: Mapping[str, str] = MappingProxyType({
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
                               "device", "round-timeout", "node-wait-timeout", "torch-threads",
-                              "valuation-workers",
+                              "valuation-workers", "eval-every",
                               "download", "verbose"})
 
 
@@ -80,6 +80,9 @@ class RunConfig(TaskConfig):
     fraction_evaluate: float = 0.0
     output_dir: str = ""
     test_max_samples: int = 0
+    # The central evaluation's schedule (server_app.evaluation.evaluated): it reads the model,
+    # never changes it, so a run's training is the same at any value.
+    eval_every: int = 1
     strategy: str = "fedowen"
     strategy_params: str = ""
     proximal_mu: float = 0.0
@@ -233,6 +236,9 @@ class RunConfig(TaskConfig):
              f"valuation-workers={self.valuation_workers} must be >= 0 (1: the server's thread "
              "alone; 0: one per core the ServerApp may use)"),
             (self.test_max_samples >= 0, "test-max-samples must be >= 0 (0 = no cap)"),
+            (self.eval_every >= 1,
+             f"eval-every={self.eval_every} must be >= 1 (1: the test accuracy after every "
+             "round)"),
             (self.output_dir == "" or os.path.isabs(self.output_dir),
              f"output-dir={self.output_dir!r} must be an absolute path"),
             (self.resume_from == "" or os.path.isabs(self.resume_from),

@@ -3,12 +3,13 @@
 The server holds two data sets of its own: the evaluation set (``eval-fraction`` of the
 original training split, stratified, never given to clients) on which coalitions are valued,
 and the official test split on which the global model's reported accuracy is measured after
-every round (with ``validation-fraction``, also a validation set, nobody's data).
+every round, or on ``eval-every``'s schedule (:func:`evaluated`) (with ``validation-fraction``,
+also a validation set, nobody's data).
 
 :class:`CentralEvaluation` is the strategies' ``evaluate_fn``: each call measures the round's
-global model, records the measurement, checkpoints the run, logs the progress line and hands
-Flower the metrics, and keeps the round's end (:class:`RoundEnd`: the model, and when its
-evaluation finished) for the next round's wall time and for the final model.
+global model when the schedule says so, records the round, checkpoints the run, logs the
+progress line and hands Flower the metrics, and keeps the round's end (:class:`RoundEnd`: the
+model, and when its evaluation finished) for the next round's wall time and for the final model.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ from server_app.store.records import RunRecorder
 from server_app.strategies import ServerStrategy
 
 log = logging.getLogger(__name__)
+#: The last rounds measured whatever ``eval-every`` says: the reports read the mean of the last
+#: 5 (``sim.results.LAST_K``) and check the last 10 for a collapse (``sim.attack_costs``).
+EVAL_TAIL = 10
+
+
+def evaluated(server_round: int, total: int, every: int) -> bool:
+    """Whether the central evaluation measures the model after ``server_round`` of ``total``:
+    round 0, every ``every``-th round and each of the last :data:`EVAL_TAIL` rounds."""
+    return server_round % every == 0 or server_round > total - EVAL_TAIL
 
 
 class ServerSets(NamedTuple):
@@ -117,12 +127,14 @@ class CentralEvaluation:
         self.trigger = adversary.backdoor() if adversary.active and \
             adversary.kind == "backdoor" else None
 
-    def __call__(self, local_round: int, arrays: ArrayRecord) -> MetricRecord:
+    def __call__(self, local_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         # the round's wall time: selection, client training, aggregation (not evaluation)
         round_seconds = time.perf_counter() - self.end.at
         server_round = local_round + self.done
-        measured = self.measure(arrays)
-        if local_round == 0 and self.done:  # this round's record and checkpoint already exist
+        resumed = local_round == 0 and self.done > 0
+        measured = self.measure(arrays) if resumed or evaluated(
+            server_round, self.cfg.num_server_rounds, self.cfg.eval_every) else {}
+        if resumed:  # this round's record and checkpoint already exist
             self.end = RoundEnd(arrays, time.perf_counter())
             return MetricRecord({"test-accuracy": measured["test_accuracy"],
                                  "test-loss": measured["test_loss"]})
@@ -156,11 +168,13 @@ class CentralEvaluation:
         return measured
 
 
-def flower_metrics(measured: dict[str, float], line: dict[str, Any]) -> MetricRecord:
-    """What Flower's round log shows: test accuracy and loss, and the round's valuation time
-    for strategies that value clients."""
-    metrics: dict[str, int | float | list[int] | list[float]] = {
-        "test-accuracy": measured["test_accuracy"], "test-loss": measured["test_loss"]}
+def flower_metrics(measured: dict[str, float], line: dict[str, Any]) -> MetricRecord | None:
+    """What Flower's round log shows: test accuracy and loss (a measured round), and the
+    round's valuation time for strategies that value clients; ``None`` when neither."""
+    metrics: dict[str, int | float | list[int] | list[float]] = {}
+    if measured:
+        metrics.update({"test-accuracy": measured["test_accuracy"],
+                        "test-loss": measured["test_loss"]})
     if line.get("valuation_seconds") is not None:
         metrics["valuation-seconds"] = float(line["valuation_seconds"])
-    return MetricRecord(metrics)
+    return MetricRecord(metrics) if metrics else None

@@ -121,9 +121,10 @@ class Progress:
     def line(self, server_round: int, record: Mapping[str, Any]) -> str:
         """``round 35/100: test accuracy 93.12%, loss 0.2310 | 10 selected, 10 returned |
         valuation 0.84s | round 2.1s | ETA 2m16s``."""
-        parts = [f"round {server_round}/{self.total}: test accuracy "
-                 f"{100 * float(record.get('test_accuracy', math.nan)):.2f}%, loss "
-                 f"{float(record.get('test_loss', math.nan)):.4f}"]
+        parts = [f"round {server_round}/{self.total}: " + (
+            f"test accuracy {100 * float(record['test_accuracy']):.2f}%, loss "
+            f"{float(record.get('test_loss', math.nan)):.4f}"
+            if record.get("test_accuracy") is not None else "not evaluated (eval-every)")]
         if server_round == 0:
             return parts[0] + " (the initial model)"
         counts = [f"{len(record[k])} {k}" for k in ("selected", "returned", "failed",
@@ -155,8 +156,9 @@ def summary_lines(name: str, summary: Mapping[str, Any], rounds: Sequence[Mappin
         lines.append(f"  test accuracy {100 * float(last['test_accuracy']):.2f}% after round "
                      f"{last['round']} (best {100 * float(best['test_accuracy']):.2f}% at round "
                      f"{best['round']})")
-        secs = [float(r["round_seconds"]) for r in evaluated if r.get("round_seconds")]
-        vals = [float(r["valuation_seconds"]) for r in evaluated
+        trained = [r for r in rounds if r.get("round")]
+        secs = [float(r["round_seconds"]) for r in trained if r.get("round_seconds")]
+        vals = [float(r["valuation_seconds"]) for r in trained
                 if r.get("valuation_seconds") is not None]
         if secs:
             share = f", valuation {100 * sum(vals) / sum(secs):.0f}% of it" if vals else ""

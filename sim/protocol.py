@@ -45,7 +45,8 @@ ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", 
                         "adversary_trigger": "square", "adversary_trigger_size": 3,
                         "adversary_trigger_position": "bottom-right", "adversary_target": 0,
                         "adversary_poison_fraction": 0.5, "update_filter": "none",
-                        "robust_lr_threshold": 0, "aggregate_noise": 0.0, "valuation_workers": 1}
+                        "robust_lr_threshold": 0, "aggregate_noise": 0.0, "valuation_workers": 1,
+                        "eval_every": 1}
 
 
 def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:

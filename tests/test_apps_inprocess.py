@@ -293,3 +293,51 @@ def test_a_backdoor_run_records_its_attack_success_every_round(shared_data_dir: 
     record = json.loads((tmp_path / "adversaries.json").read_text())
     assert record["kind"] == "backdoor" and len(record["ids"]) == 2
     assert record["trigger"] == "square" and record["poison_fraction"] == 1.0
+
+
+def test_the_evaluation_schedule_keeps_round_0_every_nth_and_the_reports_last_rounds() -> None:
+    from server_app.evaluation import EVAL_TAIL, evaluated
+    from sim.attack_costs import COLLAPSE_LAST
+    from sim.results import LAST_K
+
+    # Execute
+    schedule = [r for r in range(101) if evaluated(r, 100, 5)]
+    # Assert: 0, 5, ..., 90, then each of the last ten; every=1 is every round
+    assert schedule == [*range(0, 91, 5), *range(91, 101)]
+    assert all(evaluated(r, 100, 1) for r in range(101))
+    # the rounds the reports read (their endpoint, the collapse check) are always measured
+    assert EVAL_TAIL >= max(LAST_K, COLLAPSE_LAST)
+
+
+def test_eval_every_skips_measurements_and_leaves_the_training_as_it_was(
+        shared_data_dir: Path, tmp_path: Path) -> None:
+    # Prepare: 13 rounds of FedOwen with a validation set, measured every round and every 4th
+    nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
+    records = {}
+    for every in (1, 4):
+        out = tmp_path / f"every{every}"
+        cfg = small_run_config(shared_data_dir, out, **{
+            "num-server-rounds": 13, "validation-fraction": 0.05, "eval-every": every})
+        # Execute
+        summary = run(InProcessGrid(client_app, nodes, cfg), parse_run_config(cfg), out)
+        records[every] = read_rounds(out)
+    # Assert: every 4th round, and the last 10 (4-13), were measured; 1-3 not
+    every1, every4 = records[1], records[4]
+    measured = [r["round"] for r in every4 if "test_accuracy" in r]
+    assert measured == [0, *range(4, 14)]
+    assert all("val_accuracy" not in r and "round_seconds" in r for r in every4[1:4])
+    # the training is the same: selections, values, weights, and the accuracy where measured
+    for a, b in zip(every1, every4, strict=True):
+        assert (a["round"], a.get("selected"), a.get("phi"), a.get("weights")) == \
+               (b["round"], b.get("selected"), b.get("phi"), b.get("weights"))
+        if "test_accuracy" in b:
+            assert (a["test_accuracy"], a["val_accuracy"]) == \
+                   (b["test_accuracy"], b["val_accuracy"])
+    assert summary["final_test_accuracy"] == every1[-1]["test_accuracy"]
+
+
+def test_eval_every_below_one_is_refused_naming_the_key() -> None:
+    from fedowen_task.config import ConfigError
+
+    with pytest.raises(ConfigError, match="eval-every=0 must be >= 1"):
+        parse_run_config({"eval-every": 0})

@@ -83,7 +83,7 @@ ONE_MISTAKE = {
     "output-dir": "out", "alpha": 0.0, "imbalance-factor": 2.0, "partition-scheme": "classes",
     "min-partition-size": -1, "eval-fraction": 0.0, "validation-fraction": 0.995, "seed": "one",
     "lr": 0.0, "momentum": 1.0, "batch-size": 0, "local-epochs": 0, "weight-decay": -1.0,
-    "client-max-samples": -1, "test-max-samples": -1, "strategy": "fedprx",
+    "client-max-samples": -1, "test-max-samples": -1, "eval-every": 0, "strategy": "fedprx",
     "strategy-params": "eta=0.1", "proximal-mu": -1.0, "valuation": "owne",
     "valuation-params": "eta", "selection": "bandit", "aggregation": "mean", "budget-m": 0,
     "owen-q": 0, "utility-metric": "loss", "game": "sum", "phi-scale": "l2",
