@@ -216,6 +216,8 @@ def test_the_second_confirmations_tuning_is_what_its_protocol_says() -> None:
     # docs/confirmation2/PROTOCOL.md section 4: per setting FedAvgM, FedProx and FLTrust, three
     # candidates each on seeds 50-51 and the validation split; the selectors tuned per family
     # exactly where the selection development grid did not cover the setting
+    from server_app.evaluation import evaluated
+    from sim.hypotheses import ENDPOINT_ROUNDS
     from sim.presets import load_preset
     from sim.protocol import SECOND_PRESET_PREFIX, TUNING_SEEDS
     from sim.tuning import BETTER_OF
@@ -243,6 +245,12 @@ def test_the_second_confirmations_tuning_is_what_its_protocol_says() -> None:
                        None if cell.config.dataset == "femnist" else cell.config.alpha)
             assert (setting in tuned_selectors) != (setting in covered), (preset.name, setting)
         settings += len({c.config.alpha for c in preset.cells() if c.grid == "tune-fedavgm"})
+        # every cell measures the rounds its endpoint reads (validation for the picks, test
+        # for the confirmation), whatever its eval-every
+        for cell in preset.cells():
+            cfg = cell.config
+            assert all(evaluated(r, cfg.num_server_rounds, cfg.eval_every)
+                       for r in ENDPOINT_ROUNDS), (preset.name, cell.cell_id)
     assert settings == 8  # the first confirmation's eight settings
 
 
