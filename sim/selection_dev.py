@@ -23,8 +23,9 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +45,13 @@ VAL, TEST = "val_accuracy", "test_accuracy"
 
 @dataclass(frozen=True)
 class Setting:
-    """One clean setting's finished cells: ``scores[arm][metric][seed]`` and each cell's
-    share of distinct clients selected."""
+    """One clean setting's finished cells: ``scores[arm][metric][seed]``, each cell's share
+    of distinct clients selected and its most selected client's count over the uniform one."""
 
     name: str
     scores: dict[str, dict[str, dict[int, float]]]
     distinct: dict[str, dict[int, float]]
+    top: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def mean(self, arm: str, metric: str = VAL) -> float:
         values = list(self.scores.get(arm, {}).get(metric, {}).values())
@@ -73,6 +75,16 @@ def distinct_share(result: CellResult, clients: int) -> float:
     return len(chosen) / clients
 
 
+def top_share(result: CellResult, clients: int) -> float:
+    """How often the most selected client was selected over the run, in units of the mean
+    count (uniform draws give about 2 over 100 rounds of 10 from 100: the maximum of 100
+    binomials; an identity cap c keeps it near c at most)."""
+    counts = Counter(c for r in result.rounds if r.get("round", 0) > 0
+                     for c in r.get("selected", []))
+    total = sum(counts.values())
+    return max(counts.values()) * clients / total if total else math.nan
+
+
 def settings(preset: Preset, res: Mapping[str, CellResult]) -> list[Setting]:
     """The clean settings (ablation grids without attackers), in preset order."""
     out: dict[str, Setting] = {}
@@ -89,6 +101,7 @@ def settings(preset: Preset, res: Mapping[str, CellResult]) -> list[Setting]:
                 setting.scores.setdefault(arm, {}).setdefault(metric, {})[seed] = value
         setting.distinct.setdefault(arm, {})[seed] = distinct_share(result,
                                                                    preset.num_supernodes)
+        setting.top.setdefault(arm, {})[seed] = top_share(result, preset.num_supernodes)
     return list(out.values())
 
 
@@ -143,6 +156,7 @@ def arm_rows(found: Sequence[Setting]) -> list[dict[str, Any]]:
                     d = s.diff(arm, ref, metric)
                     row[f"{tag}_vs_{name}"], row[f"{tag}_vs_{name}_half"] = d.mean, d.half
             row["distinct"] = mean_interval(list(s.distinct[arm].values())).mean
+            row["top"] = mean_interval(list(s.top[arm].values())).mean
             rows.append(row)
     return rows
 
@@ -184,7 +198,9 @@ def markdown(found: Sequence[Setting], rows: Sequence[dict[str, Any]], adopted: 
            f"Accuracy (%) is the mean of the last {LAST_K} rounds over the seeds finished, "
            "± the 95% t-interval's half-width; differences are paired by seed. `val` decides "
            "(validation split), `test` is reported. Distinct: share of the 100 clients "
-           "selected at least once in the run.", ""]
+           "selected at least once in the run; top: the most selected client's count over the "
+           "mean count (random selection's own top is about 2 in 100 rounds; the posterior "
+           "candidates' identity cap holds it near 3).", ""]
     on_device = sorted(k for k, v in (machine or {}).items() if v == "device")
     if machine is not None:
         out += ["Read from the lent accelerator's cells (every cell of the setting finished "
@@ -195,14 +211,15 @@ def markdown(found: Sequence[Setting], rows: Sequence[dict[str, Any]], adopted: 
         out += [f"## {s.name}", "", f"Tuned peers: {s.tuned('power-of-choice')}, "
                 f"{s.tuned('oort')}; best peer: **{peer}** (by validation).", "",
                 "| arm | n | val | test | val - random | test - random | val - best peer | "
-                "test - best peer | distinct |", "|---|---|---|---|---|---|---|---|---|"]
+                "test - best peer | distinct | top |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in rows if r["setting"] == s.name):
             cells = [Interval(r["val"], r["val_half"], r["n"]).text(),
                      Interval(r["test"], r["test_half"], r["n"]).text()]
             for key in ("val_vs_random", "test_vs_random", "val_vs_peer", "test_vs_peer"):
                 cells.append(Interval(r[key], r[f"{key}_half"], r["n"]).text(signed=True))
             out.append(f"| {r['arm']} | {r['n']} | " + " | ".join(cells)
-                       + f" | {r['distinct']:.2f} |")
+                       + f" | {r['distinct']:.2f} | {r['top']:.1f} |")
         out.append("")
     out += ["## The rule", ""]
     for arm in CONTENDERS:
@@ -255,7 +272,7 @@ def write(preset_path: Path, results: Path, out: Path, device: Path | None = Non
     seeds = [{"setting": s.name, "arm": arm, "seed": seed,
               "val": s.scores[arm].get(VAL, {}).get(seed),
               "test": s.scores[arm].get(TEST, {}).get(seed),
-              "distinct": s.distinct[arm].get(seed)}
+              "distinct": s.distinct[arm].get(seed), "top": s.top[arm].get(seed)}
              for s in found for arm in s.scores for seed in sorted(s.distinct[arm])]
     _write_csv(paths[2], seeds)
     plot(found, paths[3])

@@ -69,3 +69,16 @@ def test_a_setting_is_read_from_the_device_only_when_all_its_cells_finished_ther
         source = device if setting_key(c) == "mnist alpha=0.01" else cpu
         assert merged[c.cell_id] is source[c.cell_id]
     assert merge_machines(preset, cpu, None)[1] == dict.fromkeys(machine, "CPU")
+
+
+def test_top_share_is_the_most_selected_clients_count_over_a_uniform_draws() -> None:
+    from sim.results import CellResult
+    from sim.selection_dev import distinct_share, top_share
+
+    # Prepare: 4 clients, 3 rounds of 2; client 0 every round (3 of 6 selections)
+    rounds = [{"round": 0}, {"round": 1, "selected": [0, 1]}, {"round": 2, "selected": [0, 2]},
+              {"round": 3, "selected": [0, 3]}]
+    result = CellResult(None, rounds)  # type: ignore[arg-type]
+    # Execute, Assert: uniform would give each 6 / 4 = 1.5; client 0 has 3, twice that
+    assert top_share(result, 4) == 2.0
+    assert distinct_share(result, 4) == 1.0 and distinct_share(result, 8) == 0.5
