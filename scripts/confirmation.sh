@@ -15,6 +15,7 @@
 # Kill it at any time; the same command goes on. Then, from this checkout:
 #   scripts/experiment.sh report conf/confirm/<dataset>.toml --results <results> --archive
 #   python -m sim.confirmation check conf/confirm/<dataset>.toml --results <results>
+#   python -m sim.confirmation check conf/confirm/<dataset>.toml --committed   # what git holds
 #   python -m sim.confirmation report          # docs/confirmation.md from the committed CSVs
 # (with --study second for the second confirmation's check and report)
 set -euo pipefail

@@ -11,9 +11,11 @@ family, the decision), the per-dataset verdicts, every arm's endpoint and the tu
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +224,6 @@ def _name(study: Study) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from sim.carry import is_carried
     from sim.presets import load_preset
 
     root = Path(__file__).resolve().parents[1]
@@ -247,7 +248,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="report: docs/confirmation.md; arms: docs/confirmation/arms.json")
     parser.add_argument("--csv", type=Path, default=None,
                         help="report: docs/<study folder>/hypotheses.csv")
-    args = parser.parse_args(argv)
+    parser.add_argument("--committed", action="store_true",
+                        help="check: the cells a fresh clone holds (archives/<preset>/ and "
+                             "docs/results/<preset>/), nothing else")
+    args = parser.parse_intermixed_args(argv)  # options before or after the presets
     study = STUDIES[args.study]
     folder = root / "docs" / study.folder
     arms_file = folder / "arms.json"
@@ -267,20 +271,45 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(arms, indent=1, sort_keys=True) + "\n")
         print(f"{out}: {len(arms)} arm x setting entries")
         return 0
-    arms = json.loads(arms_file.read_text())
-    bad, carried = [], 0
-    for preset in presets:
-        results = args.results or root / "results" / preset.name
-        bad += check_cells(arms, preset, results)
-        carried += sum(is_carried(results / c.cell_id)
-                       and not (results / c.cell_id / "config.json").exists()
-                       for c in expand_grid(preset, preset.grid(CONFIRM_GRID)))
-    print("\n".join(bad) if bad else "every confirmation cell ran its protocol config "
+    if args.committed and args.results:
+        parser.error("check takes --results (a folder of cells) or --committed, not both")
+    bad, counts = check_presets(presets, json.loads(arms_file.read_text()), root,
+                                args.results, args.committed)
+    print("\n".join(bad) if bad else "every confirmation cell found ran its protocol config "
           "from committed code")
-    if carried:
-        print(f"{carried} cells carried from committed rows without their config record (not "
-              "checked again: checked when their rows were committed)")
+    where = "the committed archives and rows" if args.committed else "the results folder"
+    print(f"{counts['checked']} confirmation cells checked; {counts['carried']} carried from "
+          "committed rows without their config record (not checked again: checked when their "
+          f"rows were committed); {counts['absent']} not found in {where}")
     return 1 if bad else 0
+
+
+def check_presets(presets: list[Any], arms: list[dict[str, Any]], root: Path,
+                  results: Path | None, committed: bool) -> tuple[list[str], dict[str, int]]:
+    """:func:`sim.protocol.check_cells` over each preset's confirmation cells: those under
+    ``results`` (default ``results/<preset>``), or with ``committed`` those a fresh clone
+    holds (``archives/<preset>/`` restored and ``docs/results/<preset>/``'s rows carried into
+    a temporary folder); and how many cells were checked, carried without records, absent."""
+    from sim.archives import restore_cells
+    from sim.carry import carry_rows, is_carried
+
+    bad: list[str] = []
+    counts = {"checked": 0, "carried": 0, "absent": 0}
+    for preset in presets:
+        with contextlib.ExitStack() as stack:
+            cells = results or root / "results" / preset.name
+            if committed:
+                cells = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                if (root / "archives" / preset.name).is_dir():
+                    restore_cells(root / "archives" / preset.name, cells)
+                if (root / "docs" / "results" / preset.name).is_dir():
+                    carry_rows(preset, root / "docs" / "results" / preset.name, cells)
+            bad += check_cells(arms, preset, cells)
+            for cell in expand_grid(preset, preset.grid(CONFIRM_GRID)):
+                found = cells / cell.cell_id
+                counts["checked" if (found / "config.json").exists() else
+                       "carried" if is_carried(found) else "absent"] += 1
+    return bad, counts
 
 
 if __name__ == "__main__":

@@ -531,3 +531,22 @@ def test_the_committed_protocol_hashes_are_what_the_presets_resolve_to_today() -
              for path in sorted((root / "conf" / "confirm").glob("*.toml"))
              for a in protocol_arms(load_preset(path))}
     assert today == committed and len(today) == 56
+
+
+def test_check_from_committed_files_counts_what_it_checked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A fresh clone's check restores the committed archive and rows itself; an empty results
+    # folder is not a pass in silence: the count says nothing was found
+    from sim.confirmation import main
+
+    preset = "conf/confirm/breastmnist.toml"
+    # Execute
+    committed = main(["check", preset, "--committed"])
+    said = capsys.readouterr().out
+    empty = main(["check", preset, "--results", str(tmp_path)])
+    said_empty = capsys.readouterr().out
+    # Assert: all 56 BreastMNIST cells carry their config record in the committed archive
+    assert committed == 0 and "56 confirmation cells checked" in said
+    assert "0 not found in the committed archives and rows" in said
+    assert empty == 0 and "0 confirmation cells checked" in said_empty
+    assert "56 not found in the results folder" in said_empty
