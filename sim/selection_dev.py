@@ -46,7 +46,7 @@ VAL, TEST = "val_accuracy", "test_accuracy"
 @dataclass(frozen=True)
 class Setting:
     """One clean setting's finished cells: ``scores[arm][metric][seed]``, each cell's share
-    of distinct clients selected and its most selected client's count over the uniform one."""
+    of distinct clients selected and its most selected client's count over the mean count."""
 
     name: str
     scores: dict[str, dict[str, dict[int, float]]]
@@ -69,18 +69,22 @@ class Setting:
                                self.scores.get(reference, {}).get(metric, {}))
 
 
+def selections(result: CellResult) -> Counter[Any]:
+    """How many training rounds selected each client over the run."""
+    return Counter(c for r in result.rounds if r.get("round", 0) > 0
+                   for c in r.get("selected", []))
+
+
 def distinct_share(result: CellResult, clients: int) -> float:
     """Share of the federation's clients selected at least once over the run."""
-    chosen = {c for r in result.rounds if r.get("round", 0) > 0 for c in r.get("selected", [])}
-    return len(chosen) / clients
+    return len(selections(result)) / clients
 
 
 def top_share(result: CellResult, clients: int) -> float:
     """How often the most selected client was selected over the run, in units of the mean
     count (uniform draws give about 2 over 100 rounds of 10 from 100: the maximum of 100
     binomials; an identity cap c keeps it near c at most)."""
-    counts = Counter(c for r in result.rounds if r.get("round", 0) > 0
-                     for c in r.get("selected", []))
+    counts = selections(result)
     total = sum(counts.values())
     return max(counts.values()) * clients / total if total else math.nan
 
