@@ -30,6 +30,7 @@ from fedowen_strategy.selectors import (
     oort_exploration,
     oort_select,
     posterior,
+    resolved_harmful,
     round_ranks,
     thompson_top,
 )
@@ -93,6 +94,8 @@ class Bandit:
             mean, var = posterior(count, stats[:, 1], stats[:, 2])
             return Choice(thompson_top(mean, var, np.ones(len(keys), bool), k, self.rng),
                           "posterior", {"heterogeneity_p": p})
+        if self.mode == "screened":
+            return self._screened(keys, k)
         if self.mode == "oort":
             book = np.array([self.oort.get(c, [0.0, 0.0]) for c in keys]).reshape(-1, 2)
             eps = oort_exploration(server_round, self.params.oort_exploration_min)
@@ -106,6 +109,21 @@ class Bandit:
         picked, explored = select_clients(phi, counts, server_round, k, self.params, self.rng,
                                           self.arms(keys))
         return Choice(picked, "explored" if explored else "exploited", {})
+
+    def _screened(self, keys: Sequence[str], k: int) -> Choice:
+        """Uniform among the clients not resolved as harmful; the screened fill up the round
+        when fewer than ``k`` are left."""
+        stats = np.array([self.rewards.get(c, [0.0, 0.0, 0.0]) for c in keys]).reshape(-1, 3)
+        harmful = resolved_harmful(stats[:, 0].astype(np.int64), stats[:, 1], stats[:, 2],
+                                   self.params.resolve_level)
+        kept = np.flatnonzero(~harmful)
+        picks = self.rng.choice(kept, size=min(k, kept.size), replace=False)
+        if picks.size < k:
+            rest = np.flatnonzero(harmful)
+            picks = np.concatenate([picks, self.rng.choice(rest, size=k - picks.size,
+                                                           replace=False)])
+        return Choice(np.sort(picks.astype(np.int64)), "screened",
+                      {"screened": int(harmful.sum())})
 
     def _power_of_choice(self, n: int, k: int, ask_losses: AskLosses | None,
                          pool: NDArray[np.int64]) -> Choice:
@@ -146,9 +164,10 @@ class Bandit:
     def observe(self, client_ids: Sequence[str], phi: Sequence[float] | NDArray[np.float64]
                 ) -> None:
         """Remember a round's values (:func:`update_memory`) and the posterior selector's
-        rewards (rank within the round, or phi)."""
+        rewards (rank within the round, or phi; the screened selector's: phi)."""
         phi = np.asarray(phi, dtype=np.float64)
-        reward = round_ranks(phi) if self.params.reward == "rank" and phi.size else phi
+        by_rank = self.params.reward == "rank" and self.mode != "screened"
+        reward = round_ranks(phi) if by_rank and phi.size else phi
         for cid, value, r in zip(client_ids, phi, reward, strict=True):
             count = self.counts[cid] = self.counts.get(cid, 0) + 1
             self.phi[cid] = update_memory(self.phi.get(cid), float(value), count,

@@ -39,10 +39,10 @@ from fedowen_strategy.selectors import REWARDS
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 
 #: Algorithm 2's bandit, uniform sampling (FedAvg's, and the paper's ablation), the field's
-#: selectors and FedOwen's posterior selector (:mod:`fedowen_strategy.selectors`).
-SELECTIONS = ("adaptive", "random", "posterior", "power-of-choice", "oort")
+#: selectors and FedOwen's posterior and screened selectors (:mod:`fedowen_strategy.selectors`).
+SELECTIONS = ("adaptive", "random", "posterior", "screened", "power-of-choice", "oort")
 #: Selectors that rank clients by phi, so need a valuation method that computes it.
-NEEDS_PHI_SELECTIONS = ("adaptive", "posterior")
+NEEDS_PHI_SELECTIONS = ("adaptive", "posterior", "screened")
 #: What the bandit exploits: a client's latest phi (Algorithm 2), the running mean of its phi
 #: over the rounds it was valued, or an exponentially discounted mean.
 MEMORIES = ("latest", "mean", "discounted")
@@ -93,10 +93,12 @@ class SelectionParams(Settings):
     oort_exploration_min : float
         Oort's floor on its decaying exploration share, in [0, 1].
     reward : {"rank", "phi"}
-        What the posterior selector learns from (:mod:`~fedowen_strategy.selectors`).
+        What the posterior selector learns from (:mod:`~fedowen_strategy.selectors`); the
+        screened selector always learns from phi (0 is its threshold).
     resolve_level : float
         The posterior selector exploits only while one-way ANOVA rejects "every client's
-        true reward is the same" at this level; otherwise it draws uniformly.
+        true reward is the same" at this level; otherwise it draws uniformly. The screened
+        selector's one-sided level for "this client's mean phi is below 0".
     cap : float
         Identity cap, any selector: a client (or a lasting link group) selected ``cap`` times
         its uniform share so far sits a round out (0, the default: off; else >= 1).

@@ -22,6 +22,13 @@
   meta-analysis); where it is 0, i.e. clients' rewards differ only by noise, every client's
   posterior is the same point and the draw is uniform; where clients differ, the draw
   exploits them in proportion to how well they are resolved.
+- **Screened** (FedOwen's, issue 43, a second candidate): uniform selection among the clients
+  not resolved as harmful, i.e. whose mean phi is not below 0 by a one-sided z test with the
+  pooled within-client variance, its level split over the client's looks (a false screen is
+  rare over a whole run). It exploits only resolved harm (an update that made the
+  server's loss worse, round after round), never a client's lead among helpful ones: where the
+  posterior candidates concentrate on the best-valued writers (FEMNIST: below random
+  selection), it stays uniform among them; a booster it does not prefer.
 - **Identity cap**: a client (or a lasting link group, one identity) selected in more than
   ``cap`` times its uniform share of the rounds so far is not eligible (any selector).
 
@@ -139,6 +146,30 @@ def heterogeneity_p(count: NDArray[np.int64], mean: NDArray[np.float64],
     if within <= 0.0:
         return 0.0 if between > 0.0 else 1.0
     return float(f_dist.sf(between / within, groups - 1, total - groups))
+
+
+def resolved_harmful(count: NDArray[np.int64], mean: NDArray[np.float64],
+                     m2: NDArray[np.float64], level: float) -> NDArray[np.bool_]:
+    """Which clients' true mean reward is resolved below 0: ``mean + z sqrt(s2 / count) < 0``,
+    ``s2`` the within-client variance pooled over every client rewarded (as in
+    :func:`posterior`) and ``z`` the one-sided normal quantile at ``level / (count (count +
+    1))``: the levels of a client's looks sum to ``level``, so a client whose true mean is 0
+    is screened at some round of the run with probability at most ``level`` (a union bound
+    over its looks; a screened client is not selected again, so a false screen would last).
+    A client rewarded fewer than twice is never resolved."""
+    from scipy.stats import norm
+
+    count = np.asarray(count, dtype=np.float64)
+    mean = np.asarray(mean, dtype=np.float64)
+    seen = count > 0
+    df = float((count[seen] - 1).sum())
+    if df < 1:
+        return np.zeros(count.size, dtype=bool)
+    s2 = float(np.asarray(m2, dtype=np.float64)[seen].sum()) / df
+    looks = np.maximum(count, 1.0)
+    z = norm.isf(level / (looks * (looks + 1.0)))
+    bound = mean + z * np.sqrt(max(s2, 0.0) / looks)
+    return np.asarray((count >= 2) & (bound < 0.0))
 
 
 def posterior(count: NDArray[np.int64], mean: NDArray[np.float64], m2: NDArray[np.float64]

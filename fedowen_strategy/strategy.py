@@ -60,7 +60,7 @@ class FedOwen(FedAvg):
         CoalitionUtility`).
     valuation, selection_params, guards : ValuationSettings, SelectionParams, Guards
         The estimator and aggregation; Algorithm 2's constants; the update guards.
-    selection : {"auto", "adaptive", "random", "posterior", "power-of-choice", "oort"}
+    selection : {"auto", "adaptive", "random", "posterior", "screened", "power-of-choice", "oort"}
         ``auto``: adaptive for a valuation method, random for ``none`` and ``multikrum``
         (``choices``, with the aggregation and norm cap: :func:`~fedowen_strategy.
         contribution.resolve_auto`);

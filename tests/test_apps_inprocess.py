@@ -249,11 +249,11 @@ def test_omniscient_attacks_reach_every_strategy_through_the_serverapp(
             assert all(nm >= 0.98 * rec["norm_cap"] for nm in entry["norms"])
 
 
-@pytest.mark.parametrize("selection", ["power-of-choice", "oort", "posterior"])
+@pytest.mark.parametrize("selection", ["power-of-choice", "oort", "posterior", "screened"])
 def test_the_field_selectors_and_the_posterior_run_through_both_apps(
         selection: str, shared_data_dir: Path, tmp_path: Path) -> None:
     # Prepare: 8 clients, 3 a round; Power-of-Choice asks 5 candidates a round
-    valuation = {"valuation": "owen-antithetic"} if selection == "posterior" else {
+    valuation = {"valuation": "owen-antithetic"} if selection in ("posterior", "screened") else {
         "valuation": "none", "aggregation": "uniform"}
     run_config = small_run_config(shared_data_dir, tmp_path, selection=selection,
                                   **valuation, **{"clients-per-round": 3, "poc-d": 5,
@@ -274,6 +274,8 @@ def test_the_field_selectors_and_the_posterior_run_through_both_apps(
             assert sorted(r["selected"]) == sorted(top)
         elif selection == "oort":
             assert 0.3 <= choice["oort_exploration"] < 0.9
+        elif selection == "screened":
+            assert choice["how"] == "screened" and 0 <= choice["screened"] <= 8
         else:
             assert choice["how"] in ("uniform", "posterior") and "heterogeneity_p" in choice
 

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from scipy.stats import chisquare
+from scipy.stats import chisquare, norm
 
 from fedowen_strategy.bandit import Bandit
 from fedowen_strategy.contribution import ValuationSettings, resolve_auto
@@ -22,6 +22,7 @@ from fedowen_strategy.selectors import (
     oort_select,
     oort_utility,
     posterior,
+    resolved_harmful,
     round_ranks,
 )
 from tests.test_round_step import delta_game, round_of
@@ -112,11 +113,11 @@ def test_posterior_shrinks_to_the_grand_mean_when_clients_differ_only_by_noise()
                                / precision)
 
 
-def run_posterior(true_phi: np.ndarray, rounds: int, seed: int, cap: float = 0.0
-                  ) -> np.ndarray:
-    """Selection counts of the posterior selector over ``rounds`` rounds of 10 of 100, each
-    selected client's phi ``true_phi + N(0, 1)``."""
-    bandit = Bandit(SelectionParams(cap=cap), np.random.default_rng(seed), "posterior")
+def run_posterior(true_phi: np.ndarray, rounds: int, seed: int, cap: float = 0.0,
+                  mode: str = "posterior") -> np.ndarray:
+    """Selection counts of the posterior (or ``mode``) selector over ``rounds`` rounds of 10
+    of 100, each selected client's phi ``true_phi + N(0, 1)``."""
+    bandit = Bandit(SelectionParams(cap=cap), np.random.default_rng(seed), mode)
     noise = np.random.default_rng(seed + 1)
     counts = np.zeros(len(KEYS))
     for t in range(1, rounds + 1):
@@ -141,6 +142,44 @@ def test_posterior_selection_favours_a_clearly_better_client() -> None:
     counts = run_posterior(true_phi, 300, seed=0)
     # Assert: chosen far more often than a uniform share (30 of 300 rounds)
     assert counts[7] > 3 * np.median(counts)
+
+
+def test_resolved_harmful_matches_the_bound_computed_by_hand() -> None:
+    # Prepare: four clients; pooled within variance s2 = (0.6 + 0.6) / (3 + 3) = 0.2
+    count = np.array([4, 4, 1, 0])
+    mean = np.array([-1.0, -0.5, -5.0, 0.0])
+    m2 = np.array([0.6, 0.6, 0.0, 0.0])
+    # Execute
+    harmful = resolved_harmful(count, mean, m2, level=0.01)
+    # Assert: z at 0.01 / (4 x 5); -1 + z sqrt(0.2 / 4) = -0.26 < 0, -0.5 + ... = +0.24 > 0;
+    # one look (client 2) and none (client 3) never resolve
+    z = norm.isf(0.01 / 20)
+    assert -1.0 + z * math.sqrt(0.05) < 0.0 < -0.5 + z * math.sqrt(0.05)
+    np.testing.assert_array_equal(harmful, [True, False, False, False])
+    assert not resolved_harmful(np.array([1, 1]), np.array([-9.0, 3.0]), np.zeros(2), 0.01).any()
+
+
+def test_screened_selection_is_uniform_when_every_phi_is_iid_noise() -> None:
+    # Execute: 300 rounds, every client's phi pure noise around 0 (the threshold itself)
+    counts = run_posterior(np.zeros(100), 300, seed=0, mode="screened")
+    # Assert: the counts are indistinguishable from uniform (chi-square, 3000 draws)
+    assert chisquare(counts).pvalue > 0.05
+
+
+def test_screened_selection_drops_a_harmful_client_and_does_not_favour_a_booster() -> None:
+    # Prepare: client 7's phi 3 noise sd below 0, client 8's 3 sd above (a booster's lead)
+    true_phi = np.zeros(100)
+    true_phi[7], true_phi[8] = -3.0, 3.0
+    # Execute
+    counts = run_posterior(true_phi, 300, seed=0, mode="screened")
+    # Assert: client 7 is dropped after a few looks; client 8 gets about a uniform share
+    assert counts[7] <= 3
+    assert abs(counts[8] - np.median(counts)) <= 10
+    # fewer than k clients left unscreened: the screened fill the round
+    bandit = Bandit(SelectionParams(), np.random.default_rng(0), "screened")
+    bandit.rewards = {key: [5.0, -1.0 if int(key) >= 5 else 1.0, 0.1] for key in KEYS}
+    choice = bandit.choose(KEYS, 6, 10)
+    assert set(range(5)) <= set(choice.indices.tolist()) and choice.record["screened"] == 95
 
 
 def test_the_identity_cap_holds_for_a_client_every_selector_wants() -> None:
@@ -180,7 +219,7 @@ def test_a_x50_booster_earns_no_more_reward_than_its_honest_step() -> None:
 
 def test_selectors_survive_a_checkpoint_and_need_what_they_rank_by() -> None:
     # Prepare: a posterior bandit and an Oort bandit after a few rounds
-    for mode in ("posterior", "oort"):
+    for mode in ("posterior", "screened", "oort"):
         bandit = Bandit(SelectionParams(cap=2.0), np.random.default_rng(3), mode)
         for t in range(1, 4):
             chosen = bandit.choose(KEYS, t, 10).indices
@@ -194,7 +233,8 @@ def test_selectors_survive_a_checkpoint_and_need_what_they_rank_by() -> None:
                                       bandit.choose(KEYS, 4, 10).indices)
     assert resolve_auto("none", "power-of-choice", "uniform").selection == "power-of-choice"
     assert resolve_auto("none", "oort", "uniform").selection == "oort"
-    with pytest.raises(ValueError, match="selection='posterior' ranks clients by phi"):
-        resolve_auto("none", "posterior", "uniform")
+    for mode in ("posterior", "screened"):
+        with pytest.raises(ValueError, match=f"selection='{mode}' ranks clients by phi"):
+            resolve_auto("none", mode, "uniform")
     with pytest.raises(ValueError, match=r"cap=0\.5 must be 0"):
         SelectionParams(cap=0.5)
