@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from fedowen_strategy.links import Pair, count_links, lasting_groups
 from fedowen_strategy.selection import (
     SelectionParams,
+    resolve_cap,
     select_clients,
     select_uniform,
     update_memory,
@@ -68,8 +69,9 @@ class Bandit:
         if not 1 <= k <= len(keys):
             raise ValueError(f"cannot select k={k} clients out of {len(keys)}; "
                              f"need 1 <= k <= {len(keys)}")
+        cap = resolve_cap(self.mode, self.params.cap)
         eligible = cap_eligible(np.array([self.picks.get(c, 0) for c in keys]),
-                                self.groups(keys), server_round, k, self.params.cap)
+                                self.groups(keys), server_round, k, cap)
         pool = np.flatnonzero(eligible) if eligible.sum() >= k else np.arange(len(keys))
         choice = self._choose([keys[i] for i in pool.tolist()], server_round, k, ask_losses,
                               pool)
@@ -77,7 +79,7 @@ class Bandit:
         for i in chosen.tolist():
             self.picks[keys[i]] = self.picks.get(keys[i], 0) + 1
         capped = len(keys) - int(eligible.sum())
-        record = {**choice.record, "capped": capped} if self.params.cap else choice.record
+        record = {**choice.record, "capped": capped} if cap else choice.record
         return Choice(chosen, choice.how, record)
 
     def _choose(self, keys: Sequence[str], server_round: int, k: int,

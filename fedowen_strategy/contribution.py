@@ -46,7 +46,12 @@ from fedowen_strategy.aggregation import (
 )
 from fedowen_strategy.bounds import AUTO_NORM_CAP, NORM_CAPS
 from fedowen_strategy.links import quotient, split_among
-from fedowen_strategy.selection import NEEDS_PHI_SELECTIONS, SELECTIONS
+from fedowen_strategy.selection import (
+    AUTO_CAP,
+    NEEDS_PHI_SELECTIONS,
+    SELECTIONS,
+    resolve_cap,
+)
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 from fedowen_strategy.shapfed import last_layer_key, shapfed_scores
 from fedowen_strategy.valuation import ESTIMATORS, FLAT, estimate
@@ -150,20 +155,22 @@ class RoundValuation:
 
 @dataclass(frozen=True)
 class Choices:
-    """The selection, aggregation and norm cap a run uses, ``auto`` resolved."""
+    """The selection, aggregation, norm cap and identity cap a run uses, ``auto`` resolved."""
 
     selection: str
     aggregation: str
     norm_cap: str
+    cap: float = 0.0
 
 
 def resolve_auto(method: str, selection: str = "auto", aggregation: str = "auto",
-                 norm_cap: str = "auto") -> Choices:
+                 norm_cap: str = "auto", cap: float = AUTO_CAP) -> Choices:
     """What ``auto`` means for valuation ``method``, the one place it is decided: FedOwen's
     choices (``adaptive`` selection, ``softmax`` aggregation, the norm cap
     :data:`~fedowen_strategy.bounds.AUTO_NORM_CAP`) for a method that computes contributions,
-    FedAvg's (``random``, ``examples``, no norm cap) for the methods in :data:`NO_PHI`; other
-    values are kept.
+    FedAvg's (``random``, ``examples``, no norm cap) for the methods in :data:`NO_PHI`; the
+    identity cap :data:`~fedowen_strategy.selection.AUTO_CAP` is the resolved selector's own
+    (:func:`~fedowen_strategy.selection.resolve_cap`); other values are kept.
 
     Raises
     ------
@@ -178,9 +185,9 @@ def resolve_auto(method: str, selection: str = "auto", aggregation: str = "auto"
     no_phi = method in NO_PHI
     auto = (Choices("random", "examples", "none") if no_phi
             else Choices("adaptive", "softmax", AUTO_NORM_CAP))
-    return Choices(auto.selection if selection == "auto" else selection,
-                   auto.aggregation if aggregation == "auto" else aggregation,
-                   auto.norm_cap if norm_cap == "auto" else norm_cap)
+    chosen = auto.selection if selection == "auto" else selection
+    return Choices(chosen, auto.aggregation if aggregation == "auto" else aggregation,
+                   auto.norm_cap if norm_cap == "auto" else norm_cap, resolve_cap(chosen, cap))
 
 
 def selection_problems(method: str, selection: str, keys: Keys = NO_KEYS) -> list[str]:

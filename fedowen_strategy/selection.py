@@ -43,6 +43,11 @@ from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 SELECTIONS = ("adaptive", "random", "posterior", "screened", "power-of-choice", "oort")
 #: Selectors that rank clients by phi, so need a valuation method that computes it.
 NEEDS_PHI_SELECTIONS = ("adaptive", "posterior", "screened")
+#: ``selection-cap``'s default: each selector's own identity cap (:func:`resolve_cap`).
+AUTO_CAP = -1.0
+#: The identity cap a selector runs with by default: the posterior selector was developed and
+#: measured with 3 (conf/selection-dev.toml); every other selector runs as published (off).
+DEFAULT_CAPS = {"posterior": 3.0}
 #: What the bandit exploits: a client's latest phi (Algorithm 2), the running mean of its phi
 #: over the rounds it was valued, or an exponentially discounted mean.
 MEMORIES = ("latest", "mean", "discounted")
@@ -101,7 +106,8 @@ class SelectionParams(Settings):
         selector's one-sided level for "this client's mean phi is below 0".
     cap : float
         Identity cap, any selector: a client (or a lasting link group) selected ``cap`` times
-        its uniform share so far sits a round out (0, the default: off; else >= 1).
+        its uniform share so far sits a round out (0: off; else >= 1). The default,
+        :data:`AUTO_CAP`, is the selector's own (:func:`resolve_cap`).
     """
 
     epsilon: float = 0.1
@@ -115,7 +121,7 @@ class SelectionParams(Settings):
     oort_exploration_min: float = 0.3
     reward: str = "rank"
     resolve_level: float = 0.01
-    cap: float = 0.0
+    cap: float = AUTO_CAP
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these constants (:class:`~fedowen_strategy.settings.
@@ -135,12 +141,19 @@ class SelectionParams(Settings):
              f"{k('oort_exploration_min')}={self.oort_exploration_min!r} must lie in [0, 1]"),
             (0.0 < self.resolve_level <= 1.0,
              f"{k('resolve_level')}={self.resolve_level!r} must lie in (0, 1]"),
-            (self.cap == 0.0 or 1.0 <= self.cap < math.inf,
-             f"{k('cap')}={self.cap!r} must be 0 (off) or a finite number >= 1"),
+            (self.cap in (0.0, AUTO_CAP) or 1.0 <= self.cap < math.inf,
+             f"{k('cap')}={self.cap!r} must be 0 (off), {AUTO_CAP:g} (the selector's own) or "
+             "a finite number >= 1"),
         ]
         return ([message for ok, message in checks if not ok]
                 + one_of(k("memory"), self.memory, MEMORIES)
                 + one_of(k("reward"), self.reward, REWARDS))
+
+
+def resolve_cap(selection: str, cap: float) -> float:
+    """The identity cap ``selection`` runs with: ``cap``, unless it is :data:`AUTO_CAP`, then
+    the selector's own (:data:`DEFAULT_CAPS`; off for the others)."""
+    return DEFAULT_CAPS.get(selection, 0.0) if cap == AUTO_CAP else cap
 
 
 def selection_scores(

@@ -141,7 +141,8 @@ class RunConfig(TaskConfig):
     def choices(self) -> Choices:
         """FedOwen's selection, aggregation and norm cap, ``auto`` resolved for this
         valuation by :func:`fedowen_strategy.contribution.resolve_auto` (the one place)."""
-        return resolve_auto(self.valuation, self.selection, self.aggregation, self.norm_cap)
+        return resolve_auto(self.valuation, self.selection, self.aggregation, self.norm_cap,
+                            self.selection_cap)
 
     def settings_values(self, cls: type[Settings]) -> dict[str, Any]:
         """The values of ``cls``'s fields in this run config, through :data:`SETTINGS_KEYS`

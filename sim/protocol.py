@@ -51,8 +51,8 @@ ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", 
 
 def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:
     """The full run config an arm runs with, as the ServerApp resolves it (every key, the
-    defaults included; ``auto`` selection, aggregation and norm cap resolved), less the
-    per-run keys. ``config`` is a run config (kebab-case) or a cell's config.json."""
+    defaults included; ``auto`` selection, aggregation, norm cap and identity cap resolved),
+    less the per-run keys. ``config`` is a run config (kebab-case) or a cell's config.json."""
     from server_app.config import parse_run_config
 
     given = {k.replace("-", "_"): v for k, v in config.items()}
@@ -60,7 +60,8 @@ def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:
                             for k, v in {**ADDED_AFTER_PROTOCOL, **given}.items()
                             if k not in _PER_RUN})
     choices = cfg.choices()
-    resolved = {k: v for k, v in asdict(cfg).items() if k not in _PER_RUN
+    resolved = {k: v for k, v in {**asdict(cfg), "selection_cap": choices.cap}.items()
+                if k not in _PER_RUN
                 and not (k in ADDED_AFTER_PROTOCOL and ADDED_AFTER_PROTOCOL[k] == v)}
     return {**resolved, "selection": choices.selection, "aggregation": choices.aggregation,
             "norm_cap": choices.norm_cap}

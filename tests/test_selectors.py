@@ -197,6 +197,28 @@ def test_the_identity_cap_holds_for_a_client_every_selector_wants() -> None:
     assert cap_eligible(np.array([50, 0]), np.array([0, 1]), 2, 1, 0.0).all()
 
 
+def test_the_posterior_selector_runs_with_its_own_cap_by_default_and_others_without() -> None:
+    # Prepare / Execute: the default cap (-1) resolved per selector; explicit caps kept
+    resolved = {sel: resolve_auto("owen-antithetic", sel).cap
+                for sel in ("posterior", "adaptive", "screened", "random")}
+    # Assert: 3 for the posterior (as developed), off for the rest (as published)
+    assert resolved == {"posterior": 3.0, "adaptive": 0.0, "screened": 0.0, "random": 0.0}
+    assert resolve_auto("none", "oort", "uniform").cap == 0.0
+    assert resolve_auto("owen-antithetic", "posterior", cap=0.0).cap == 0.0
+    assert resolve_auto("owen-antithetic", "adaptive", cap=2.0).cap == 2.0
+    # the bandit resolves it the same way: a clearly best client held at 3 x its share
+    bandit = Bandit(SelectionParams(), np.random.default_rng(0), "posterior")
+    noise, counts = np.random.default_rng(1), np.zeros(len(KEYS))
+    for t in range(1, 201):
+        chosen = bandit.choose(KEYS, t, 10).indices
+        counts[chosen] += 1
+        bandit.observe([KEYS[i] for i in chosen], (np.arange(100) == 7)[chosen] * 3.0
+                       + noise.normal(size=10))
+    assert 55 <= counts[7] <= 60  # 3 x (200 x 10 / 100)
+    with pytest.raises(ValueError, match=r"cap=-0\.5 must be 0 \(off\), -1"):
+        SelectionParams(cap=-0.5)
+
+
 def test_a_x50_booster_earns_no_more_reward_than_its_honest_step() -> None:
     # Prepare: the same round with c0 honest and with c0 sending 50 x its step, valued under
     # the default guards (direction-only valuation: every update at the reference norm)
