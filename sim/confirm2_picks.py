@@ -168,7 +168,9 @@ def write(picks: dict[str, dict[str, dict[str, Any]]], out: Path) -> list[Path]:
 
 
 #: The confirm grid's arms in the protocol's order (section 3), and the untuned ones' keys:
-#: FedOwen runs as shipped (the app's defaults at the protocol commit, no key).
+#: FedOwen runs as shipped (the app's defaults at the protocol commit; its selection is written
+#: out as the default resolves then, since the preset's ``auto-selection`` pins what ``auto``
+#: meant for its tuning cells and must not re-mean FedOwen's).
 ARMS = ("fedowen", "fedavg-equal", "fedavg-tuned", "fltrust", "power-of-choice", "oort",
         "fedowen-random")
 FIXED_ARMS: dict[str, dict[str, Any]] = {
@@ -210,8 +212,10 @@ def confirm_block(preset: Preset, by_setting: dict[str, dict[str, Any]], seeds: 
 
     lines = [f"# The second confirmation's arms and grid for {preset.name}, written by",
              "# python -m sim.confirm2_picks from the picks in docs/confirmation2/picks.md.", ""]
+    shipped = {"selection": defaults.choices().selection}
     for arm in ARMS:
         keys = FIXED_ARMS.get(arm) if arm in FIXED_ARMS else full(chosen[arm][0], arm)
+        keys = shipped if arm == "fedowen" else keys
         lines += [f'[variants."{arm}"]', *(f"{k} = {toml_value(v)}" for k, v in
                                            (keys or {}).items()), ""]
     overrides = []

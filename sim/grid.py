@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from fedowen_strategy.contribution import NO_PHI
 from server_app.config import RunConfig, parse_run_config
 
 BACKENDS = ("flwr", "inline")
@@ -105,6 +106,9 @@ class Preset:
     reductions: str = ""
     backend: str = "flwr"
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: What ``auto`` selection meant when this preset's cells ran (``[preset]
+    #: auto-selection``; empty: today's meaning): :func:`pin_auto_selection`.
+    auto_selection: str = ""
 
     def cells(self) -> list[Cell]:
         """Every cell of every grid (a cell shared by two grids appears once), seed by seed:
@@ -135,7 +139,9 @@ class Preset:
                            "num-supernodes": self.num_supernodes,
                            "cpus-per-client": self.cpus_per_client,
                            "cell-timeout": self.cell_timeout, "reductions": self.reductions,
-                           "backend": self.backend},
+                           "backend": self.backend,
+                           **({"auto-selection": self.auto_selection}
+                              if self.auto_selection else {})},
                 "base": self.base, "variants": self.variants, "grid": grids}
 
 
@@ -148,6 +154,19 @@ def cell_id(run_config: dict[str, Any], num_supernodes: int) -> str:
     text = json.dumps({"run-config": payload, "num-supernodes": num_supernodes},
                       sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def pin_auto_selection(run_config: dict[str, Any], auto_selection: str) -> dict[str, Any]:
+    """``run_config`` with ``selection`` written as ``auto_selection`` where it is left to
+    ``auto`` (absent or ``"auto"``) and the valuation computes phi (``auto`` means random
+    selection for the others, as it always has). A preset whose cells ran when ``auto`` meant
+    ``auto_selection`` keeps their ids, protocol hashes and behaviour after ``auto``'s meaning
+    changes; empty ``auto_selection``: unchanged."""
+    if not auto_selection or run_config.get("selection", "auto") != "auto":
+        return run_config
+    if str(run_config.get("valuation", RunConfig.valuation)) in NO_PHI:
+        return run_config
+    return {**run_config, "selection": auto_selection}
 
 
 def point_config(point: dict[str, Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -171,6 +190,7 @@ def expand_grid(preset: Preset, grid: Grid) -> list[Cell]:
             for override in grid.overrides:
                 if all(point.get(k) == v for k, v in override["where"].items()):
                     cfg.update(override["set"])
+            cfg = pin_auto_selection(cfg, preset.auto_selection)
             out.append(Cell(cell_id(cfg, preset.num_supernodes), grid.name, cfg, point))
         return out
 

@@ -7,6 +7,7 @@ A preset file has three kinds of tables (unknown keys anywhere are an error)::
     num-supernodes = 100      # virtual clients (the paper: 100)
     cpus-per-client = 1.0
     cell-timeout = 3600       # seconds per flwr run
+    auto-selection = "adaptive"   # optional: what selection "auto" meant when these cells ran
     [base]                    # run-config keys shared by every cell (pyproject.toml names)
     num-server-rounds = 20
     backend = "flwr"          # flwr (a real flwr run per cell) | inline (sim.inline, no Ray)
@@ -33,7 +34,10 @@ only (applied last, in order), e.g. a baseline tuned per setting: the arm keeps 
 while its parameters differ by alpha, and the table keeps its rows and columns. A cell's id is
 a hash of that run config (without paths, which differ between machines) and the simulation
 settings, so the same cell has the same id in every preset, on every machine and under either
-backend.
+backend. The id resolves ``auto`` selection, so a change of what ``auto`` means would rename a
+preset's cells; ``auto-selection`` (written into every preset whose cells ran before such a
+change) pins the meaning they ran with into each cell that leaves selection to ``auto`` and
+values clients (:func:`sim.grid.pin_auto_selection`), keeping their ids and protocol hashes.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from fedowen_strategy.selection import NEEDS_PHI_SELECTIONS
 from server_app.config import parse_run_config
 from sim.grid import (
     BACKENDS,
@@ -55,7 +60,7 @@ from sim.grid import (
 )
 
 PRESET_KEYS = {"name", "description", "num-supernodes", "cpus-per-client", "cell-timeout",
-               "reductions", "backend"}
+               "reductions", "backend", "auto-selection"}
 GRID_KEYS = {"name", "kind", "set", "axes", "rows", "x", "paper", "description", "reference",
              "extra", "overrides"}
 OVERRIDE_KEYS = {"where", "set"}
@@ -204,6 +209,10 @@ def parse_preset(raw: dict[str, Any]) -> Preset:
     backend = meta.get("backend", "flwr")
     if backend not in BACKENDS:
         problems.append(f"[preset]: backend={backend!r} must be one of {BACKENDS}")
+    auto_selection = str(meta.get("auto-selection", ""))
+    if auto_selection and auto_selection not in NEEDS_PHI_SELECTIONS:
+        problems.append(f"[preset]: auto-selection={auto_selection!r} must be one of "
+                        f"{NEEDS_PHI_SELECTIONS} (what auto meant for clients valued by phi)")
     grids = []
     for i, graw in enumerate(raw.get("grid", [])):
         grid, errs = _parse_grid(graw, i, base, variants)
@@ -219,7 +228,7 @@ def parse_preset(raw: dict[str, Any]) -> Preset:
     return Preset(str(meta["name"]), str(meta.get("description", "")),
                   int(meta.get("num-supernodes", 100)), float(meta.get("cpus-per-client", 1.0)),
                   float(meta.get("cell-timeout", 3600)), base, tuple(grids),
-                  str(meta.get("reductions", "")), str(backend), variants)
+                  str(meta.get("reductions", "")), str(backend), variants, auto_selection)
 
 
 def load_preset(path: str | Path) -> Preset:

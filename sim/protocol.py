@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sim.grid import Grid, Preset, expand_grid
+from sim.grid import Grid, Preset, expand_grid, pin_auto_selection
 from sim.results import point_label
 
 #: Seeds of the baselines' tuning and of the confirmation itself; no earlier result used either
@@ -116,7 +116,8 @@ def check_cells(arms: list[dict[str, Any]], preset: Preset, results: Path) -> li
         if not recorded.exists():
             continue
         arm = str(cell.point[grid.rows])
-        got = config_hash(json.loads(recorded.read_text()))
+        got = config_hash(pin_auto_selection(json.loads(recorded.read_text()),
+                                             preset.auto_selection))
         if got != expected.get((arm, setting)):
             problems.append(f"{cell.cell_id} ({arm}, {setting}, seed "
                             f"{cell.run_config.get('seed')}): config hash {got}, protocol "

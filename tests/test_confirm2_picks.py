@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from sim.confirm2_picks import SELECTOR_KEY, Pick, gather, setting_picks, write
+from sim.grid import app_config
 
 
 def tuned(**scores: float) -> dict[str, Pick]:
@@ -87,7 +88,10 @@ def test_the_confirm_block_runs_each_settings_own_picks() -> None:
     assert at["fedavg-tuned", 0.1]["proximal-mu"] == 0.0  # the app's default, set explicitly
     assert (at["power-of-choice", 0.1]["poc-d"], at["power-of-choice", 0.01]["poc-d"]) == (20, 50)
     assert at["fltrust", 0.1]["fltrust-server-lr"] == at["fltrust", 0.01]["fltrust-server-lr"]
-    assert {k for k in at["fedowen", 0.1]} == {k for k in preset.base} | {"seed", "alpha"}
+    # FedOwen as shipped: only its selection written, as the app's default resolves today
+    assert {k for k in at["fedowen", 0.1]} == {k for k in preset.base} | {"seed", "alpha",
+                                                                          "selection"}
+    assert at["fedowen", 0.1]["selection"] == app_config({}).choices().selection
 
 
 def test_selection_devs_tuned_peers_become_the_selector_picks_where_it_covered() -> None:

@@ -65,6 +65,28 @@ def test_shared_cells_of_two_grids_run_once() -> None:
     assert len(parse_preset(raw).cells()) == 8
 
 
+def test_auto_selection_pins_what_auto_meant_into_the_cells_that_value_clients() -> None:
+    # Prepare: a preset declaring that auto meant Algorithm 2; owen and none cells, one owen
+    # cell with its selection written
+    raw = small_preset()
+    raw["preset"]["auto-selection"] = "adaptive"
+    raw["grid"][0]["axes"] = {"seed": [0], "valuation": ["owen", "none"],
+                              "selection": ["auto", "random"]}
+    # Execute
+    cells = parse_preset(raw).cells()
+    # Assert: pinned only where auto was left and phi is computed; the id is the explicit one's
+    by = {(c.point["valuation"], c.point["selection"]): c for c in cells}
+    assert by["owen", "auto"].run_config["selection"] == "adaptive"
+    assert by["none", "auto"].run_config["selection"] == "auto"  # auto: random, as always
+    assert by["owen", "random"].run_config["selection"] == "random"
+    explicit = dict(by["owen", "auto"].run_config)
+    assert by["owen", "auto"].cell_id == cell_id(explicit, 10)
+    assert parse_preset(raw).to_json()["preset"]["auto-selection"] == "adaptive"
+    raw["preset"]["auto-selection"] = "oort"
+    with pytest.raises(PresetError, match="auto-selection='oort' must be one of"):
+        parse_preset(raw)
+
+
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda r: r.update(extra=1), "unknown key 'extra'"),
     (lambda r: r["preset"].update(supernodes=3), "unknown key 'supernodes'"),
