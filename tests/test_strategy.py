@@ -219,7 +219,8 @@ def test_malformed_update_is_rejected_and_round_goes_on(tmp_path: Any) -> None:
 def test_adaptive_selection_prefers_good_clients_over_rounds() -> None:
     # Prepare: 2 of 6 per round, exploitation only, strong scores
     strategy = run_toy(
-        "owen", rounds=12, k=2, selection_params=SelectionParams(epsilon=0.0, c=0.05, tau=0.0)
+        "owen", rounds=12, k=2, selection="adaptive",
+        selection_params=SelectionParams(epsilon=0.0, c=0.05, tau=0.0)
     )
     # Assert: bad clients (negative phi, below tau) are chosen rarely once valued
     good = sum(strategy.bandit.counts.get(f"c{i}", 0) for i in range(4))
