@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from sim.compact import open_csv
+from sim.grid import app_config
 from sim.presets import PresetError, parse_preset
 from sim.report import write_report
 from sim.runner import Runner, read_state
@@ -65,10 +66,14 @@ def test_variants_expand_to_their_keys_and_validate() -> None:
 
 
 def test_auto_axes_share_a_cell_with_their_explicit_values() -> None:
+    # Prepare: the fedowen variant leaves selection and aggregation to auto; the second grid
+    # writes what auto means today
+    auto = app_config({"valuation": "owen"}).choices()
     raw = ablation_preset(kind="table", axes={"seed": [0], "variant": ["fedowen"]})
     raw["grid"].append({"name": "explicit", "rows": "valuation", "axes": {"seed": [0]},
-                        "set": {"valuation": "owen", "selection": "adaptive",
-                                "aggregation": "softmax"}})
+                        "set": {"valuation": "owen", "selection": auto.selection,
+                                "aggregation": auto.aggregation}})
+    # Execute / Assert: one cell
     assert len(parse_preset(raw).cells()) == 1
 
 
