@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from fedowen_strategy.contribution import resolve_auto
+from fedowen_strategy.selection import AUTO_CAP
 from server_app.config import parse_run_config
 from server_app.store.records import read_rounds
-from sim.grid import RUNNER_KEYS, Cell, Grid, Preset, expand_grid
+from sim.grid import RUNNER_KEYS, Cell, Grid, Preset, expand_grid, pin_auto_selection
 
 #: Recorded config keys that differ between runs of one cell by design.
 _PATH_FIELDS = ("output_dir", "data_dir", "resume_from")
@@ -73,15 +75,33 @@ class CellResult:
                 if r.get("round", 0) > 0 and r.get("valuation_seconds") is not None]
 
 
-def config_drift(cell: Cell, recorded: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+def _with_choices(fields: dict[str, Any], auto_selection: str = "") -> dict[str, Any]:
+    """``fields`` (a ``config.json``, or a RunConfig as a dict) with ``auto`` selection (as
+    ``auto_selection`` pins it: :func:`~sim.grid.pin_auto_selection`), aggregation, norm cap
+    and identity cap resolved as they run; unchanged when it lacks what they resolve from."""
+    fields = pin_auto_selection(fields, auto_selection)
+    try:
+        choices = resolve_auto(fields["valuation"], fields["selection"], fields["aggregation"],
+                               fields["norm_cap"], fields.get("selection_cap", AUTO_CAP))
+    except (KeyError, ValueError):
+        return fields
+    resolved = {"selection": choices.selection, "aggregation": choices.aggregation,
+                "norm_cap": choices.norm_cap, "selection_cap": choices.cap}
+    return {**fields, **{k: v for k, v in resolved.items() if k in fields}}
+
+
+def config_drift(cell: Cell, recorded: dict[str, Any], auto_selection: str = ""
+                 ) -> dict[str, tuple[Any, Any]]:
     """Settings a finished run recorded (its ``config.json``) that this checkout would resolve
-    differently for the same cell, as ``{field: (recorded, now)}``.
+    differently for the same cell, as ``{field: (recorded, now)}``; ``auto`` choices compared
+    as they resolve (a recorded ``auto`` selection as its preset's ``auto_selection`` says).
 
     A cell id hashes only the keys its preset names, so when an app default changes, a cell
     that relied on it keeps its id and its old results: this says so. Fields the run did not
     record (added to the app later) are not compared."""
-    now = asdict(parse_run_config({k: v for k, v in cell.run_config.items()
-                                   if k not in RUNNER_KEYS}))
+    recorded = _with_choices(recorded, auto_selection)
+    now = _with_choices(asdict(parse_run_config({k: v for k, v in cell.run_config.items()
+                                                 if k not in RUNNER_KEYS})))
     drift = {}
     for key, value in now.items():
         if key in _PATH_FIELDS or key not in recorded:
@@ -99,7 +119,7 @@ def sweep_drift(preset: Preset, results: Path) -> dict[str, dict[str, tuple[Any,
     for cell in preset.cells():
         path = results / cell.cell_id / "config.json"
         if path.exists():
-            drift = config_drift(cell, json.loads(path.read_text()))
+            drift = config_drift(cell, json.loads(path.read_text()), preset.auto_selection)
             if drift:
                 out[cell.cell_id] = drift
     return out

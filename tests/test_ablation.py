@@ -200,6 +200,29 @@ def test_a_changed_default_is_reported_not_hidden(tmp_path: Path) -> None:
     assert line in (tmp_path / "out" / "README.md").read_text()
 
 
+def test_auto_choices_are_compared_as_they_resolve_not_as_written() -> None:
+    # Prepare: a preset whose cells ran when auto meant Algorithm 2; an owen cell that
+    # recorded selection "auto" and the identity cap's old default 0
+    from dataclasses import asdict
+
+    from server_app.config import parse_run_config
+    from sim.results import config_drift
+
+    raw = ablation_preset()
+    raw["preset"]["auto-selection"] = "adaptive"
+    cell = next(c for c in parse_preset(raw).cells() if c.point["variant"] == "fedowen")
+    recorded = {**asdict(parse_run_config(cell.run_config)), "selection": "auto",
+                "selection_cap": 0.0}
+    # Execute / Assert: auto pinned as the preset says, cap -1 resolved to adaptive's 0
+    assert cell.run_config["selection"] == "adaptive"
+    assert config_drift(cell, recorded, "adaptive") == {}
+    # a run that did use another selector or cap is still named
+    assert config_drift(cell, {**recorded, "selection": "random"}, "adaptive") == {
+        "selection": ("random", "adaptive")}
+    assert config_drift(cell, {**recorded, "selection_cap": 3.0}, "adaptive") == {
+        "selection_cap": (3.0, 0.0)}
+
+
 def test_rounds_with_non_finite_weights_have_no_largest_weight() -> None:
     # FLTrust's weights are recorded as null once its server update diverged to NaN
     from sim.ablation_data import max_weights
