@@ -10,7 +10,9 @@ counts) and least (bottom quartile). Every arm is read on the same groups, so a 
 the neglected writers is a difference on the same images.
 
 An after-the-fact reading of development cells (exploratory); the final model is one round,
-the grid's endpoint the mean of rounds 96-100, so the two differ by a round's noise.
+the grid's endpoint the mean of rounds 96-100, so the two differ by a round's noise. It needs
+the cells' ``final_model.pt``, which the committed archives do not hold (they keep configs,
+code records and per-round rows): from a fresh clone, rerun the grid's cells first.
 
     python -m sim.writer_coverage conf/selection-dev.toml --results results/selection-dev \\
         --grid femnist --reference posterior-phi --out docs/results/selection-dev
@@ -130,7 +132,8 @@ def markdown(rows: Sequence[dict[str, Any]], grid: str, reference: str) -> str:
              "exploratory, read after the fact). `favoured` / `neglected`: writers of the "
              f"clients in the top / bottom quartile of {reference}'s selection counts in the "
              "same seed; every arm on the same images. Each cell: mean, then the paired "
-             f"difference against {RANDOM} with its 95% CI.", "",
+             f"difference against {RANDOM} with its 95% CI. Read from the cells' final "
+             "models, which are not committed (a rerun of the cells makes them again).", "",
              "| arm | seeds | " + " | ".join(GROUPS) + " |", "|---|---|" + "---|" * len(GROUPS)]
     for arm, per in by_arm.items():
         cells = []
