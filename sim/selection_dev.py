@@ -165,12 +165,21 @@ def arm_rows(found: Sequence[Setting]) -> list[dict[str, Any]]:
     return rows
 
 
+def mean_vals(found: Sequence[Setting]) -> dict[str, float]:
+    """Each contender's validation accuracy averaged over the settings where every contender
+    has finished seeds (all of them once the grid is complete; an interim reading must not rank
+    an arm down for a missing cell)."""
+    shared = [s for s in found if all(a in s.scores for a in CONTENDERS)]
+    return {a: (sum(s.mean(a) for s in shared) / len(shared) if shared else -math.inf)
+            for a in CONTENDERS}
+
+
 def verdict(found: Sequence[Setting], collapsed_runs: Mapping[str, list[str]]
             ) -> tuple[str | None, dict[str, list[str]]]:
     """The rule: each contender's failures (settings where it is below random selection or
     the best peer beyond the paired interval on validation accuracy; collapsed attacked runs)
     and the contender adopted (the eligible one of the highest validation accuracy averaged
-    over settings; else the fewest failures, then the higher mean)."""
+    over settings, :func:`mean_vals`; else the fewest failures, then the higher mean)."""
     failures: dict[str, list[str]] = {}
     for arm in CONTENDERS:
         fails = [f"{run} collapsed" for run in collapsed_runs.get(arm, [])]
@@ -180,16 +189,8 @@ def verdict(found: Sequence[Setting], collapsed_runs: Mapping[str, list[str]]
                 if d.n > 1 and d.hi < 0:
                     fails.append(f"{s.name}: {d.text(signed=True)} vs {ref}")
         failures[arm] = fails
-
-    # averaged over the settings where every contender has finished seeds (all of them once
-    # the grid is complete; an interim reading must not rank an arm down for a missing cell)
-    shared = [s for s in found if all(a in s.scores for a in CONTENDERS)]
-
-    def mean_val(arm: str) -> float:
-        means = [s.mean(arm) for s in shared]
-        return sum(means) / len(means) if means else -math.inf
-
-    ranked = sorted(CONTENDERS, key=lambda a: (len(failures[a]), -mean_val(a)))
+    means = mean_vals(found)
+    ranked = sorted(CONTENDERS, key=lambda a: (len(failures[a]), -means[a]))
     return (ranked[0] if found else None), failures
 
 
@@ -225,10 +226,14 @@ def markdown(found: Sequence[Setting], rows: Sequence[dict[str, Any]], adopted: 
             out.append(f"| {r['arm']} | {r['n']} | " + " | ".join(cells)
                        + f" | {r['distinct']:.2f} | {r['top']:.1f} |")
         out.append("")
-    out += ["## The rule", ""]
+    out += ["## The rule", "",
+            "Each contender's failures, then its validation accuracy averaged over the "
+            "settings (the tie-break: the fewest failures, then the higher mean).", ""]
+    means = mean_vals(found)
     for arm in CONTENDERS:
         fails = failures.get(arm, [])
-        out.append(f"- {arm}: " + ("eligible" if not fails else "fails: " + "; ".join(fails)))
+        out.append(f"- {arm} (mean val {means[arm]:.2f}): "
+                   + ("eligible" if not fails else "fails: " + "; ".join(fails)))
     word = "adopts" if done == total else "would adopt so far"
     out += ["", f"The rule {word}: **{adopted}**." if adopted else "No finished cells yet.", ""]
     return "\n".join(out)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sim.selection_dev import CONTENDERS, VAL, Setting, verdict
 
 
@@ -82,3 +84,32 @@ def test_top_share_is_the_most_selected_clients_count_over_a_uniform_draws() -> 
     # Execute, Assert: uniform would give each 6 / 4 = 1.5; client 0 has 3, twice that
     assert top_share(result, 4) == 2.0
     assert distinct_share(result, 4) == 1.0 and distinct_share(result, 8) == 0.5
+
+
+def test_when_none_is_eligible_the_fewest_failures_then_the_higher_mean_is_adopted() -> None:
+    # Prepare: in setting b every contender is below random selection and the best peer (two
+    # failures each; random itself is below the best peer in both settings); in a, Algorithm 2
+    # leads posterior-phi by 0.1, so their means differ by 0.05
+    from sim.selection_dev import mean_vals
+
+    base = {"poc-d20": 80.5, "poc-d50": 80.0, "oort-x0.3": 79.0, "oort-x0.1": 78.0,
+            "fedowen-random": 79.5}
+    one = setting("a", {**base, "fedowen": 90.1, "posterior-rank": 85.0,
+                        "posterior-phi": 90.0})
+    two = setting("b", {**base, "fedowen-random": 80.0, "fedowen": 79.0,
+                        "posterior-rank": 79.0, "posterior-phi": 79.0})
+    # Execute
+    adopted, failures = verdict([one, two], {})
+    means = mean_vals([one, two])
+    # Assert: equal failures, so the higher mean wins
+    assert {a: len(f) for a, f in failures.items()} == dict.fromkeys(CONTENDERS, 2)
+    assert means["fedowen"] - means["posterior-phi"] == pytest.approx(0.05)
+    assert adopted == "fedowen"
+    # one more failure for Algorithm 2 (a third setting where only it is below random) and
+    # the fewer failures win over the higher mean
+    three = setting("c", {**base, "fedowen": 79.0, "posterior-rank": 79.6,
+                          "posterior-phi": 79.6})
+    adopted, failures = verdict([one, two, three], {})
+    assert len(failures["fedowen"]) == 4 and len(failures["posterior-phi"]) == 3
+    assert mean_vals([one, two, three])["fedowen"] > mean_vals([one, two, three])["posterior-rank"]
+    assert adopted == "posterior-phi"
