@@ -47,30 +47,44 @@ ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", 
                         "adversary_poison_fraction": 0.5, "update_filter": "none",
                         "robust_lr_threshold": 0, "aggregate_noise": 0.0, "valuation_workers": 1,
                         "eval_every": 1}
+#: The same for the second confirmation's protocol commit: its presets leave keys to the
+#: defaults of that commit (direction-only valuation among them), so nothing is filled in
+#: until the app gains a key after it.
+ADDED_AFTER_SECOND_PROTOCOL: dict[str, Any] = {}
 
 
-def resolved_arm(config: dict[str, Any]) -> dict[str, Any]:
+def added_after(preset_name: str) -> dict[str, Any]:
+    """The keys added after the protocol commit of the study that ``preset_name`` belongs
+    to (a ``confirm2-`` preset: the second's; any other: the first's)."""
+    if preset_name.startswith(SECOND_PRESET_PREFIX):
+        return ADDED_AFTER_SECOND_PROTOCOL
+    return ADDED_AFTER_PROTOCOL
+
+
+def resolved_arm(config: dict[str, Any],
+                 added: dict[str, Any] = ADDED_AFTER_PROTOCOL) -> dict[str, Any]:
     """The full run config an arm runs with, as the ServerApp resolves it (every key, the
     defaults included; ``auto`` selection, aggregation, norm cap and identity cap resolved),
-    less the per-run keys. ``config`` is a run config (kebab-case) or a cell's config.json."""
+    less the per-run keys. ``config`` is a run config (kebab-case) or a cell's config.json;
+    ``added``: the keys the app gained after the study's protocol commit (:func:`added_after`),
+    filled in where ``config`` lacks them and left out at that value."""
     from server_app.config import parse_run_config
 
     given = {k.replace("-", "_"): v for k, v in config.items()}
     cfg = parse_run_config({k.replace("_", "-"): v
-                            for k, v in {**ADDED_AFTER_PROTOCOL, **given}.items()
+                            for k, v in {**added, **given}.items()
                             if k not in _PER_RUN})
     choices = cfg.choices()
     resolved = {k: v for k, v in {**asdict(cfg), "selection_cap": choices.cap}.items()
-                if k not in _PER_RUN
-                and not (k in ADDED_AFTER_PROTOCOL and ADDED_AFTER_PROTOCOL[k] == v)}
+                if k not in _PER_RUN and not (k in added and added[k] == v)}
     return {**resolved, "selection": choices.selection, "aggregation": choices.aggregation,
             "norm_cap": choices.norm_cap}
 
 
-def config_hash(config: dict[str, Any]) -> str:
+def config_hash(config: dict[str, Any], added: dict[str, Any] = ADDED_AFTER_PROTOCOL) -> str:
     """12 hex digits of the SHA-256 of :func:`resolved_arm`: one per arm and setting, the
     same in the protocol and in every cell that ran it."""
-    text = json.dumps(resolved_arm(config), sort_keys=True, separators=(",", ":"))
+    text = json.dumps(resolved_arm(config, added), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -84,16 +98,17 @@ def protocol_arms(preset: Preset) -> list[dict[str, Any]]:
     """Every arm x setting of the preset's ``confirm`` grid: its hash, seeds and full
     resolved run config (docs/confirmation/arms.json)."""
     grid = preset.grid(CONFIRM_GRID)
+    added = added_after(preset.name)
     arms: dict[tuple[str, str], dict[str, Any]] = {}
     for cell in expand_grid(preset, grid):
         setting = _setting(grid, cell)
         entry = arms.setdefault((str(cell.point[grid.rows]), setting), {
             "preset": preset.name, "arm": str(cell.point[grid.rows]), "setting": setting,
-            "hash": config_hash(cell.run_config), "seeds": [],
+            "hash": config_hash(cell.run_config, added), "seeds": [],
             "num_supernodes": preset.num_supernodes,
-            "run_config": resolved_arm(cell.run_config)})
+            "run_config": resolved_arm(cell.run_config, added)})
         entry["seeds"].append(cell.config.seed)
-        if config_hash(cell.run_config) != entry["hash"]:
+        if config_hash(cell.run_config, added) != entry["hash"]:
             raise ValueError(f"{preset.name}: arm {entry['arm']} at {setting} differs between "
                              "seeds in more than the seed")
     return list(arms.values())
@@ -117,7 +132,7 @@ def check_cells(arms: list[dict[str, Any]], preset: Preset, results: Path) -> li
             continue
         arm = str(cell.point[grid.rows])
         got = config_hash(pin_auto_selection(json.loads(recorded.read_text()),
-                                             preset.auto_selection))
+                                             preset.auto_selection), added_after(preset.name))
         if got != expected.get((arm, setting)):
             problems.append(f"{cell.cell_id} ({arm}, {setting}, seed "
                             f"{cell.run_config.get('seed')}): config hash {got}, protocol "

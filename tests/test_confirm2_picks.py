@@ -75,7 +75,9 @@ def test_the_confirm_block_runs_each_settings_own_picks() -> None:
                   "alpha=0.01": picks("fedprox-mu0.1-equal", "poc-d50")}
     # Execute
     block = confirm_block(preset, by_setting, list(SECOND_CONFIRMATION_SEEDS), dev)
-    text = (root / "conf" / "confirm2" / "mnist.toml").read_text() + "\n" + block
+    tuning = (root / "conf" / "confirm2" / "mnist.toml").read_text()
+    tuning = tuning.split("# The second confirmation's arms and grid")[0]  # the frozen block
+    text = tuning + "\n" + block
     confirm = [c for c in parse_preset(tomllib.loads(text)).cells() if c.grid == "confirm"]
     # Assert: 7 arms x 2 settings x 8 seeds; each setting runs its own pick, whole
     assert len(confirm) == 112

@@ -457,16 +457,18 @@ def test_the_committed_confirmation_report_regenerates_byte_identical(tmp_path: 
         docs / "confirmation" / "hypotheses.csv").read_bytes()
 
 
+@pytest.mark.parametrize("study", ["confirm", "confirm2"])
 def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
-        shared_data_dir: Path, tmp_path: Path) -> None:
-    # Prepare: a two-arm confirm grid; one of its cells runs for real (in process, 1 round)
+        study: str, shared_data_dir: Path, tmp_path: Path) -> None:
+    # Prepare: a two-arm confirm grid of the first or the second study; one of its cells runs
+    # for real (in process, 1 round)
     from client_app.app import app as client_app
     from server_app.app import run
     from server_app.config import parse_run_config
     from sim.inline_grid import InProcessGrid
     from sim.protocol import ADDED_AFTER_PROTOCOL, check_cells, config_hash, protocol_arms
 
-    raw = {"preset": {"name": "confirm-unit", "num-supernodes": 6, "backend": "inline"},
+    raw = {"preset": {"name": f"{study}-unit", "num-supernodes": 6, "backend": "inline"},
            "base": {"dataset": "mnist", "num-server-rounds": 1, "clients-per-round": 4,
                     "client-max-samples": 100, "test-max-samples": 200, "alpha": 10.0,
                     "imbalance-factor": 1.0},
@@ -480,9 +482,11 @@ def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
     arms = protocol_arms(preset)
     cell = next(c for c in preset.cells() if c.point["variant"] == "fedowen")
     out = tmp_path / "res" / cell.cell_id
-    # the keys added since the protocol at the values its code ran (today's defaults differ)
+    # the first study's code ran the keys added since its protocol at their old values (today's
+    # defaults differ); the second study's runs today's defaults
+    legacy = {k.replace("_", "-"): v for k, v in ADDED_AFTER_PROTOCOL.items()}
     cfg = {**cell.run_config, "output-dir": str(out), "data-dir": str(shared_data_dir),
-           **{k.replace("_", "-"): v for k, v in ADDED_AFTER_PROTOCOL.items()}}
+           **(legacy if study == "confirm" else {})}
     nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
     # Execute
     run(InProcessGrid(client_app, nodes, cfg), parse_run_config(cfg), out)
@@ -494,13 +498,20 @@ def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
     assert fedowen["run_config"]["valuation"] == "owen-antithetic"
     assert "seed" not in fedowen["run_config"] and len(fedowen["run_config"]) > 50
     recorded = json.loads((out / "config.json").read_text())
-    assert config_hash(recorded) == fedowen["hash"] != arms[1]["hash"]
     assert check_cells(arms, preset, tmp_path / "res") == []
-    # a config written before those keys existed names the same arm
-    before = {k: v for k, v in recorded.items() if k not in ADDED_AFTER_PROTOCOL}
-    assert config_hash(before) == fedowen["hash"]
-    # a cell that ran with another learning rate, or with today's default value cap, is caught
-    for changed in ({"lr": 0.5}, {"value_cap_multiple": 1.0, "value_cap_mode": "exactly"}):
+    if study == "confirm":
+        assert config_hash(recorded) == fedowen["hash"] != arms[1]["hash"]
+        # a config written before those keys existed names the same arm
+        before = {k: v for k, v in recorded.items() if k not in ADDED_AFTER_PROTOCOL}
+        assert config_hash(before) == fedowen["hash"]
+        changes = ({"lr": 0.5}, {"value_cap_multiple": 1.0, "value_cap_mode": "exactly"})
+    else:
+        # what ships is what the protocol names: direction-only valuation, every key written
+        assert fedowen["run_config"]["value_cap_multiple"] == 1.0
+        assert fedowen["run_config"]["value_cap_mode"] == "exactly"
+        changes = ({"lr": 0.5}, {"value_cap_multiple": 0.0, "value_cap_mode": "at-most"})
+    # Assert: a cell that ran with another learning rate, or another value cap, is caught
+    for changed in changes:
         (out / "config.json").write_text(json.dumps({**recorded, **changed}))
         assert any("config hash" in p for p in check_cells(arms, preset, tmp_path / "res"))
 
