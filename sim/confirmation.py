@@ -35,6 +35,7 @@ from sim.hypotheses import (
     verdict,
 )
 from sim.protocol import CONFIRM_GRID, PRESET_PREFIX, check_cells, protocol_arms
+from sim.results import point_label
 from sim.tuning import _write_csv
 
 #: Departures from the protocol, by hand, beside it (docs/confirmation/deviations.md).
@@ -160,22 +161,27 @@ def _p(p: float) -> str:
 
 def tuning_summary(results_root: Path, prefix: str = PRESET_PREFIX) -> list[str]:
     """The tuning tables of every dataset in one: candidate, its mean validation score over
-    the tuning seeds and the pick, from the committed ``tune-*-validation.csv``."""
+    the tuning seeds and the pick, from the committed ``tune-*-validation.csv``; per setting
+    where the CSV has one (columns before ``variant``: ``cifar10, alpha=0.1``)."""
     md = ["## Tuning (validation split, tuning seeds; test accuracy never read)", "",
           "| dataset | grid | candidate | validation (%) per seed | mean | picked |",
           "|---|---|---|---|---|---|"]
     for path in sorted(results_root.glob(f"{prefix}*/tune-*-validation.csv")):
-        by_candidate: dict[str, list[tuple[str, float, bool]]] = {}
+        by_candidate: dict[tuple[str, str], list[tuple[str, float, bool]]] = {}
         with path.open() as fh:
-            for row in csv.DictReader(fh):
-                by_candidate.setdefault(row["variant"], []).append(
+            reader = csv.DictReader(fh)
+            keys = (reader.fieldnames or [])[:(reader.fieldnames or []).index("variant")]
+            for row in reader:
+                setting = point_label({k: row[k] for k in keys})
+                by_candidate.setdefault((setting, row["variant"]), []).append(
                     (row["seed"], float(row["val_last5"]), row["picked"] == "True"))
         dataset = path.parent.name.removeprefix(prefix)
         grid = path.name.removesuffix("-validation.csv")
-        for name, seeds in by_candidate.items():
+        for (setting, name), seeds in by_candidate.items():
+            where = f"{dataset}, {setting}" if keys else dataset
             per_seed = ", ".join(f"{s}: {v:.2f}" for s, v, _ in seeds)
             mean = sum(v for _, v, _ in seeds) / len(seeds)
-            md.append(f"| {dataset} | {grid} | {name} | {per_seed} | {mean:.2f} | "
+            md.append(f"| {where} | {grid} | {name} | {per_seed} | {mean:.2f} | "
                       f"{'yes' if seeds[0][2] else ''} |")
     return [*md, ""]
 

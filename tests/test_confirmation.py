@@ -561,3 +561,25 @@ def test_check_from_committed_files_counts_what_it_checked(
     assert "0 not found in the committed archives and rows" in said
     assert empty == 0 and "0 confirmation cells checked" in said_empty
     assert "56 not found in the results folder" in said_empty
+
+
+def test_the_tuning_table_picks_per_setting(tmp_path: Path) -> None:
+    # Prepare: a second-study tuning CSV with two settings whose picks differ
+    from sim.confirmation import tuning_summary
+
+    folder = tmp_path / "confirm2-mnist"
+    folder.mkdir()
+    (folder / "tune-fltrust-validation.csv").write_text(
+        "alpha,variant,seed,val_last5,picked\n"
+        "0.1,fltrust-slr0.1,50,90.0,True\n0.1,fltrust-slr0.1,51,92.0,True\n"
+        "0.1,fltrust-slr1,50,80.0,False\n0.1,fltrust-slr1,51,82.0,False\n"
+        "0.01,fltrust-slr0.1,50,10.0,False\n0.01,fltrust-slr0.1,51,12.0,False\n"
+        "0.01,fltrust-slr1,50,70.0,True\n0.01,fltrust-slr1,51,72.0,True\n")
+    # Execute
+    rows = [line for line in tuning_summary(tmp_path, "confirm2-") if line.startswith("| mnist")]
+    # Assert: one row per setting x candidate, each setting's own mean and pick
+    assert rows == [
+        "| mnist, alpha=0.1 | tune-fltrust | fltrust-slr0.1 | 50: 90.00, 51: 92.00 | 91.00 | yes |",
+        "| mnist, alpha=0.1 | tune-fltrust | fltrust-slr1 | 50: 80.00, 51: 82.00 | 81.00 |  |",
+        "| mnist, alpha=0.01 | tune-fltrust | fltrust-slr0.1 | 50: 10.00, 51: 12.00 | 11.00 |  |",
+        "| mnist, alpha=0.01 | tune-fltrust | fltrust-slr1 | 50: 70.00, 51: 72.00 | 71.00 | yes |"]
