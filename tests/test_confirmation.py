@@ -126,92 +126,6 @@ def test_a_tuning_grid_without_a_validation_set_is_refused() -> None:
         parse_preset(tuning_preset(**{"validation-fraction": 0.0}))
 
 
-def _seeds_in(value: Any) -> set[int]:
-    """Every ``seed`` value anywhere in a parsed TOML document."""
-    if isinstance(value, dict):
-        found = set()
-        for key, item in value.items():
-            if key == "seed":
-                found |= set(item) if isinstance(item, list) else {item}
-            else:
-                found |= _seeds_in(item)
-        return found
-    if isinstance(value, list):
-        return set().union(*(_seeds_in(v) for v in value)) if value else set()
-    return set()
-
-
-def test_no_earlier_result_or_preset_used_the_tuning_or_confirmation_seeds() -> None:
-    # The confirmation's seeds must be fresh: every committed cell archive (each cell's
-    # config.json) and every preset outside the confirmation's own says which seeds it ran
-    import tomllib
-
-    from sim.archives import MANIFEST, archived_files
-    from sim.protocol import (
-        CONFIRMATION_SEEDS,
-        PRESET_PREFIX,
-        SECOND_PRESET_PREFIX,
-        TUNING_SEEDS,
-    )
-
-    root = Path(__file__).resolve().parents[1]
-    used: set[int] = set()
-    archives = []
-    for manifest in sorted((root / "docs" / "results").glob(f"*/{MANIFEST}")):
-        if manifest.parent.name.startswith((PRESET_PREFIX, SECOND_PRESET_PREFIX)):
-            continue
-        meta = json.loads(manifest.read_text())
-        if "parts" in meta:  # committed in parts (sim.archives)
-            archives.append(manifest)
-            used |= {int(json.loads(data)["seed"])
-                     for _, data in archived_files(manifest, "config.json")}
-        else:  # archives that left git before issue 44: their manifest lists every grid point
-            used |= {int(c["point"]["seed"]) for c in meta["cells"] if "seed" in c["point"]}
-    presets = list((root / "conf").glob("*.toml"))
-    for preset in presets:
-        used |= _seeds_in(tomllib.loads(preset.read_text()))
-    assert len(archives) >= 5 and len(presets) >= 10 and {0, 1, 2} <= used  # it looked
-    assert not used & set(CONFIRMATION_SEEDS), sorted(used & set(CONFIRMATION_SEEDS))
-    assert not used & set(TUNING_SEEDS), sorted(used & set(TUNING_SEEDS))
-    # and the confirmations' presets tune on the tuning seeds only
-    for preset in [*(root / "conf" / "confirm").glob("*.toml"),
-                   *(root / "conf" / "confirm2").glob("*.toml")]:
-        doc = tomllib.loads(preset.read_text())
-        for grid in doc["grid"]:
-            if grid.get("kind") == "tuning":
-                assert set(grid["axes"]["seed"]) == set(TUNING_SEEDS), preset.name
-
-
-def test_no_result_or_preset_but_the_second_confirmation_uses_its_seeds() -> None:
-    # Seeds 200-207 are the second confirmation's (issue 46): no committed cell archive
-    # (each cell's config.json), no preset and no grid of its own presets but its confirmation
-    # grids may use them
-    import tomllib
-
-    from sim.archives import MANIFEST, archived_files
-    from sim.protocol import SECOND_CONFIRMATION_SEEDS, SECOND_PRESET_PREFIX
-
-    root = Path(__file__).resolve().parents[1]
-    used: set[int] = set()
-    for manifest in sorted((root / "docs" / "results").glob(f"*/{MANIFEST}")):
-        if manifest.parent.name.startswith(SECOND_PRESET_PREFIX):
-            continue  # its own reports: what its presets' grids (below) ran
-        meta = json.loads(manifest.read_text())
-        if "parts" in meta:
-            used |= {int(json.loads(data)["seed"])
-                     for _, data in archived_files(manifest, "config.json")}
-        else:
-            used |= {int(c["point"]["seed"]) for c in meta["cells"] if "seed" in c["point"]}
-    presets = [*root.glob("conf/*.toml"), *root.glob("conf/confirm/*.toml")]
-    for preset in presets:
-        used |= _seeds_in(tomllib.loads(preset.read_text()))
-    for preset in root.glob("conf/confirm2/*.toml"):
-        doc = tomllib.loads(preset.read_text())
-        used |= _seeds_in([g for g in doc["grid"] if g.get("kind") != "ablation"])
-    assert {0, 50, 100} <= used  # it looked
-    assert not used & set(SECOND_CONFIRMATION_SEEDS), sorted(used & set(SECOND_CONFIRMATION_SEEDS))
-
-
 def test_the_second_confirmations_tuning_is_what_its_protocol_says() -> None:
     # docs/confirmation2/PROTOCOL.md section 4: per setting FedAvgM, FedProx and FLTrust, three
     # candidates each on seeds 50-51 and the validation split; the selectors tuned per family
@@ -438,82 +352,27 @@ def test_an_unfinished_confirmation_is_labelled_interim(tmp_path: Path) -> None:
     assert "## Deviations\n\n- Seed 103 of X: node lost.\n" in (tmp_path / "c.md").read_text()
 
 
-def test_the_committed_confirmation_report_regenerates_byte_identical(tmp_path: Path) -> None:
-    # docs/confirmation.md and its hypotheses CSV from the committed CSVs alone: the
-    # confirm-<dataset> reports are copied into a scratch docs/ and the page written there
+@pytest.mark.parametrize("study", ["first", "second"])
+def test_the_committed_confirmation_report_regenerates_byte_identical(
+        study: str, tmp_path: Path) -> None:
+    # docs/confirmation.md (confirmation2.md) and its hypotheses CSV from the committed CSVs
+    # alone: the study's reports are copied into a scratch docs/ and the page written there
     import shutil
 
     from sim.confirmation import write_confirmation
-    from sim.protocol import PRESET_PREFIX
+    from sim.hypotheses import STUDIES
 
+    known = STUDIES[study]
     docs = Path(__file__).resolve().parents[1] / "docs"
-    for report in (docs / "results").glob(f"{PRESET_PREFIX}*"):
+    for report in (docs / "results").glob(f"{known.prefix}*"):
         shutil.copytree(report, tmp_path / "results" / report.name,
                         ignore=shutil.ignore_patterns("*.tar.gz", "*.json"))
-    shutil.copytree(docs / "confirmation", tmp_path / "confirmation")
-    write_confirmation(tmp_path / "results", tmp_path / "confirmation.md", tmp_path / "h.csv")
-    assert (tmp_path / "confirmation.md").read_bytes() == (docs / "confirmation.md").read_bytes()
+    shutil.copytree(docs / known.folder, tmp_path / known.folder)
+    page = f"{known.folder}.md"
+    write_confirmation(tmp_path / "results", tmp_path / page, tmp_path / "h.csv", known)
+    assert (tmp_path / page).read_bytes() == (docs / page).read_bytes()
     assert (tmp_path / "h.csv").read_bytes() == (
-        docs / "confirmation" / "hypotheses.csv").read_bytes()
-
-
-@pytest.mark.parametrize("study", ["confirm", "confirm2"])
-def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
-        study: str, shared_data_dir: Path, tmp_path: Path) -> None:
-    # Prepare: a two-arm confirm grid of the first or the second study; one of its cells runs
-    # for real (in process, 1 round)
-    from client_app.app import app as client_app
-    from server_app.app import run
-    from server_app.config import parse_run_config
-    from sim.inline_grid import InProcessGrid
-    from sim.protocol import ADDED_AFTER_PROTOCOL, check_cells, config_hash, protocol_arms
-
-    raw = {"preset": {"name": f"{study}-unit", "num-supernodes": 6, "backend": "inline"},
-           "base": {"dataset": "mnist", "num-server-rounds": 1, "clients-per-round": 4,
-                    "client-max-samples": 100, "test-max-samples": 200, "alpha": 10.0,
-                    "imbalance-factor": 1.0},
-           "variants": {"fedowen": {"strategy": "fedowen"},
-                        "fedavg-equal": {"valuation": "none", "selection": "random",
-                                         "aggregation": "uniform"}},
-           "grid": [{"name": "confirm", "kind": "ablation", "reference": "fedowen",
-                     "rows": "variant", "axes": {"seed": [100, 101],
-                                                 "variant": ["fedowen", "fedavg-equal"]}}]}
-    preset = parse_preset(raw)
-    arms = protocol_arms(preset)
-    cell = next(c for c in preset.cells() if c.point["variant"] == "fedowen")
-    out = tmp_path / "res" / cell.cell_id
-    # the first study's code ran the keys added since its protocol at their old values (today's
-    # defaults differ); the second study's runs today's defaults
-    legacy = {k.replace("_", "-"): v for k, v in ADDED_AFTER_PROTOCOL.items()}
-    cfg = {**cell.run_config, "output-dir": str(out), "data-dir": str(shared_data_dir),
-           **(legacy if study == "confirm" else {})}
-    nodes = [{"partition-id": i, "num-partitions": 6} for i in range(6)]
-    # Execute
-    run(InProcessGrid(client_app, nodes, cfg), parse_run_config(cfg), out)
-    # Assert: one entry per arm (seeds together), full configs, defaults resolved
-    assert [(a["arm"], a["seeds"]) for a in arms] == [("fedowen", [100, 101]),
-                                                      ("fedavg-equal", [100, 101])]
-    fedowen = arms[0]
-    assert fedowen["run_config"]["norm_cap"] == "median"  # "auto" as it resolves today
-    assert fedowen["run_config"]["valuation"] == "owen-antithetic"
-    assert "seed" not in fedowen["run_config"] and len(fedowen["run_config"]) > 50
-    recorded = json.loads((out / "config.json").read_text())
-    assert check_cells(arms, preset, tmp_path / "res") == []
-    if study == "confirm":
-        assert config_hash(recorded) == fedowen["hash"] != arms[1]["hash"]
-        # a config written before those keys existed names the same arm
-        before = {k: v for k, v in recorded.items() if k not in ADDED_AFTER_PROTOCOL}
-        assert config_hash(before) == fedowen["hash"]
-        changes = ({"lr": 0.5}, {"value_cap_multiple": 1.0, "value_cap_mode": "exactly"})
-    else:
-        # what ships is what the protocol names: direction-only valuation, every key written
-        assert fedowen["run_config"]["value_cap_multiple"] == 1.0
-        assert fedowen["run_config"]["value_cap_mode"] == "exactly"
-        changes = ({"lr": 0.5}, {"value_cap_multiple": 0.0, "value_cap_mode": "at-most"})
-    # Assert: a cell that ran with another learning rate, or another value cap, is caught
-    for changed in changes:
-        (out / "config.json").write_text(json.dumps({**recorded, **changed}))
-        assert any("config hash" in p for p in check_cells(arms, preset, tmp_path / "res"))
+        docs / known.folder / "hypotheses.csv").read_bytes()
 
 
 def test_every_arms_endpoint_is_listed_and_a_collapsed_arm_is_marked() -> None:
@@ -527,40 +386,6 @@ def test_every_arms_endpoint_is_listed_and_a_collapsed_arm_is_marked() -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     # dataset, setting, then fedowen, fedavg-equal, fedavgm, fedprox, ...: mean (lowest seed)
     assert cells[2:6] == ["90.5 (90.0)", "90.5 (90.0)", "**18.8 (9.9)**", "-"]
-
-
-def test_the_committed_protocol_hashes_are_what_the_presets_resolve_to_today() -> None:
-    # A key the app gains after the protocol commit must not move the hash that names an arm
-    # (sim.protocol.ADDED_AFTER_PROTOCOL); any other change to what an arm runs must.
-    from sim.presets import load_preset
-    from sim.protocol import protocol_arms
-
-    root = Path(__file__).resolve().parents[1]
-    committed = {(a["preset"], a["arm"], a["setting"]): a["hash"] for a in json.loads(
-        (root / "docs" / "confirmation" / "arms.json").read_text())}
-    today = {(a["preset"], a["arm"], a["setting"]): a["hash"]
-             for path in sorted((root / "conf" / "confirm").glob("*.toml"))
-             for a in protocol_arms(load_preset(path))}
-    assert today == committed and len(today) == 56
-
-
-def test_check_from_committed_files_counts_what_it_checked(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # A fresh clone's check restores the committed archive and rows itself; an empty results
-    # folder is not a pass in silence: the count says nothing was found
-    from sim.confirmation import main
-
-    preset = "conf/confirm/breastmnist.toml"
-    # Execute
-    committed = main(["check", preset, "--committed"])
-    said = capsys.readouterr().out
-    empty = main(["check", preset, "--results", str(tmp_path)])
-    said_empty = capsys.readouterr().out
-    # Assert: all 56 BreastMNIST cells carry their config record in the committed archive
-    assert committed == 0 and "56 confirmation cells checked" in said
-    assert "0 not found in the committed archives and rows" in said
-    assert empty == 0 and "0 confirmation cells checked" in said_empty
-    assert "56 not found in the results folder" in said_empty
 
 
 def test_the_tuning_table_picks_per_setting(tmp_path: Path) -> None:
