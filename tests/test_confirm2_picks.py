@@ -119,3 +119,47 @@ def test_selection_devs_tuned_peers_become_the_selector_picks_where_it_covered()
     got = picks[("mnist", "alpha=0.1")]
     assert (got["power-of-choice"].candidate, got["oort"].candidate) == ("poc-d50", "oort-x0.1")
     assert got["power-of-choice"].score == 82.0
+
+
+def test_the_confirm_arms_run_the_committed_tuning_picks() -> None:
+    # Every tuned arm of every conf/confirm2 confirm grid is, at each setting, the candidate its
+    # committed tuning CSV picked there on validation, value for value; fedavg-tuned is the
+    # better of the FedAvgM and FedProx picks (a tie: FedAvgM)
+    import csv
+
+    from sim.presets import load_preset
+    from sim.results import point_label
+
+    root = Path(__file__).resolve().parents[1]
+    arm_of = {"tune-fltrust": "fltrust", "tune-poc": "power-of-choice", "tune-oort": "oort"}
+    checked = 0
+    for path in sorted((root / "conf" / "confirm2").glob("*.toml")):
+        preset = load_preset(path)
+        keys = preset.grid("confirm").column_keys
+        arms = {(c.point["variant"], point_label({k: c.point[k] for k in keys})): c.run_config
+                for c in preset.cells() if c.grid == "confirm"}
+        picks: dict[tuple[str, str], tuple[str, float]] = {}
+        for grid in (g.name for g in preset.grids if g.kind == "tuning"):
+            csv_path = root / "docs" / "results" / preset.name / f"{grid}-validation.csv"
+            with csv_path.open() as fh:
+                rows = list(csv.DictReader(fh))
+            for setting in {point_label({k: r[k] for k in keys}) for r in rows}:
+                chosen = [r for r in rows if r["picked"] == "True"
+                          and point_label({k: r[k] for k in keys}) == setting]
+                assert len({r["variant"] for r in chosen}) == 1, (preset.name, grid, setting)
+                picks[grid, setting] = (chosen[0]["variant"],
+                                        sum(float(r["val_last5"]) for r in chosen) / len(chosen))
+        for (grid, setting), (variant, score) in picks.items():
+            arm = arm_of.get(grid)
+            if arm is None:  # FedAvgM or FedProx: only the better family's pick is an arm
+                other = picks[("tune-fedprox" if grid == "tune-fedavgm" else "tune-fedavgm",
+                               setting)][1]
+                if score < other or (score == other and grid == "tune-fedprox"):
+                    continue
+                arm = "fedavg-tuned"
+            assert preset.variants[variant].items() <= arms[arm, setting].items(), (
+                preset.name, setting, arm, variant)
+            checked += 1
+    # 8 settings x (fedavg-tuned, fltrust), and both selectors where the preset tunes them
+    # (BreastMNIST, CIFAR-10 alpha 0.01)
+    assert checked == 8 * 2 + 2 * 2
