@@ -170,7 +170,8 @@ def tuning_summary(results_root: Path, prefix: str = PRESET_PREFIX) -> list[str]
         by_candidate: dict[tuple[str, str], list[tuple[str, float, bool]]] = {}
         with path.open() as fh:
             reader = csv.DictReader(fh)
-            keys = (reader.fieldnames or [])[:(reader.fieldnames or []).index("variant")]
+            fields = list(reader.fieldnames or [])
+            keys = fields[:fields.index("variant")]
             for row in reader:
                 setting = point_label({k: row[k] for k in keys})
                 by_candidate.setdefault((setting, row["variant"]), []).append(
