@@ -11,6 +11,21 @@ from __future__ import annotations
 import numpy as np
 
 
+def check_labels(labels: np.ndarray) -> np.ndarray:
+    """``labels`` as a 1-D integer array; a clear error for anything else."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"labels must be a 1-D integer array, got {labels.dtype} {labels.shape}")
+    return labels
+
+
+def group_by_owner(indices: np.ndarray, owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """``indices`` cut into one sorted array per client, by ``owner`` (client id per index)."""
+    order = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[order], np.arange(1, num_clients))
+    return [np.sort(indices[part]) for part in np.split(order, bounds)]
+
+
 def split_per_class(
     labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
 ) -> np.ndarray:

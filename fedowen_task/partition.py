@@ -33,11 +33,12 @@ The setup follows the FedOwen paper (Sec. 4.1 and Appendix "Long-Tailed Class Di
        client's classes run dry its remaining quota is redrawn over the classes left, so late
        clients can be more mixed than ``alpha`` suggests.
    ``writer`` (FEMNIST only, :func:`federated_split`)
-       The natural split: clients are groups of whole writers (:func:`writer_partition`).
+       The natural split: clients are groups of whole writers
+       (:func:`fedowen_task.writers.writer_partition`).
    ``writer-sample`` (FEMNIST only)
        Writers as clients: ``num_clients`` writers drawn with a fixed seed (the same writers in
        every run, whatever its ``seed``: one federation, many runs), each writer one client;
-       the other writers' samples are used by nobody (:func:`writer_sample`).
+       the other writers' samples are used by nobody (:func:`fedowen_task.writers.writer_sample`).
 
 ``imbalance_factor = 0`` skips the long-tailed transform: the data's own class counts (the
 natural split of FEMNIST, BreastMNIST's own imbalance). A **validation set** for tuning
@@ -59,14 +60,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedowen_task.data import DatasetArrays
-from fedowen_task.dirichlet import split_per_class, split_per_client, top_up
+from fedowen_task.dirichlet import (
+    check_labels,
+    group_by_owner,
+    split_per_class,
+    split_per_client,
+    top_up,
+)
+from fedowen_task.writers import writer_partition, writer_sample
 
 log = logging.getLogger(__name__)
 
 SCHEMES: tuple[str, ...] = ("per-class", "per-client", "writer", "writer-sample")
 WRITER_SCHEMES = ("writer", "writer-sample")
-#: The seed of ``writer-sample``'s draw: fixed, so every run federates the same writers.
-WRITER_DRAW_SEED = 0xFE
 SeedLike = int | np.random.SeedSequence
 
 
@@ -103,13 +109,6 @@ def _rng(seed: np.random.Generator | SeedLike) -> np.random.Generator:
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
-def _check_labels(labels: np.ndarray) -> np.ndarray:
-    labels = np.asarray(labels)
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"labels must be a 1-D integer array, got {labels.dtype} {labels.shape}")
-    return labels
-
-
 def server_eval_split(
     labels: np.ndarray, fraction: float = 0.01, seed: SeedLike = 0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -119,7 +118,7 @@ def server_eval_split(
     never all of them. Returns ``(eval_idx, train_idx)``, sorted, disjoint, covering
     ``labels``.
     """
-    labels = _check_labels(labels)
+    labels = check_labels(labels)
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"fraction must be in [0, 1), got {fraction}")
     rng = _rng(seed)
@@ -183,7 +182,7 @@ def long_tail_indices(
     samples kept within a class are drawn uniformly without replacement.
     ``imbalance_factor = 0`` keeps every sample (the data's own class counts).
     """
-    labels = _check_labels(labels)
+    labels = check_labels(labels)
     if imbalance_factor == 0:
         return np.arange(len(labels), dtype=np.int64)
     rng = _rng(rng_or_seed)
@@ -230,7 +229,7 @@ def partition_indices(
         One sorted ``int64`` index array into ``labels`` per client, pairwise disjoint; samples
         dropped by the long-tailed transform appear in none.
     """
-    labels = _check_labels(labels)
+    labels = check_labels(labels)
     if scheme not in ("per-class", "per-client"):
         raise ValueError(f"scheme must be 'per-class' or 'per-client', got {scheme!r}")
     if num_clients < 1 or min_size < 0 or not alpha > 0 or not np.isfinite(alpha):
@@ -252,43 +251,7 @@ def partition_indices(
         top_up(owner, labels[kept], num_clients, min_size, rng)
     else:
         owner = split_per_client(labels[kept], num_clients, alpha, rng)
-    return _group(kept, owner, num_clients)
-
-
-def _group(indices: np.ndarray, owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
-    order = np.argsort(owner, kind="stable")
-    bounds = np.searchsorted(owner[order], np.arange(1, num_clients))
-    return [np.sort(indices[part]) for part in np.split(order, bounds)]
-
-
-def writer_partition(writers: np.ndarray, num_clients: int, seed: SeedLike) -> list[np.ndarray]:
-    """FEMNIST's natural split: each client is a seeded group of whole writers.
-
-    With as many clients as writers each writer is one client; with fewer, the shuffled
-    writers are cut into ``num_clients`` groups of (nearly) equal writer count, so the natural
-    differences in data size between writers remain.
-    """
-    writers = _check_labels(writers)
-    ids = np.unique(writers)
-    if not 1 <= num_clients <= len(ids):
-        raise ValueError(f"num_clients must be in [1, {len(ids)}] (the writers), got {num_clients}")
-    groups = np.array_split(np.random.default_rng(seed).permutation(ids), num_clients)
-    owner = np.empty(len(writers), dtype=np.int64)
-    for client, group in enumerate(groups):
-        owner[np.isin(writers, group)] = client
-    return _group(np.arange(len(writers), dtype=np.int64), owner, num_clients)
-
-
-def writer_sample(writers: np.ndarray, num_clients: int,
-                  seed: SeedLike = WRITER_DRAW_SEED) -> list[np.ndarray]:
-    """Writers as clients: ``num_clients`` writers drawn from ``seed``, one client each (in
-    the order drawn); the other writers' samples are in no client."""
-    writers = _check_labels(writers)
-    ids = np.unique(writers)
-    if not 1 <= num_clients <= len(ids):
-        raise ValueError(f"num_clients must be in [1, {len(ids)}] (the writers), got {num_clients}")
-    drawn = np.random.default_rng(seed).choice(ids, size=num_clients, replace=False)
-    return [np.flatnonzero(writers == w).astype(np.int64) for w in drawn]
+    return group_by_owner(kept, owner, num_clients)
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,4 +1,4 @@
-"""Tests for fedowen_task.partition."""
+"""Tests for fedowen_task.partition (and its writer schemes, fedowen_task.writers)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from fedowen_task.partition import (
     long_tail_indices,
     partition_indices,
     server_eval_split,
-    writer_partition,
-    writer_sample,
 )
+from fedowen_task.writers import writer_partition, writer_sample
 
 # MNIST's training class counts: realistic, slightly unequal pools without loading data.
 MNIST_COUNTS = (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949)
