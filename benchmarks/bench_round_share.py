@@ -59,7 +59,8 @@ import server_app.factory as server_factory
 from benchmarks._common import load_average, machine_info, markdown_table, rotated, write_outputs
 from benchmarks.bench_ranking_battery import spearman
 from client_app.app import app as client_app
-from fedowen_strategy.contribution import RoundValuation, ValuationSettings, value_round
+from fedowen_strategy.contribution import ValuationSettings, value_round
+from fedowen_strategy.round_valuers import RoundValuation
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.data import resolve_data_dir
 from server_app.config import RunConfig, parse_run_config

@@ -20,16 +20,11 @@ from numpy.typing import NDArray
 
 from fedowen_strategy import round_record
 from fedowen_strategy.aggregation import weighted_average
-from fedowen_strategy.contribution import (
-    NO_PHI,
-    RoundValuation,
-    UtilityFactory,
-    ValuationSettings,
-    value_round,
-)
+from fedowen_strategy.contribution import UtilityFactory, ValuationSettings, value_round
 from fedowen_strategy.guards import Guards, guard_round
 from fedowen_strategy.replies import ParsedReplies
 from fedowen_strategy.robust_lr import guard_aggregate
+from fedowen_strategy.round_valuers import NO_PHI, RoundValuation
 
 log = logging.getLogger(__name__)
 

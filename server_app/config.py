@@ -25,16 +25,15 @@ from typing import Any
 
 from fedowen_strategy.contribution import (
     DEFAULT_UTILITY_METRIC,
-    GAME_METHODS,
     UTILITY_METRICS,
     Choices,
     ValuationSettings,
     resolve_auto,
-    round_budget,
     selection_problems,
 )
 from fedowen_strategy.guards import Guards
 from fedowen_strategy.nodes import NODE_WAIT_TIMEOUT, ROUND_TIMEOUT
+from fedowen_strategy.round_valuers import GAME_METHODS, round_budget
 from fedowen_strategy.selection import SelectionParams
 from fedowen_strategy.settings import Settings
 from fedowen_strategy.valuation import ESTIMATORS, estimate_problems

@@ -29,8 +29,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fedowen_strategy.contribution import NO_PHI
 from fedowen_strategy.payouts import client_values, linked_clients, payouts
+from fedowen_strategy.round_valuers import NO_PHI
 from fedowen_task.config import TaskConfig
 from sim.compact import open_csv, save_png
 from sim.grid import Preset, app_config, expand_grid

@@ -136,7 +136,7 @@ def test_multikrum_drops_the_outliers_and_averages_the_rest() -> None:
 
 def test_l1_scale_bounds_cancelling_contributions() -> None:
     # Contributions that nearly cancel: the gain is 0.003, each value is +-0.08
-    from fedowen_strategy.contribution import scale_phi
+    from fedowen_strategy.round_valuers import scale_phi
 
     raw = np.array([0.0815, -0.0785, 0.0])
     normalised = scale_phi(raw, 0.003, "normalised")

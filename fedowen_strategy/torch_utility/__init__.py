@@ -82,7 +82,7 @@ class CoalitionUtility:
                  num_examples: Sequence[int],
                  shares: Sequence[float] | None = None) -> CoalitionGame:
         """This round's game: the utility of any coalition of ``client_states`` (``shares``:
-        the delta game's weights, see :func:`fedowen_strategy.contribution.delta_shares`)."""
+        the delta game's weights, see :func:`fedowen_strategy.round_valuers.delta_shares`)."""
         net, x_eval, y_eval = self._prepare()
         return CoalitionGame(self.model, global_state, client_states, num_examples, x_eval,
                              y_eval, metric=self.metric, device=self.device,
