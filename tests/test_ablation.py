@@ -17,7 +17,7 @@ from sim.presets import PresetError, parse_preset
 from sim.report import write_report
 from sim.runner import Runner, read_state
 from sim.stats import mean_interval, paired_interval
-from tests.test_experiments import FakeFlwr, fake_link, write_rounds
+from tests.fake_runner import FakeFlwr, fake_link, write_rounds
 
 VARIANTS = {"fedavg-equal": {"valuation": "none", "aggregation": "uniform"},
             "fedowen": {"valuation": "owen"}}
