@@ -17,7 +17,7 @@ from sim.grid import Grid, Preset, expand_grid, pin_auto_selection
 from sim.results import point_label
 
 #: Seeds of the baselines' tuning and of the confirmation itself; no earlier result used either
-#: (tests/test_confirmation.py checks every committed archive and preset).
+#: (tests/test_protocol.py checks every committed archive and preset).
 TUNING_SEEDS = (50, 51)
 CONFIRMATION_SEEDS = tuple(range(100, 108))
 #: The presets (conf/confirm/<dataset>.toml) and report folders of the confirmation.
