@@ -231,7 +231,7 @@ def _name(study: Study) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from sim.presets import load_preset
+    from sim.presets import PresetError, load_preset
 
     root = Path(__file__).resolve().parents[1]
     parser = argparse.ArgumentParser(
@@ -270,7 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.presets:
         parser.error(f"{args.command} needs the conf/confirm/<dataset>.toml presets")
-    presets = [load_preset(p) for p in args.presets]
+    try:
+        presets = [load_preset(p) for p in args.presets]
+    except PresetError as err:
+        parser.error(str(err))
     if args.command == "arms":
         out = args.out or arms_file
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -196,10 +196,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sim.report import write_report
+    from sim.report import report_refusal, write_report
 
     preset, results = _load(args)
     out = (args.out or default_report_dir(preset)).resolve()
+    refused = report_refusal(preset, results, out) if not args.replace else None
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     source = None
     if args.preset is not None:
         path = args.preset.resolve()
@@ -280,6 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                           "rows from this committed report's <grid>-rounds.csv (when its "
                           "records were lost; sim/carry.py says what a carried cell lacks); "
                           "with --limit 0 nothing else runs")
+    report.add_argument("--replace", action="store_true",
+                        help="write the report even where --out holds more archived cells "
+                             "than the results have finished (refused otherwise)")
     report.add_argument("--command-note", default=None,
                         help="the command that produced the results, quoted in the README")
     args = p.parse_args(argv)

@@ -10,6 +10,7 @@ grid: final accuracy against the swept value. ``adversarial`` grids go to
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.archives import MANIFEST
 from sim.carry import carried_summary
 from sim.grid import Grid, Preset, expand_grid
 from sim.plots import plot_curves, plot_sweep, plot_valuation_time
@@ -35,6 +37,7 @@ from sim.results import (
     point_label,
     sweep_drift,
 )
+from sim.runner import cell_status, read_state
 
 log = logging.getLogger(__name__)
 CSV_FIELDS = ("grid", "metric", "row_key", "row", "columns", "n", "expected", "mean", "std",
@@ -230,3 +233,26 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
     (out / "README.md").write_text("\n".join(md) + "\n")
     log.info("report of %d/%d finished cells written to %s", done, len(res), out)
     return [out / "README.md", out / "final_accuracy.csv", *files]
+
+
+def report_refusal(preset: Preset, results: Path, out: Path) -> str | None:
+    """Why writing ``results``' report over ``out`` would lose what ``out`` holds (a results
+    folder that is missing, or has fewer finished cells than ``out``'s archive manifest
+    lists: a mistyped ``--results`` would replace a committed report with an emptier one);
+    None when it would not."""
+    if not results.is_dir():
+        return (f"results {results} not found: give --results the folder `run` wrote (or "
+                f"unpack a report's archive into it with `run --restore ... --limit 0`)")
+    manifest = out / MANIFEST
+    if not manifest.is_file():
+        return None
+    had = len(json.loads(manifest.read_text()).get("cells", []))
+    state = read_state(results)
+    done = sum(cell_status(results, c.cell_id, state.get(c.cell_id, [])) == "done"
+               for c in preset.cells())
+    if done >= had:
+        return None
+    return (f"{out} reports {had} archived cells ({MANIFEST}) and {results} has {done} "
+            f"finished: restore them first (`python -m sim.experiments run <its preset> --results "
+            f"{results} --restore {out} --limit 0`), or pass --replace to write the smaller "
+            "report")

@@ -200,3 +200,13 @@ def test_every_arms_endpoint_is_listed_and_a_collapsed_arm_is_marked() -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     # dataset, setting, then fedowen, fedavg-equal, fedavgm, fedprox, ...: mean (lowest seed)
     assert cells[2:6] == ["90.5 (90.0)", "90.5 (90.0)", "**18.8 (9.9)**", "-"]
+
+
+def test_check_names_a_preset_it_cannot_read(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.confirmation import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", str(tmp_path / "nope.toml"), "--study", "second", "--committed"])
+    assert exit_.value.code == 2
+    assert "cannot read preset" in capsys.readouterr().err

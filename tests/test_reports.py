@@ -255,3 +255,36 @@ def test_restore_takes_several_archives(tmp_path: Path) -> None:
     assert args.restore == archives
     _restore(args, one.preset, tmp_path / "merged")
     assert len(list((tmp_path / "merged").glob("*/summary.json"))) == 3
+
+
+def test_a_report_over_a_richer_one_is_refused_unless_replace(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: a finished sweep, its report with an archive manifest (2 cells)
+    from sim.experiments import main
+    from sim.report import report_refusal
+
+    runner = make_runner(tmp_path, FakeFlwr(["ok", "ok"]))
+    runner.run()
+    (runner.results / "preset.json").write_text(json.dumps(small_preset(
+        axes={"seed": [0], "valuation": ["owen", "none"]})))
+    out = tmp_path / "report"
+    assert main(["report", "--results", str(runner.results), "--out", str(out)]) == 0
+    (out / "cells-manifest.json").write_text(json.dumps(
+        {"cells": [{"cell": c.cell_id} for c in runner.preset.cells()]}))
+    emptier = tmp_path / "emptier"
+    emptier.mkdir()
+    (emptier / "preset.json").write_text((runner.results / "preset.json").read_text())
+    before = (out / "README.md").read_text()
+    # Execute
+    missing = report_refusal(runner.preset, tmp_path / "typo", out)  # a preset named
+    fewer = main(["report", "--results", str(emptier), "--out", str(out)])
+    fewer_err = capsys.readouterr().err
+    unchanged = (out / "README.md").read_text()
+    replaced = main(["report", "--results", str(emptier), "--out", str(out), "--replace"])
+    # Assert: both refused, naming the folder and what to do; the report untouched until
+    # --replace
+    assert missing is not None and "typo not found" in missing
+    assert fewer == 2 and "2 archived cells" in fewer_err and "0 finished" in fewer_err
+    assert "--restore" in fewer_err and "--replace" in fewer_err
+    assert unchanged == before
+    assert replaced == 0 and "Cells finished: 0 of 2" in (out / "README.md").read_text()
