@@ -1,4 +1,5 @@
-"""A fake ``flwr run`` and a small preset for the runner's and the reports' tests (no Ray)."""
+"""A fake ``flwr run`` and small presets for the runner's, the reports' and the ablations'
+tests (no Ray)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,16 @@ def make_runner(tmp_path: Path, fake: FakeFlwr, preset: dict[str, Any] | None = 
     raw = preset or small_preset(axes={"seed": [0], "valuation": ["owen", "none"]})
     return Runner(parse_preset(raw), tmp_path / "res", tmp_path / "data", run_fn=fake,
                   link_factory=fake_link, progress=lambda msg: None)
+
+
+VARIANTS = {"fedavg-equal": {"valuation": "none", "aggregation": "uniform"},
+            "fedowen": {"valuation": "owen"}}
+
+
+def ablation_preset(**grid_extra: Any) -> dict[str, Any]:
+    grid = {"name": "abl", "kind": "ablation", "reference": "fedavg-equal", "rows": "variant",
+            "axes": {"seed": [0, 1, 2], "alpha": [0.1], "variant": list(VARIANTS)},
+            **grid_extra}
+    return {"preset": {"name": "abl", "num-supernodes": 10, "backend": "inline"},
+            "base": {"dataset": "mnist", "num-server-rounds": 3},
+            "variants": VARIANTS, "grid": [grid]}
