@@ -242,7 +242,7 @@ def report_refusal(preset: Preset, results: Path, out: Path) -> str | None:
     None when it would not."""
     if not results.is_dir():
         return (f"results {results} not found: give --results the folder `run` wrote (or "
-                f"unpack a report's archive into it with `run --restore ... --limit 0`)")
+                "unpack a report's archive into it with `run --restore ... --limit 0`)")
     manifest = out / MANIFEST
     if not manifest.is_file():
         return None
@@ -253,6 +253,6 @@ def report_refusal(preset: Preset, results: Path, out: Path) -> str | None:
     if done >= had:
         return None
     return (f"{out} reports {had} archived cells ({MANIFEST}) and {results} has {done} "
-            f"finished: restore them first (`python -m sim.experiments run <its preset> --results "
+            "finished: restore them first (`python -m sim.experiments run <its preset> --results "
             f"{results} --restore {out} --limit 0`), or pass --replace to write the smaller "
             "report")
