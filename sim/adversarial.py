@@ -1,9 +1,6 @@
 """Report of ``adversarial`` grids: accuracy under attack, and how FedOwen treats adversaries.
 
-Which partitions are adversarial is a pure function of (num-supernodes, adversary-fraction,
-seed) (:meth:`fedowen_task.adversary.keys.AdversaryConfig.ids`), so everything here is
-computed from the cells' ``rounds.jsonl``: per round, ``returned`` (partition ids that
-trained), ``phi`` and ``weights``. Per FedOwen cell we report
+From the statistics of :mod:`sim.adversary_stats`, per FedOwen cell we report
 
 - the adversaries' mean *rank percentile* of phi within their round (0 = highest phi of the
   round, 1 = lowest) beside the honest clients' (0.5 = indistinguishable);
@@ -29,9 +26,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fedowen_strategy.payouts import client_values, linked_clients, payouts
 from fedowen_strategy.round_valuers import NO_PHI
 from fedowen_task.config import TaskConfig
+from sim.adversary_stats import SERIES_KEYS, cell_series, ledger_stats, moving_average
 from sim.compact import open_csv, save_png
 from sim.grid import Preset, app_config, expand_grid
 from sim.results import CellResult, Stat, markdown_table
@@ -59,95 +56,6 @@ def _values_phi(cfg: dict[str, Any]) -> bool:
     return app.strategy == "fedowen" and app.valuation not in NO_PHI
 
 
-def rank_percentiles(phi: dict[str, float]) -> dict[str, float]:
-    """Each client's rank of phi within the round scaled to [0, 1]: 0 = highest phi, 1 =
-    lowest; ties share their average rank; a lone client gets 0.5."""
-    if len(phi) < 2:
-        return {c: 0.5 for c in phi}
-    vals = {c: (-math.inf if v is None else float(v)) for c, v in phi.items()}
-    out = {}
-    for c, v in vals.items():
-        greater = sum(w > v for w in vals.values())
-        ties = sum(w == v for w in vals.values()) - 1
-        out[c] = (greater + ties / 2) / (len(vals) - 1)
-    return out
-
-
-def round_stats(rec: dict[str, Any], adv: frozenset[str]) -> dict[str, float]:
-    """Adversary share of participants and of weight, mean rank percentile of adversaries and
-    of honest clients (NaN where a group is absent) for one round record."""
-    returned = [str(c) for c in rec.get("returned") or []]
-    share = sum(c in adv for c in returned) / len(returned) if returned else math.nan
-    weights = {str(k): float(v) for k, v in (rec.get("weights") or {}).items() if v is not None}
-    total = sum(weights.values())
-    wshare = sum(v for k, v in weights.items() if k in adv) / total if total else math.nan
-    phi = {str(k): v for k, v in (rec.get("phi") or {}).items()}
-    ranks = rank_percentiles(phi)
-    adv_r = [r for c, r in ranks.items() if c in adv]
-    hon_r = [r for c, r in ranks.items() if c not in adv]
-    adv_p = [float(v) for c, v in phi.items() if c in adv and v is not None]
-    hon_p = [float(v) for c, v in phi.items() if c not in adv and v is not None]
-    return {"share": share, "weight_share": wshare,
-            "adv_rank": float(np.mean(adv_r)) if adv_r else math.nan,
-            "honest_rank": float(np.mean(hon_r)) if hon_r else math.nan,
-            "adv_phi": float(np.mean(adv_p)) if adv_p else math.nan,
-            "honest_phi": float(np.mean(hon_p)) if hon_p else math.nan}
-
-
-def cell_adversaries(result: CellResult, num_partitions: int) -> frozenset[str]:
-    """The cell's adversarial partition ids, as the strings the records use."""
-    return result.cell.config.adversary().client_ids(num_partitions)
-
-
-def cell_series(result: CellResult, num_partitions: int) -> dict[str, np.ndarray]:
-    """Per-round arrays (rounds 1..R recorded so far) of :func:`round_stats`' keys."""
-    adv = cell_adversaries(result, num_partitions)
-    recs = [r for r in result.rounds if r.get("round", 0) > 0]
-    stats = [round_stats(r, adv) for r in recs]
-    keys = ("share", "weight_share", "adv_rank", "honest_rank", "adv_phi", "honest_phi")
-    return {"round": np.array([r["round"] for r in recs], dtype=float),
-            **{k: np.array([s[k] for s in stats], dtype=float) for k in keys}}
-
-
-def ledger_stats(result: CellResult, num_partitions: int,
-                 adversaries: frozenset[str] | None = None) -> dict[str, float]:
-    """The cell's payout ledger summarised for adversaries vs honest clients: mean paid phi
-    per client, mean rank percentile (0 = top of the ledger, 1 = bottom), the adversaries'
-    share of the payout pool and how many of each were forfeited (caught returning copies).
-    ``adversaries``: the ids to read as adversaries (default: the cell's own; another cell's
-    reads what the same identities earn in this run)."""
-    adv = cell_adversaries(result, num_partitions) if adversaries is None else adversaries
-    recs = [r for r in result.rounds if r.get("round", 0) > 0]
-    values, selected = client_values(recs)
-    rows = payouts(values, selected, adv, forfeited=linked_clients(recs))
-    if not rows:
-        return {}
-    n = len(rows)
-    pct = {r.client_id: (r.rank - 1) / (n - 1) if n > 1 else 0.5 for r in rows}
-    bad = [r for r in rows if r.client_id in adv]
-    good = [r for r in rows if r.client_id not in adv]
-
-    def mean(xs: list[float]) -> float:
-        return float(np.mean(xs)) if xs else math.nan
-
-    return {"ledger_adv_paid": mean([r.paid_phi for r in bad]),
-            "ledger_honest_paid": mean([r.paid_phi for r in good]),
-            "ledger_adv_rank": mean([pct[r.client_id] for r in bad]),
-            "ledger_honest_rank": mean([pct[r.client_id] for r in good]),
-            "ledger_adv_pool": float(sum(r.payout_share for r in bad)),
-            "ledger_payout_ratio": _ratio(mean([r.payout_share for r in bad]),
-                                          mean([r.payout_share for r in good])),
-            "ledger_adv_clients": float(len(bad)) / n,
-            "ledger_adv_forfeited": float(sum(r.forfeited for r in bad)),
-            "ledger_honest_forfeited": float(sum(r.forfeited for r in good))}
-
-
-def _ratio(adversary: float, honest: float) -> float:
-    """An adversary's mean payout share over an honest client's (NaN when honest clients got
-    nothing: no pool to compare with)."""
-    return adversary / honest if honest > 0 else math.nan
-
-
 def _head(row_key: str, col_keys: tuple[str, ...], names: tuple[str, ...]) -> list[str]:
     """A markdown table's header and separator lines."""
     heads = (row_key, *col_keys, *names)
@@ -163,6 +71,27 @@ def _row(result: CellResult, key: str) -> str:
     return str(result.cell.point.get(key, result.cell.run_config.get(key)))
 
 
+SHARE_INTRO = ("How each method treats the adversaries (all recorded rounds of finished and "
+               "unfinished cells; rank percentile of phi within the round: 0 = top, 1 = bottom, "
+               "0.5 = no signal; share = adversaries among the round's participants):")
+SHARE_HEADS = ("base rate", "selected share (all / 2nd half)", "weight share",
+               "adversary phi rank", "honest phi rank", "adversary mean phi", "honest mean phi",
+               "rounds")
+LEDGER_INTRO = ("The payout ledger over each run (`python -m sim.ledger RUN_DIR`; mean over "
+                "seeds): mean paid phi per client (identities caught returning copies are "
+                "paid on min(total, 0)), mean rank percentile in the ledger (0 = top, 1 = "
+                "bottom), the adversaries' share of the payout pool (their share of the "
+                "valued clients in brackets), an adversary's mean payout over an honest "
+                "client's (at most 1: paid no more than an honest client), and clients "
+                "forfeited per run:")
+LEDGER_HEADS = ("adversary paid phi", "honest paid phi", "adversary ledger rank",
+                "honest ledger rank", "adversaries' pool share",
+                "payout per adversary / per honest client", "forfeited adversaries / honest",
+                "seeds")
+PHI_KEYS = ("adv_rank", "honest_rank", "adv_phi", "honest_phi")
+Groups = dict[tuple[Any, ...], list[CellResult]]
+
+
 def adversarial_section(preset: Preset, res: dict[str, CellResult],
                         out: Path) -> tuple[list[str], list[dict[str, Any]], list[Path]]:
     """Markdown lines, CSV rows and the selection-share plot of all adversarial grids (rows:
@@ -176,88 +105,29 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
     rows = list(dict.fromkeys(_row(r, row_key) for r in cells))
     cols = [dict(zip(col_keys, k, strict=True)) for k in dict.fromkeys(
         _cols(r.cell.run_config, extra) for r in cells)]
-    groups: dict[tuple[Any, ...], list[CellResult]] = {}
-    no_phi: set[str] = set()
-    for r in cells:
-        cfg = r.cell.run_config
-        groups.setdefault((_row(r, row_key), *_cols(cfg, extra)), []).append(r)
-        if not _values_phi(cfg):
-            no_phi.add(_row(r, row_key))
-    stats = {}
-    for key, members in groups.items():
-        vals = tuple(v for v in (m.final_accuracy() for m in members) if v is not None)
-        stats[key] = Stat(vals, len(members))
-    for name in rows:  # absent combinations
-        for c in cols:
-            stats.setdefault((name, *c.values()), Stat((), 0))
+    groups, no_phi = _group_cells(cells, row_key, extra)
+    stats = _accuracy_stats(groups, rows, cols)
     done = sum(r.finished for r in cells)
     md = ["## Adversarial clients", "",
           f"Cells finished: {done} of {len(cells)}. Final test accuracy (%), mean ± std over "
           "seeds; best per column in bold.", "", markdown_table(stats, rows, cols, row_key),
-          "", "How each method treats the adversaries (all recorded rounds of finished and "
-          "unfinished cells; rank percentile of phi within the round: 0 = top, 1 = bottom, "
-          "0.5 = no signal; share = adversaries among the round's participants):", "",
-          *_head(row_key, col_keys, (
-              "base rate", "selected share (all / 2nd half)", "weight share",
-              "adversary phi rank", "honest phi rank", "adversary mean phi",
-              "honest mean phi", "rounds"))]
+          "", SHARE_INTRO, "", *_head(row_key, col_keys, SHARE_HEADS)]
     csv_rows: list[dict[str, Any]] = []
-    ledger_md = ["", "The payout ledger over each run (`python -m sim.ledger RUN_DIR`; mean over "
-                 "seeds): mean paid phi per client (identities caught returning copies are "
-                 "paid on min(total, 0)), mean rank percentile in the ledger (0 = top, 1 = "
-                 "bottom), the adversaries' share of the payout pool (their share of the "
-                 "valued clients in brackets), an adversary's mean payout over an honest "
-                 "client's (at most 1: paid no more than an honest client), and clients "
-                 "forfeited per run:", "",
-                 *_head(row_key, col_keys, (
-                     "adversary paid phi", "honest paid phi", "adversary ledger rank",
-                     "honest ledger rank", "adversaries' pool share",
-                     "payout per adversary / per honest client",
-                     "forfeited adversaries / honest", "seeds"))]
+    ledger_md = ["", LEDGER_INTRO, "", *_head(row_key, col_keys, LEDGER_HEADS)]
     for key, members in groups.items():
-        series = [cell_series(m, preset.num_supernodes) for m in members if m.rounds]
-        if not series:
+        row = _share_row(members, preset.num_supernodes, phi=key[0] not in no_phi)
+        if row is None:
             continue
-        cat = {k: np.concatenate([s[k] for s in series]) for k in series[0]}
-        half = np.concatenate([s["share"][len(s["share"]) // 2:] for s in series])
-        row = {"share": _nanmean(cat["share"]), "share_2nd_half": _nanmean(half),
-               "weight_share": _nanmean(cat["weight_share"]),
-               "adv_rank": _nanmean(cat["adv_rank"]), "honest_rank": _nanmean(cat["honest_rank"]),
-               "adv_phi": _nanmean(cat["adv_phi"]), "honest_phi": _nanmean(cat["honest_phi"])}
-        if key[0] in no_phi:  # their phi is a placeholder, not a contribution estimate
-            for k in ("adv_rank", "honest_rank", "adv_phi", "honest_phi"):
-                row[k] = math.nan
-        ranks = ("- | - | - | -" if math.isnan(row["adv_rank"]) else
-                 f"{row['adv_rank']:.3f} | {row['honest_rank']:.3f} | {row['adv_phi']:+.4f} | "
-                 f"{row['honest_phi']:+.4f}")
-        md.append(f"| {key[0]} | " + " | ".join(str(v) for v in key[1:]) +
-                  f" | {float(key[2]):.2f} | {row['share']:.3f}"
-                  f" / {row['share_2nd_half']:.3f} | {row['weight_share']:.3f} | "
-                  f"{ranks} | {len(cat['round'])} |")
+        md.append(_share_line(key, row))
         if key[0] not in no_phi:
             ledgers = [ledger_stats(m, preset.num_supernodes) for m in members if m.rounds]
             ledgers = [led for led in ledgers if led]
             if ledgers:
                 row.update({k: float(np.nanmean([led[k] for led in ledgers]))
                             for k in ledgers[0]})
-                ledger_md.append(
-                    f"| {key[0]} | " + " | ".join(str(v) for v in key[1:]) +
-                    f" | {row['ledger_adv_paid']:+.3f} | {row['ledger_honest_paid']:+.3f} | "
-                    f"{row['ledger_adv_rank']:.3f} | {row['ledger_honest_rank']:.3f} | "
-                    f"{row['ledger_adv_pool']:.3f} ({row['ledger_adv_clients']:.2f}) | "
-                    f"{row['ledger_payout_ratio']:.2f} | "
-                    f"{row['ledger_adv_forfeited']:.1f} / {row['ledger_honest_forfeited']:.1f} | "
-                    f"{len(ledgers)} |")
-        st = stats[key]
-        csv_rows.append({"grid": "adversarial", "metric": "final", "row_key": row_key,
-                         "row": key[0],
-                         "columns": ", ".join(f"{k}={v}" for k, v in zip(col_keys, key[1:],
-                                                                        strict=True)),
-                         "n": st.n, "expected": st.expected,
-                         "mean": "" if not st.n else round(st.mean, 4),
-                         "std": "" if math.isnan(st.std) else round(st.std, 4),
-                         "values": " ".join(f"{v:.2f}" for v in st.values), "paper": "",
-                         **{k: round(v, 4) for k, v in row.items()}})
+                ledger_md.append(_ledger_line(key, row, len(ledgers)))
+        row.pop("rounds")
+        csv_rows.append(_csv_row(key, stats[key], row, row_key, col_keys))
     pngs = [plot_selection_share(groups, preset.num_supernodes, cols, out / f"{name}.png",
                                  what=what)
             for name, what in (("selection-share", "share"), ("weight-share", "weight_share"))]
@@ -273,10 +143,81 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
     return md, csv_rows, [*pngs, per_round]
 
 
+def _group_cells(cells: list[CellResult], row_key: str,
+                 extra: tuple[str, ...]) -> tuple[Groups, set[str]]:
+    """Cells by (row, column values), and the rows whose phi is no contribution estimate."""
+    groups: Groups = {}
+    no_phi: set[str] = set()
+    for r in cells:
+        cfg = r.cell.run_config
+        groups.setdefault((_row(r, row_key), *_cols(cfg, extra)), []).append(r)
+        if not _values_phi(cfg):
+            no_phi.add(_row(r, row_key))
+    return groups, no_phi
+
+
+def _accuracy_stats(groups: Groups, rows: list[str],
+                    cols: list[dict[str, Any]]) -> dict[tuple[Any, ...], Stat]:
+    """Final accuracy per (row, column), absent combinations empty."""
+    stats = {}
+    for key, members in groups.items():
+        vals = tuple(v for v in (m.final_accuracy() for m in members) if v is not None)
+        stats[key] = Stat(vals, len(members))
+    for name in rows:
+        for c in cols:
+            stats.setdefault((name, *c.values()), Stat((), 0))
+    return stats
+
+
+def _share_row(members: list[CellResult], num_partitions: int,
+               phi: bool) -> dict[str, float] | None:
+    """The group's mean adversary shares and phi ranks over all recorded rounds (phi keys NaN
+    where phi is a placeholder, not a contribution estimate); None before any round."""
+    series = [cell_series(m, num_partitions) for m in members if m.rounds]
+    if not series:
+        return None
+    cat = {k: np.concatenate([s[k] for s in series]) for k in series[0]}
+    half = np.concatenate([s["share"][len(s["share"]) // 2:] for s in series])
+    row = {"share": _nanmean(cat["share"]), "share_2nd_half": _nanmean(half),
+           "weight_share": _nanmean(cat["weight_share"]),
+           **{k: _nanmean(cat[k]) if phi else math.nan for k in PHI_KEYS},
+           "rounds": len(cat["round"])}
+    return row
+
+
+def _share_line(key: tuple[Any, ...], row: dict[str, float]) -> str:
+    ranks = ("- | - | - | -" if math.isnan(row["adv_rank"]) else
+             f"{row['adv_rank']:.3f} | {row['honest_rank']:.3f} | {row['adv_phi']:+.4f} | "
+             f"{row['honest_phi']:+.4f}")
+    return (f"| {key[0]} | " + " | ".join(str(v) for v in key[1:]) +
+            f" | {float(key[2]):.2f} | {row['share']:.3f} / {row['share_2nd_half']:.3f} | "
+            f"{row['weight_share']:.3f} | {ranks} | {row['rounds']} |")
+
+
+def _ledger_line(key: tuple[Any, ...], row: dict[str, float], seeds: int) -> str:
+    return (f"| {key[0]} | " + " | ".join(str(v) for v in key[1:]) +
+            f" | {row['ledger_adv_paid']:+.3f} | {row['ledger_honest_paid']:+.3f} | "
+            f"{row['ledger_adv_rank']:.3f} | {row['ledger_honest_rank']:.3f} | "
+            f"{row['ledger_adv_pool']:.3f} ({row['ledger_adv_clients']:.2f}) | "
+            f"{row['ledger_payout_ratio']:.2f} | "
+            f"{row['ledger_adv_forfeited']:.1f} / {row['ledger_honest_forfeited']:.1f} | "
+            f"{seeds} |")
+
+
+def _csv_row(key: tuple[Any, ...], st: Stat, row: dict[str, float], row_key: str,
+             col_keys: tuple[str, ...]) -> dict[str, Any]:
+    return {"grid": "adversarial", "metric": "final", "row_key": row_key, "row": key[0],
+            "columns": ", ".join(f"{k}={v}" for k, v in zip(col_keys, key[1:], strict=True)),
+            "n": st.n, "expected": st.expected, "mean": "" if not st.n else round(st.mean, 4),
+            "std": "" if math.isnan(st.std) else round(st.std, 4),
+            "values": " ".join(f"{v:.2f}" for v in st.values), "paper": "",
+            **{k: round(v, 4) for k, v in row.items()}}
+
+
 def write_adversary_rounds(groups: dict[tuple[Any, ...], list[CellResult]], num_partitions: int,
                            col_keys: tuple[str, ...], row_key: str, path: Path) -> Path:
     """Every cell's per-round :func:`round_stats` (the data behind the share plots)."""
-    keys = ("share", "weight_share", "adv_rank", "honest_rank", "adv_phi", "honest_phi")
+    keys = SERIES_KEYS
     with open_csv(path, "w") as fh:
         writer = csv.writer(fh)
         writer.writerow([row_key, *col_keys, "seed", "round", *keys])
@@ -288,15 +229,6 @@ def write_adversary_rounds(groups: dict[tuple[Any, ...], list[CellResult]], num_
                                      *("" if not np.isfinite(series[k][i]) else
                                        round(float(series[k][i]), 4) for k in keys)])
     return path
-
-
-def moving_average(x: np.ndarray, k: int) -> np.ndarray:
-    """Centred ``k``-point mean that ignores NaNs and shrinks the window at the edges."""
-    ok = np.isfinite(x)
-    kernel = np.ones(max(1, min(k, len(x))))
-    num = np.convolve(np.where(ok, x, 0.0), kernel, mode="same")
-    den = np.convolve(ok.astype(float), kernel, mode="same")
-    return np.divide(num, den, out=np.full_like(num, np.nan), where=den > 0)
 
 
 def plot_selection_share(groups: dict[tuple[Any, ...], list[CellResult]], num_partitions: int,

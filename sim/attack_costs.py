@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.adversarial import cell_adversaries, ledger_stats
+from sim.adversary_stats import cell_adversaries, ledger_stats
 from sim.compact import save_png
 from sim.grid import app_config
 from sim.presets import load_preset

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from fedowen_strategy.payouts import client_values, payouts
-from sim.adversarial import cell_adversaries
+from sim.adversary_stats import cell_adversaries
 from sim.compact import save_png
 from sim.presets import load_preset
 from sim.results import CellResult, load_results

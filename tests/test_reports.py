@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedowen_task.adversary.keys import adversary_ids
-from sim.adversarial import ledger_stats, moving_average, rank_percentiles, round_stats
+from sim.adversary_stats import ledger_stats, moving_average, rank_percentiles, round_stats
 from sim.presets import parse_preset
 from sim.report import write_report
 from sim.results import Stat
