@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from sim.carry import RECORDED, RECORDS
+from sim.cell_state import CODE_FILE, SUMMARY_FILE
 from sim.compact import PART_LIMIT
 from sim.grid import Preset
 from sim.results import CARRIED_FILE
-from sim.runner import CODE_FILE, SUMMARY_FILE
 
 #: One archive of every finished cell (``archive_cells``): what a device call returns and what a
 #: report kept beside itself before issue 44.

@@ -30,10 +30,10 @@ import tarfile
 from collections import defaultdict
 from pathlib import Path
 
+from sim.cell_state import CODE_FILE, SUMMARY_FILE
 from sim.compact import open_csv, rounds_file
 from sim.grid import Cell, Grid, Preset, expand_grid
 from sim.results import CARRIED_FILE, point_label
-from sim.runner import CODE_FILE, SUMMARY_FILE
 
 #: Beside a report (``report --archive``): every finished cell's config and code record, small
 #: enough for git whatever the size of the full archive.

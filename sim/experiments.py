@@ -29,10 +29,11 @@ from fedowen_deploy.procs import exit_on_signals
 from sim.archives import ARCHIVE, MANIFEST, archive_sources, keep_archive, restore_cells
 from sim.archives import archive_cells as archive_cells  # where scripts and tests import it
 from sim.carry import carry_rows
+from sim.cell_state import cell_status, read_state
 from sim.grid import BACKENDS, Preset, expand_grid
 from sim.presets import PresetError, load_preset, parse_preset
 from sim.results import drift_summary, sweep_drift
-from sim.runner import PRESET_FILE, Runner, cell_status, read_state
+from sim.runner import PRESET_FILE, Runner
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sim.cell_state import CODE_FILE
 from sim.grid import Grid, Preset, expand_grid, pin_auto_selection
 from sim.results import point_label
 
@@ -120,8 +121,6 @@ def check_cells(arms: list[dict[str, Any]], preset: Preset, results: Path) -> li
     checkout with uncommitted changes (code.json). A cell carried from the committed rows
     (``sim.carry``) is checked when the report's records archive gave it both files; one
     without them is not: :func:`main` counts those."""
-    from sim.runner import CODE_FILE
-
     expected = {(a["arm"], a["setting"]): a["hash"] for a in arms if a["preset"] == preset.name}
     grid = preset.grid(CONFIRM_GRID)
     problems = []

@@ -21,6 +21,7 @@ import numpy as np
 
 from sim.archives import MANIFEST
 from sim.carry import carried_summary
+from sim.cell_state import cell_status, read_state
 from sim.grid import Grid, Preset, expand_grid
 from sim.plots import plot_curves, plot_sweep, plot_valuation_time
 from sim.results import (
@@ -37,7 +38,6 @@ from sim.results import (
     point_label,
     sweep_drift,
 )
-from sim.runner import cell_status, read_state
 
 log = logging.getLogger(__name__)
 CSV_FIELDS = ("grid", "metric", "row_key", "row", "columns", "n", "expected", "mean", "std",

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
+from sim.cell_state import read_state
 from sim.compact import open_csv
 from sim.grid import app_config
 from sim.presets import PresetError, parse_preset
 from sim.report import write_report
-from sim.runner import Runner, read_state
+from sim.runner import Runner
 from sim.stats import mean_interval, paired_interval
 from tests.fake_runner import VARIANTS, FakeFlwr, ablation_preset, fake_link, write_rounds
 

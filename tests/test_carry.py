@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from sim.carry import RECORDS, carry_rows, cell_key, is_carried
+from sim.cell_state import cell_status
 from sim.compact import open_csv
 from sim.experiments import archive_cells, restore_cells
 from sim.grid import Preset
 from sim.presets import parse_preset
 from sim.report import write_report
-from sim.runner import cell_status
 
 ROUNDS = 4
 

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from sim.cell_state import STATE_FILE, read_state
 from sim.grid import cell_id
 from sim.presets import PresetError, load_preset, parse_preset
 from sim.report import write_report
-from sim.runner import STATE_FILE, Runner, read_state
+from sim.runner import Runner
 from tests.fake_runner import FakeFlwr, make_runner, small_preset
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -155,7 +156,7 @@ def test_crashed_cell_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     lines = (runner.results / STATE_FILE).read_text().splitlines()
     assert [json.loads(line)["event"] for line in lines] == ["error", "done"]
     # each attempt recorded the code it ran: this checkout's commit
-    from sim.runner import code_state
+    from sim.cell_state import code_state
 
     code = json.loads((Path(fake.calls[1]["output-dir"]) / "code.json").read_text())
     assert [(a["attempt"], a["resumed"]) for a in code] == [(1, False), (2, True)]

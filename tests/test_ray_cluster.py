@@ -26,7 +26,7 @@ import pytest
 
 from fedowen_deploy.launcher import APP_DIR, LocalSuperLink, flwr_run, free_port
 from server_app.store.records import read_rounds
-from sim.runner import STATE_FILE
+from sim.cell_state import STATE_FILE
 
 TIMING = ("valuation_seconds", "round_seconds", "elapsed_seconds")
 TINY = {"dataset": "mnist", "num-server-rounds": 2, "client-max-samples": 50,
