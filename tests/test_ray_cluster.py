@@ -175,7 +175,7 @@ def test_the_ray_start_command_that_makes_each_address(address: str, command: st
 
 
 def test_cell_files_travel_whole_and_stay_inside_their_folder(tmp_path: Path) -> None:
-    from sim.cluster import pack, unpack
+    from sim.cluster_task import pack, unpack
 
     # Prepare
     src = tmp_path / "src"
