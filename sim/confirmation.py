@@ -11,16 +11,14 @@ family, the decision), the per-dataset verdicts, every arm's endpoint and the tu
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import csv
 import json
 import math
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from sim.compact import rounds_file
-from sim.grid import expand_grid
 from sim.hypotheses import (
     ENDPOINT_ROUNDS,
     FIRST,
@@ -34,7 +32,7 @@ from sim.hypotheses import (
     read_endpoints,
     verdict,
 )
-from sim.protocol import CONFIRM_GRID, PRESET_PREFIX, check_cells, protocol_arms
+from sim.protocol import CONFIRM_GRID, PRESET_PREFIX, check_presets, protocol_arms
 from sim.results import point_label
 from sim.tuning import _write_csv
 
@@ -228,12 +226,8 @@ def _name(study: Study) -> str:
     return next(name for name, known in STUDIES.items() if known is study)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from sim.presets import PresetError, load_preset
-
-    root = Path(__file__).resolve().parents[1]
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m sim.confirmation``."""
     parser = argparse.ArgumentParser(
         prog="python -m sim.confirmation",
         description="report: regenerate docs/confirmation.md (hypotheses with Holm's "
@@ -258,6 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--committed", action="store_true",
                         help="check: the cells a fresh clone holds (archives/<preset>/ and "
                              "docs/results/<preset>/), nothing else")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sim.presets import PresetError, load_preset
+
+    root = Path(__file__).resolve().parents[1]
+    parser = _parser()
     args = parser.parse_intermixed_args(argv)  # options before or after the presets
     study = STUDIES[args.study]
     folder = root / "docs" / study.folder
@@ -292,34 +294,6 @@ def main(argv: list[str] | None = None) -> int:
           "committed rows without their config record (not checked again: checked when their "
           f"rows were committed); {counts['absent']} not found in {where}")
     return 1 if bad else 0
-
-
-def check_presets(presets: list[Any], arms: list[dict[str, Any]], root: Path,
-                  results: Path | None, committed: bool) -> tuple[list[str], dict[str, int]]:
-    """:func:`sim.protocol.check_cells` over each preset's confirmation cells: those under
-    ``results`` (default ``results/<preset>``), or with ``committed`` those a fresh clone
-    holds (``archives/<preset>/`` restored and ``docs/results/<preset>/``'s rows carried into
-    a temporary folder); and how many cells were checked, carried without records, absent."""
-    from sim.archives import restore_cells
-    from sim.carry import carry_rows, is_carried
-
-    bad: list[str] = []
-    counts = {"checked": 0, "carried": 0, "absent": 0}
-    for preset in presets:
-        with contextlib.ExitStack() as stack:
-            cells = results or root / "results" / preset.name
-            if committed:
-                cells = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-                if (root / "archives" / preset.name).is_dir():
-                    restore_cells(root / "archives" / preset.name, cells)
-                if (root / "docs" / "results" / preset.name).is_dir():
-                    carry_rows(preset, root / "docs" / "results" / preset.name, cells)
-            bad += check_cells(arms, preset, cells)
-            for cell in expand_grid(preset, preset.grid(CONFIRM_GRID)):
-                found = cells / cell.cell_id
-                counts["checked" if (found / "config.json").exists() else
-                       "carried" if is_carried(found) else "absent"] += 1
-    return bad, counts
 
 
 if __name__ == "__main__":

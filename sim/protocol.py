@@ -2,13 +2,16 @@
 
 A protocol names every arm x setting by the hash of its full resolved run config
 (``docs/<study>/arms.json``, written by ``python -m sim.confirmation arms``); every cell
-records its config and the commit it ran, and :func:`check_cells` compares the two.
+records its config and the commit it ran, and :func:`check_cells` compares the two
+(:func:`check_presets`: over the cells of a results folder, or those a fresh clone holds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -142,3 +145,31 @@ def check_cells(arms: list[dict[str, Any]], preset: Preset, results: Path) -> li
                 problems.append(f"{cell.cell_id}: attempt {attempt['attempt']} ran on "
                                 f"{attempt.get('commit')} with uncommitted changes")
     return problems
+
+
+def check_presets(presets: list[Any], arms: list[dict[str, Any]], root: Path,
+                  results: Path | None, committed: bool) -> tuple[list[str], dict[str, int]]:
+    """:func:`sim.protocol.check_cells` over each preset's confirmation cells: those under
+    ``results`` (default ``results/<preset>``), or with ``committed`` those a fresh clone
+    holds (``archives/<preset>/`` restored and ``docs/results/<preset>/``'s rows carried into
+    a temporary folder); and how many cells were checked, carried without records, absent."""
+    from sim.archives import restore_cells
+    from sim.carry import carry_rows, is_carried
+
+    bad: list[str] = []
+    counts = {"checked": 0, "carried": 0, "absent": 0}
+    for preset in presets:
+        with contextlib.ExitStack() as stack:
+            cells = results or root / "results" / preset.name
+            if committed:
+                cells = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                if (root / "archives" / preset.name).is_dir():
+                    restore_cells(root / "archives" / preset.name, cells)
+                if (root / "docs" / "results" / preset.name).is_dir():
+                    carry_rows(preset, root / "docs" / "results" / preset.name, cells)
+            bad += check_cells(arms, preset, cells)
+            for cell in expand_grid(preset, preset.grid(CONFIRM_GRID)):
+                found = cells / cell.cell_id
+                counts["checked" if (found / "config.json").exists() else
+                       "carried" if is_carried(found) else "absent"] += 1
+    return bad, counts
