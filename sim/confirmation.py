@@ -60,7 +60,7 @@ def dataset_verdicts(comparisons: list[Comparison], expected: set[tuple[str, str
           f"FedOwen's advantage per dataset (PROTOCOL.md section 6): *confirmed* only where all "
           f"{count} primaries are confirmed in every setting." + ("" if complete else
           " **Interim**: the verdicts below are not the confirmation's."), "",
-          f"| dataset | setting | {' | '.join(study.columns)} | verdict |",
+          f"| dataset | setting | {' | '.join(study.columns)} | the dataset's verdict |",
           "|---|---|" + "---|" * len(study.columns) + "---|"]
     primary = [c for c in comparisons if c.family == "primary"]
     for dataset in sorted({c.dataset for c in primary}):
@@ -70,12 +70,11 @@ def dataset_verdicts(comparisons: list[Comparison], expected: set[tuple[str, str
         ruling = verdict([c.decision for c in rows])
         if missing:
             ruling = f"pending ({', '.join(missing)} not run yet)"
-        for i, setting in enumerate(settings):
+        for setting in settings:
             cells = [f"{c.decision} ({c.against})" if len(study.primary[k].arms) > 1
                      else c.decision
                      for k, c in enumerate(c for c in rows if c.setting == setting)]
-            md.append(f"| {dataset} | {setting} | {' | '.join(cells)} | "
-                      f"{ruling if i == 0 else ''} |")
+            md.append(f"| {dataset} | {setting} | {' | '.join(cells)} | {ruling} |")
     return [*md, ""]
 
 

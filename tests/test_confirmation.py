@@ -109,7 +109,12 @@ def test_the_second_confirmation_compares_with_the_selector_the_protocol_picked(
                          ("alpha=0.1", "fedowen-random"), ("alpha=0.01", "fedowen-random")}
     text = (tmp_path / "confirmation2.md").read_text()
     assert text.startswith("# The second pre-registered confirmation")
-    assert "| vs FLTrust | vs the better selector | verdict |" in text
+    assert "| vs FLTrust | vs the better selector | the dataset's verdict |" in text
+    per_dataset = text.split("## Per dataset")[1].split("\n## ")[0]
+    verdicts = [ln.rsplit("|", 2)[1].strip() for ln in per_dataset.splitlines()
+                if ln.startswith("| ") and "alpha=" in ln]
+    assert len(verdicts) == 2 and verdicts[0] == verdicts[1]  # on every setting's row
+    assert verdicts[0].startswith("reversed")
     assert "all four primaries" in text and "--study second" in text
     # without the protocol's pick the report refuses, naming what to write
     (folder / "picks.json").unlink()
