@@ -112,31 +112,8 @@ def _parse_grid(raw: dict[str, Any], i: int, base: dict[str, Any],
         problems.append(f"{where}: variants {unknown} are not defined in [variants] "
                         f"(defined: {sorted(variants)})")
         return None, problems
-    # Validate one config per axis value against the app's own parser (types, ranges, keys).
-    first = {k: v[0] for k, v in axes.items()}
-    for key, values in axes.items():
-        for value in values:
-            point = point_config({**first, key: value}, variants)
-            try:
-                parse_run_config({**base, **raw.get("set", {}), **point})
-            except ValueError as err:
-                problems.append(f"{where}: {key}={value!r}: {err}")
-                break
-    extra = raw.get("extra", [])
-    if not isinstance(extra, list) or not all(isinstance(e, dict) and e for e in extra):
-        problems.append(f"{where}: extra must be a list of tables of axis value lists, e.g. "
-                        "extra = [{ seed = [3, 4], variant = [\"fedowen\"] }]")
-        extra = []
-    for j, entry in enumerate(extra):
-        for key, values in entry.items():
-            if key not in axes:
-                problems.append(f"{where} extra #{j + 1}: {key!r} is not one of the axes "
-                                f"{list(axes)}; extra points only change axis values")
-            elif not isinstance(values, list) or not values:
-                problems.append(f"{where} extra #{j + 1}: {key} must be a non-empty list")
-            elif key != "seed" and any(v not in axes[key] for v in values):
-                problems.append(f"{where} extra #{j + 1}: {key}={values} must be among the "
-                                f"axis's values {axes[key]} (only seeds may be new)")
+    problems += _axis_problems(where, axes, {**base, **raw.get("set", {})}, variants)
+    extra = _parse_extra(raw.get("extra", []), where, axes, problems)
     overrides = _parse_overrides(raw.get("overrides", []), where, axes, base,
                                  raw.get("set", {}), variants, problems)
     fixed = dict(raw.get("set", {}))
@@ -147,6 +124,42 @@ def _parse_grid(raw: dict[str, Any], i: int, base: dict[str, Any],
                 str(raw.get("description", "")), reference,
                 tuple({k: list(v) for k, v in e.items()} for e in extra), tuple(overrides))
     return grid, problems
+
+
+def _axis_problems(where: str, axes: dict[str, list[Any]], fixed: dict[str, Any],
+                   variants: dict[str, dict[str, Any]]) -> list[str]:
+    """One config per axis value checked by the app's own parser (types, ranges, keys): the
+    first problem of each axis."""
+    problems = []
+    first = {k: v[0] for k, v in axes.items()}
+    for key, values in axes.items():
+        for value in values:
+            try:
+                parse_run_config({**fixed, **point_config({**first, key: value}, variants)})
+            except ValueError as err:
+                problems.append(f"{where}: {key}={value!r}: {err}")
+                break
+    return problems
+
+
+def _parse_extra(extra: Any, where: str, axes: dict[str, list[Any]],
+                 problems: list[str]) -> list[dict[str, Any]]:
+    """A grid's ``extra`` points (tables of axis value lists), their problems appended."""
+    if not isinstance(extra, list) or not all(isinstance(e, dict) and e for e in extra):
+        problems.append(f"{where}: extra must be a list of tables of axis value lists, e.g. "
+                        "extra = [{ seed = [3, 4], variant = [\"fedowen\"] }]")
+        return []
+    for j, entry in enumerate(extra):
+        for key, values in entry.items():
+            if key not in axes:
+                problems.append(f"{where} extra #{j + 1}: {key!r} is not one of the axes "
+                                f"{list(axes)}; extra points only change axis values")
+            elif not isinstance(values, list) or not values:
+                problems.append(f"{where} extra #{j + 1}: {key} must be a non-empty list")
+            elif key != "seed" and any(v not in axes[key] for v in values):
+                problems.append(f"{where} extra #{j + 1}: {key}={values} must be among the "
+                                f"axis's values {axes[key]} (only seeds may be new)")
+    return extra
 
 
 def _parse_overrides(raw: Any, where: str, axes: dict[str, list[Any]], base: dict[str, Any],
