@@ -187,18 +187,8 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
     out.mkdir(parents=True, exist_ok=True)
     res = load_results(preset, results)
     done = sum(r.finished for r in res.values())
-    source = source or f"conf/{preset.name}.toml"
-    run_cmd = command or f"python -m sim.experiments run {source}"
-    md = [f"# {preset.name}", "", preset.description, "",
-          f"- Produced by: `{run_cmd}` then `python -m sim.experiments report {source}` "
-          f"(regenerated from `results/{preset.name}/*/rounds.jsonl`).",
-          f"- Cells finished: {done} of {len(res)}; {preset.num_supernodes} virtual clients.",
-          f"- Reductions: {preset.reductions or 'none'}"]
-    carried = carried_summary(preset, results)
-    md += [f"- Carried: {carried}"] if carried else []
-    drift = drift_summary(sweep_drift(preset, results))
-    md += [f"- Code state: {drift}", ""] if drift else [""]
-    md += overview_section(preset, res)
+    md = [*_header(preset, results, done, len(res), command, source),
+          *overview_section(preset, res)]
     csv_rows: list[dict[str, Any]] = []
     files: list[Path] = []
     for grid in preset.grids:
@@ -233,6 +223,23 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
     (out / "README.md").write_text("\n".join(md) + "\n")
     log.info("report of %d/%d finished cells written to %s", done, len(res), out)
     return [out / "README.md", out / "final_accuracy.csv", *files]
+
+
+def _header(preset: Preset, results: Path, done: int, cells: int, command: str | None,
+            source: str | None) -> list[str]:
+    """The report's title, description and provenance lines (how it was produced, cells
+    finished, reductions, carried rows, cells run with settings resolved otherwise today)."""
+    source = source or f"conf/{preset.name}.toml"
+    run_cmd = command or f"python -m sim.experiments run {source}"
+    md = [f"# {preset.name}", "", preset.description, "",
+          f"- Produced by: `{run_cmd}` then `python -m sim.experiments report {source}` "
+          f"(regenerated from `results/{preset.name}/*/rounds.jsonl`).",
+          f"- Cells finished: {done} of {cells}; {preset.num_supernodes} virtual clients.",
+          f"- Reductions: {preset.reductions or 'none'}"]
+    carried = carried_summary(preset, results)
+    md += [f"- Carried: {carried}"] if carried else []
+    drift = drift_summary(sweep_drift(preset, results))
+    return md + ([f"- Code state: {drift}", ""] if drift else [""])
 
 
 def report_refusal(preset: Preset, results: Path, out: Path) -> str | None:
