@@ -73,6 +73,21 @@ def test_auto_selection_pins_what_auto_meant_into_the_cells_that_value_clients()
         parse_preset(raw)
 
 
+def test_no_committed_preset_leaves_a_valuing_cell_to_an_unpinned_auto_selection() -> None:
+    # A change of what auto selection means renames every cell that leaves it to auto (the id
+    # resolves it): a preset with committed cells pins auto-selection or writes selection out.
+    from fedowen_strategy.round_valuers import NO_PHI
+    from server_app.config import RunConfig
+
+    presets = [load_preset(p) for p in sorted(CONF.glob("**/*.toml"))]
+    unpinned = {p.name: c.cell_id for p in presets for c in p.cells()
+                if c.run_config.get("selection", "auto") == "auto"
+                and str(c.run_config.get("valuation", RunConfig.valuation)) not in NO_PHI}
+    assert len(presets) > 20  # it looked
+    assert unpinned == {}, ("pin [preset] auto-selection (what auto means today) in these "
+                            f"presets, or write selection in their grids: {unpinned}")
+
+
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda r: r.update(extra=1), "unknown key 'extra'"),
     (lambda r: r["preset"].update(supernodes=3), "unknown key 'supernodes'"),
