@@ -90,6 +90,7 @@ LEDGER_HEADS = ("adversary paid phi", "honest paid phi", "adversary ledger rank"
                 "seeds")
 PHI_KEYS = ("adv_rank", "honest_rank", "adv_phi", "honest_phi")
 Groups = dict[tuple[Any, ...], list[CellResult]]
+Series = dict[str, dict[str, np.ndarray]]  # cell id -> its cell_series
 
 
 def adversarial_section(preset: Preset, res: dict[str, CellResult],
@@ -106,6 +107,7 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
     cols = [dict(zip(col_keys, k, strict=True)) for k in dict.fromkeys(
         _cols(r.cell.run_config, extra) for r in cells)]
     groups, no_phi = _group_cells(cells, row_key, extra)
+    series = {r.cell.cell_id: cell_series(r, preset.num_supernodes) for r in cells}
     stats = _accuracy_stats(groups, rows, cols)
     done = sum(r.finished for r in cells)
     md = ["## Adversarial clients", "",
@@ -115,7 +117,7 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
     csv_rows: list[dict[str, Any]] = []
     ledger_md = ["", LEDGER_INTRO, "", *_head(row_key, col_keys, LEDGER_HEADS)]
     for key, members in groups.items():
-        row = _share_row(members, preset.num_supernodes, phi=key[0] not in no_phi)
+        row = _share_row(members, series, phi=key[0] not in no_phi)
         if row is None:
             continue
         md.append(_share_line(key, row))
@@ -128,10 +130,9 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
                 ledger_md.append(_ledger_line(key, row, len(ledgers)))
         row.pop("rounds")
         csv_rows.append(_csv_row(key, stats[key], row, row_key, col_keys))
-    pngs = [plot_selection_share(groups, preset.num_supernodes, cols, out / f"{name}.png",
-                                 what=what)
+    pngs = [plot_selection_share(groups, series, cols, out / f"{name}.png", what=what)
             for name, what in (("selection-share", "share"), ("weight-share", "weight_share"))]
-    per_round = write_adversary_rounds(groups, preset.num_supernodes, col_keys, row_key,
+    per_round = write_adversary_rounds(groups, series, col_keys, row_key,
                                        out / "adversary-rounds.csv.gz")
     if len(ledger_md) > 5:
         md += ledger_md
@@ -169,15 +170,15 @@ def _accuracy_stats(groups: Groups, rows: list[str],
     return stats
 
 
-def _share_row(members: list[CellResult], num_partitions: int,
+def _share_row(members: list[CellResult], series: Series,
                phi: bool) -> dict[str, float] | None:
     """The group's mean adversary shares and phi ranks over all recorded rounds (phi keys NaN
     where phi is a placeholder, not a contribution estimate); None before any round."""
-    series = [cell_series(m, num_partitions) for m in members if m.rounds]
-    if not series:
+    found = [series[m.cell.cell_id] for m in members if m.rounds]
+    if not found:
         return None
-    cat = {k: np.concatenate([s[k] for s in series]) for k in series[0]}
-    half = np.concatenate([s["share"][len(s["share"]) // 2:] for s in series])
+    cat = {k: np.concatenate([s[k] for s in found]) for k in found[0]}
+    half = np.concatenate([s["share"][len(s["share"]) // 2:] for s in found])
     row = {"share": _nanmean(cat["share"]), "share_2nd_half": _nanmean(half),
            "weight_share": _nanmean(cat["weight_share"]),
            **{k: _nanmean(cat[k]) if phi else math.nan for k in PHI_KEYS},
@@ -214,8 +215,8 @@ def _csv_row(key: tuple[Any, ...], st: Stat, row: dict[str, float], row_key: str
             **{k: round(v, 4) for k, v in row.items()}}
 
 
-def write_adversary_rounds(groups: dict[tuple[Any, ...], list[CellResult]], num_partitions: int,
-                           col_keys: tuple[str, ...], row_key: str, path: Path) -> Path:
+def write_adversary_rounds(groups: Groups, series: Series, col_keys: tuple[str, ...],
+                           row_key: str, path: Path) -> Path:
     """Every cell's per-round :func:`round_stats` (the data behind the share plots)."""
     keys = SERIES_KEYS
     with open_csv(path, "w") as fh:
@@ -223,17 +224,16 @@ def write_adversary_rounds(groups: dict[tuple[Any, ...], list[CellResult]], num_
         writer.writerow([row_key, *col_keys, "seed", "round", *keys])
         for key, members in groups.items():
             for m in members:
-                series = cell_series(m, num_partitions)
-                for i, rnd in enumerate(series["round"]):
+                cell = series[m.cell.cell_id]
+                for i, rnd in enumerate(cell["round"]):
                     writer.writerow([*key, m.cell.config.seed, int(rnd),
-                                     *("" if not np.isfinite(series[k][i]) else
-                                       round(float(series[k][i]), 4) for k in keys)])
+                                     *("" if not np.isfinite(cell[k][i]) else
+                                       round(float(cell[k][i]), 4) for k in keys)])
     return path
 
 
-def plot_selection_share(groups: dict[tuple[Any, ...], list[CellResult]], num_partitions: int,
-                         cols: list[dict[str, Any]], path: Path, smooth: int = 5,
-                         what: str = "share") -> Path:
+def plot_selection_share(groups: Groups, series: Series, cols: list[dict[str, Any]], path: Path,
+                         smooth: int = 5, what: str = "share") -> Path:
     """Adversaries' share of each round's participants (``what="share"``) or of its
     aggregation weight (``"weight_share"``), mean over seeds, ``smooth``-round moving average,
     per method, one panel per column (kind, fraction, other axes), base rate dashed."""
@@ -246,13 +246,13 @@ def plot_selection_share(groups: dict[tuple[Any, ...], list[CellResult]], num_pa
         for key, members in groups.items():
             if list(key[1:]) != list(col.values()):
                 continue
-            series = [cell_series(m, num_partitions) for m in members if len(m.rounds) > 1]
-            if not series:
+            found = [series[m.cell.cell_id] for m in members if len(m.rounds) > 1]
+            if not found:
                 continue
-            n = min(len(s["share"]) for s in series)
-            share = np.nanmean(np.stack([s[what][:n] for s in series]), axis=0)
-            ax.plot(series[0]["round"][:n], moving_average(share, smooth),
-                    label=f"{key[0]} ({len(series)} seed{'s' * (len(series) > 1)})",
+            n = min(len(s["share"]) for s in found)
+            share = np.nanmean(np.stack([s[what][:n] for s in found]), axis=0)
+            ax.plot(found[0]["round"][:n], moving_average(share, smooth),
+                    label=f"{key[0]} ({len(found)} seed{'s' * (len(found) > 1)})",
                     lw=2.2 if key[0] in ("owen", "fedowen") else 1.2)
         ax.axhline(float(col["adversary-fraction"]), ls="--", color="gray", label="base rate")
         ax.set(title=", ".join(f"{k}={v}" for k, v in col.items()), xlabel="round",
