@@ -24,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from sim.collapse import collapsed, floor_text
 from sim.compact import ROUNDS_SUFFIX, open_csv, save_png
 from sim.grid import Grid, Preset, expand_grid
 from sim.plots import mean_curve
@@ -70,7 +71,8 @@ def tuning_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: 
     md = [f"## {grid.name}", "", grid.description, "",
           f"Cells finished: {done} of {len(planned)}. Validation accuracy (%) averaged over the "
           f"last {LAST_K} rounds, per tuning seed and mean ± 95% CI over them; the pick is the "
-          "best mean (a tie: the first listed). Test accuracy is not read.", ""]
+          "best mean (a tie: the first listed). Test accuracy is not read. **Bold**: a seed "
+          f"collapsed, {floor_text(_datasets(planned), 'validation')}.", ""]
     score_rows: list[dict[str, Any]] = []
     for col in cols:
         scores = tuning_scores(grid, preset, res, col)
@@ -81,11 +83,13 @@ def tuning_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: 
         md += [f"| {grid.rows} | settings | " + " | ".join(f"seed {s}" for s in seeds)
                + " | mean ± CI | pick |",
                "|---|---|" + "---|" * len(seeds) + "---|---|"]
+        dataset = next((str(c.run_config.get("dataset", "mnist")) for c in planned
+                        if matches_point(c, col)), "")
         for name, by_seed in scores.items():
             interval = mean_interval(list(by_seed.values()))
             settings = _settings(preset, grid, name)
             md.append(f"| {name} | {settings} | "
-                      + " | ".join(_pct(by_seed.get(s)) for s in seeds)
+                      + " | ".join(_pct(by_seed.get(s), dataset) for s in seeds)
                       + f" | {_text(interval)} | {'**picked**' if name == chosen else ''} |")
             score_rows += [{**col, grid.rows: name, "seed": s, "val_last5": f"{v:.4f}",
                             "picked": name == chosen} for s, v in sorted(by_seed.items())]
@@ -158,8 +162,14 @@ def _settings(preset: Preset, grid: Grid, name: Any) -> str:
     return ", ".join(f"{k} = {v}" for k, v in (keys or {}).items())
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _pct(value: float | None, dataset: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"**{value:.2f}**" if collapsed(value, dataset, "validation") else f"{value:.2f}"
+
+
+def _datasets(cells: list[Any]) -> list[str]:
+    return sorted({str(c.run_config.get("dataset", "mnist")) for c in cells})
 
 
 def _text(interval: Interval) -> str:

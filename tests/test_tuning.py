@@ -214,5 +214,6 @@ def test_the_tuning_table_picks_per_setting(tmp_path: Path) -> None:
     assert rows == [
         "| mnist, alpha=0.1 | tune-fltrust | fltrust-slr0.1 | 50: 90.00, 51: 92.00 | 91.00 | yes |",
         "| mnist, alpha=0.1 | tune-fltrust | fltrust-slr1 | 50: 80.00, 51: 82.00 | 81.00 |  |",
-        "| mnist, alpha=0.01 | tune-fltrust | fltrust-slr0.1 | 50: 10.00, 51: 12.00 | 11.00 |  |",
+        "| mnist, alpha=0.01 | tune-fltrust | fltrust-slr0.1 | **50: 10.00**, **51: 12.00** "
+        "| 11.00 |  |",  # below 20%: collapsed seeds in bold
         "| mnist, alpha=0.01 | tune-fltrust | fltrust-slr1 | 50: 70.00, 51: 72.00 | 71.00 | yes |"]
