@@ -30,12 +30,21 @@ from sim.hypotheses import (
     HYPOTHESIS_FIELDS,
     LEVEL,
     STUDIES,
+    Comparison,
     Study,
     compare,
     hypothesis_rows,
     read_endpoints,
 )
 from sim.protocol import CONFIRM_GRID, PRESET_PREFIX, check_presets, protocol_arms
+from sim.robustness import (
+    Key,
+    keyed,
+    nonparametric_note,
+    robustness_fields,
+    robustness_text,
+    seed_flips,
+)
 from sim.tuning import _write_csv
 
 #: Departures from the protocol, by hand, beside it (docs/confirmation/deviations.md).
@@ -70,32 +79,50 @@ def confirmation_report(results_root: Path, seeds: int | None = None,
     ran = {(c.dataset, c.setting) for c in comparisons}
     complete = (bool(comparisons) and all(c.test.diff.n == seeds for c in comparisons)
                 and (expected or set()) <= ran)
+    flips = seed_flips(endpoints, study, picks)
     md = ["## Hypotheses", "",
           f"FedOwen's endpoint (test accuracy, mean of rounds {ENDPOINT_ROUNDS[0]}-"
           f"{ENDPOINT_ROUNDS[-1]}) minus the other arm's, paired by seed: mean and 95% CI, "
-          "two-sided paired t-test (the decision's) and Wilcoxon signed-rank beside it; Holm "
-          f"over every primary together and over every secondary together; level {LEVEL}.",
-          "", "Status: " + ("complete." if complete else
-                            f"**interim**: {len(ran)} of {len(expected or ran)} settings have "
-                            f"results, and not every comparison may have its {seeds} seeds "
-                            "yet; Holm runs over the hypotheses present, so the decisions below "
-                            "are not the confirmation's."), ""]
+          "two-sided paired t-test (the decision's), the Wilcoxon signed-rank and exact sign "
+          "tests beside it; Holm over every primary together and over every secondary "
+          f"together; level {LEVEL}. *Without one seed* (reported, not deciding): each seed "
+          "left out of every arm in turn and every hypothesis tested again, Holm included; "
+          "for a significant decision, how many of those leave it standing and which seeds' "
+          "omission changes it.", "",
+          nonparametric_note(sum(c.family == "primary" for c in comparisons) or 1, seeds),
+          "",
+          "Status: " + ("complete." if complete else
+                        f"**interim**: {len(ran)} of {len(expected or ran)} settings have "
+                        f"results, and not every comparison may have its {seeds} seeds "
+                        "yet; Holm runs over the hypotheses present, so the decisions below "
+                        "are not the confirmation's."), ""]
     for family in ("primary", "secondary"):
-        rows = [c for c in comparisons if c.family == family]
-        md += [f"### {family.capitalize()}", "",
-               "| dataset | setting | FedOwen vs | n | difference (points) [95% CI] | p (t) "
-               "| p (Wilcoxon) | p (Holm) | decision |",
-               "|---|---|---|---|---|---|---|---|---|"]
-        for c in rows:
-            d = c.test.diff
-            ci = "-" if d.n < 2 else f"{d.mean:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}]"
-            md.append(f"| {c.dataset} | {c.setting} | {c.against} | {d.n} | {ci} | "
-                      f"{_p(c.test.p_t)} | {_p(c.test.p_wilcoxon)} | {_p(c.p_holm)} | "
-                      f"{c.decision} |")
-        md.append("")
+        md += family_table(family, keyed(comparisons), flips)
     md += dataset_verdicts(comparisons, expected or set(), complete, study)
     md += arm_endpoints(endpoints, study)
-    return "\n".join(md), hypothesis_rows(comparisons)
+    rows = [{**row, **robustness_fields(c.decision, flips[key], c.test.diff.n)}
+            for row, (key, c) in zip(hypothesis_rows(comparisons), keyed(comparisons).items(),
+                                     strict=True)]
+    return "\n".join(md), rows
+
+
+def family_table(family: str, comparisons: dict[Key, Comparison],
+                 flips: dict[Key, list[tuple[int, str]]]) -> list[str]:
+    """One family's table of hypotheses: the tests, the decision and its robustness."""
+    md = [f"### {family.capitalize()}", "",
+          "| dataset | setting | FedOwen vs | n | difference (points) [95% CI] | p (t) "
+          "| p (Wilcoxon) | p (sign) | p (Holm) | decision | without one seed |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, c in comparisons.items():
+        if c.family != family:
+            continue
+        d = c.test.diff
+        ci = "-" if d.n < 2 else f"{d.mean:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}]"
+        md.append(f"| {c.dataset} | {c.setting} | {c.against} | {d.n} | {ci} | "
+                  f"{_p(c.test.p_t)} | {_p(c.test.p_wilcoxon)} | {_p(c.test.p_sign)} | "
+                  f"{_p(c.p_holm)} | {c.decision} | "
+                  f"{robustness_text(c.decision, flips[key], d.n)} |")
+    return [*md, ""]
 
 
 def _p(p: float) -> str:

@@ -35,7 +35,10 @@ SECONDARY: tuple[tuple[str, ...], ...] = (("fedavg-samples",), ("fedowen-random"
 ENDPOINT_ROUNDS = tuple(range(96, 101))
 LEVEL = 0.05
 HYPOTHESIS_FIELDS = ("family", "dataset", "setting", "against", "n", "mean_diff", "ci_lo",
-                     "ci_hi", "p_t", "p_wilcoxon", "p_holm", "decision")
+                     "ci_hi", "p_t", "p_wilcoxon", "p_sign", "p_holm", "decision",
+                     "holds_without_one_seed", "flips_without")
+#: ``{dataset: {(arm, setting): {seed: endpoint}}}``, as :func:`read_endpoints` gives each.
+Endpoints = dict[str, dict[tuple[str, str], dict[int, float]]]
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,7 @@ def read_endpoints(rounds_csv: Path) -> dict[tuple[str, str], dict[int, float]]:
     return out
 
 
-def compare(endpoints: dict[str, dict[tuple[str, str], dict[int, float]]],
-            study: Study | None = None, picks: dict[str, Any] | None = None
+def compare(endpoints: Endpoints, study: Study | None = None, picks: dict[str, Any] | None = None
             ) -> list[Comparison]:
     """Every hypothesis of every dataset (``{dataset: read_endpoints(...)}``), Holm-adjusted
     within its family (all primaries together; all secondaries together)."""
@@ -173,15 +175,16 @@ def _mean(values: dict[int, float]) -> float:
 
 
 def hypothesis_rows(comparisons: list[Comparison]) -> list[dict[str, Any]]:
-    """The comparisons as CSV rows (4 decimals: the report's own precision)."""
+    """The comparisons as CSV rows (4 decimals: the report's own precision); the robustness
+    fields are :mod:`sim.robustness`'s."""
     def num(x: float) -> str:
         return "" if math.isnan(x) else f"{x:.4f}"
 
     return [{"family": c.family, "dataset": c.dataset, "setting": c.setting,
              "against": c.against, "n": c.test.diff.n, "mean_diff": num(c.test.diff.mean),
              "ci_lo": num(c.test.diff.lo), "ci_hi": num(c.test.diff.hi), "p_t": num(c.test.p_t),
-             "p_wilcoxon": num(c.test.p_wilcoxon), "p_holm": num(c.p_holm),
-             "decision": c.decision} for c in comparisons]
+             "p_wilcoxon": num(c.test.p_wilcoxon), "p_sign": num(c.test.p_sign),
+             "p_holm": num(c.p_holm), "decision": c.decision} for c in comparisons]
 
 
 def verdict(decisions: list[str]) -> str:

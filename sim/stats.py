@@ -62,17 +62,20 @@ def paired_interval(values: Mapping[int, float], reference: Mapping[int, float],
 @dataclass(frozen=True)
 class PairedTest:
     """A paired comparison over seeds: the mean difference with its interval, the two-sided
-    paired t-test's p and the Wilcoxon signed-rank test's p beside it."""
+    paired t-test's p and, beside it, the Wilcoxon signed-rank test's and the exact sign
+    test's."""
 
     diff: Interval
     p_t: float
     p_wilcoxon: float
+    p_sign: float = math.nan
 
 
 def paired_test(values: Mapping[int, float], reference: Mapping[int, float],
                 confidence: float = CONFIDENCE) -> PairedTest:
-    """``values[s] - reference[s]`` over the seeds both have: interval, paired t and Wilcoxon
-    (exact where scipy can; NaN with fewer than two seeds or no spread)."""
+    """``values[s] - reference[s]`` over the seeds both have: interval, paired t, Wilcoxon
+    (exact where scipy can) and the exact two-sided sign test over the non-zero differences
+    (NaN with fewer than two seeds or no spread)."""
     seeds = sorted(set(values) & set(reference))
     diffs = np.array([values[s] - reference[s] for s in seeds], dtype=float)
     interval = mean_interval(diffs.tolist(), confidence)
@@ -80,7 +83,24 @@ def paired_test(values: Mapping[int, float], reference: Mapping[int, float],
         return PairedTest(interval, math.nan, math.nan)
     p_t = float(stats.ttest_1samp(diffs, 0.0).pvalue) if np.ptp(diffs) > 0 else 0.0
     p_w = float(stats.wilcoxon(diffs).pvalue)
-    return PairedTest(interval, p_t, p_w)
+    signs = diffs[diffs != 0]
+    p_s = float(stats.binomtest(int(np.sum(signs > 0)), int(signs.size)).pvalue)
+    return PairedTest(interval, p_t, p_w, p_s)
+
+
+def smallest_exact_p(n: int) -> float:
+    """The smallest two-sided p an exact sign or Wilcoxon signed-rank test can give over ``n``
+    paired seeds: every difference of one sign, ``2 / 2**n``."""
+    return 2.0 / 2**n
+
+
+def seeds_for_holm(m: int, level: float = 0.05) -> int:
+    """The fewest seeds with which an exact sign or Wilcoxon test can pass Holm's strictest
+    step among ``m`` hypotheses (``smallest_exact_p(n) < level / m``): 11 for 32 primaries."""
+    n = 1
+    while smallest_exact_p(n) >= level / m:
+        n += 1
+    return n
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
