@@ -4,7 +4,8 @@ A simulated client finds its partition from ``partition-id`` and ``num-partition
 node config and the dataset/split settings in the run config; a deployed SuperNode may also
 set ``client-id`` (its stable name; default: the partition id) and ``data-dir`` (its local
 data; default: the run config's ``data-dir``, else the rule of
-:func:`fedowen_task.data.resolve_data_dir`). The reply carries the trained weights,
+:func:`fedowen_task.data.resolve_data_dir`) and ``device`` (where it trains; default: the run
+config's ``device``, ``auto``: its GPU where it has one). The reply carries the trained weights,
 ``num-examples``, ``train-loss`` and the client id (in ConfigRecord ``client``, with the id of
 the Ray node that ran the call when it ran in a Ray simulation).
 
@@ -30,6 +31,7 @@ from fedowen_task.adversary.attacks import Attack, attack_of
 from fedowen_task.adversary.client import ClientTurn, sybil_master
 from fedowen_task.config import TaskConfig, parse_task_config
 from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
+from fedowen_task.device import device_problems, resolve
 from fedowen_task.models import build_model
 from fedowen_task.partition import federated_split
 from fedowen_task.protocol import (
@@ -57,6 +59,17 @@ def _data_dir(cfg: TaskConfig, context: Context) -> Path:
     if isinstance(node_dir, str) and node_dir:
         return Path(node_dir)
     return resolve_data_dir(cfg.data_dir or None)
+
+
+def _device(cfg: TaskConfig, context: Context) -> torch.device:
+    """A SuperNode's own ``device`` node config, else the run config's (``auto``: CUDA where
+    this node has it, else the CPU)."""
+    name = context.node_config.get("device")
+    if isinstance(name, str) and name:
+        if problems := device_problems(name, key="node config device"):
+            raise ValueError(problems[0])
+        return resolve(name)
+    return resolve(cfg.device)
 
 
 def _client_id(context: Context) -> str:
@@ -149,7 +162,7 @@ def query_handler(msg: Message, context: Context) -> Message:
     if config is not None and config.get(LOCAL_LOSS_FIELD):
         cfg = _config(tuple(sorted(context.run_config.items())))
         x, y, _, _ = _partition(cfg, context)
-        loss, _ = evaluate(_model(cfg, msg, context), x, y)
+        loss, _ = evaluate(_model(cfg, msg, context), x, y, device=_device(cfg, context))
         content["metrics"] = MetricRecord({LOCAL_LOSS_FIELD: loss, "num-examples": len(y)})
     return Message(content=_named(content, _client_id(context)), reply_to=msg)
 
@@ -181,8 +194,9 @@ def train_handler(msg: Message, context: Context) -> Message:
         if attack is not None and attack.data is not None:  # the model's classes: the data's
             x, y = attack.data(x, y, turn)
         stats = train(model, x, y, **cfg.train_config().train_kwargs(), proximal_mu=float(mu),
-                      seed=seed, loss_squares=squares)
-    state = dict(model.state_dict())
+                      seed=seed, loss_squares=squares, device=_device(cfg, context))
+    # back on the CPU whatever device trained: the reply's arrays (and an attack's) are numpy
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if attack is not None:
         state = attack.client_reply(global_state, state, turn)
     metrics = MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y),
@@ -201,7 +215,7 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     cfg = _config(tuple(sorted(context.run_config.items())))
     x, y, _, _ = _partition(cfg, context)
     client_id = _client_id(context)
-    loss, acc = evaluate(_model(cfg, msg, context), x, y)
+    loss, acc = evaluate(_model(cfg, msg, context), x, y, device=_device(cfg, context))
     content = RecordDict({
         "metrics": MetricRecord({"eval-loss": loss, "eval-accuracy": acc,
                                  "num-examples": len(y)}),

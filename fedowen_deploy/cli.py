@@ -51,6 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other run-config key of pyproject.toml, repeatable")
     p.add_argument("--cpus-per-client", type=float, default=1.0)
+    p.add_argument("--gpus-per-client", type=float, default=0.0, metavar="SHARE",
+                   help="a share of a GPU per virtual client (Flower's client-resources-"
+                   "num-gpus; e.g. 0.1 runs 10 clients on each GPU at once; 0: none); the "
+                   "clients train on it with --set device=auto")
     # not the README's FLWR_HOME (.flwr-home): the launcher writes its own SuperLink into its
     # home's config.toml, which would point a later `flwr run .` at a SuperLink that is gone
     p.add_argument("--flwr-home", type=Path, default=APP_DIR / ".flwr-launcher",
@@ -133,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with exit_on_signals(), LocalSuperLink(args.flwr_home.resolve()) as link:
             outcome = flwr_run(link, cfg, num_supernodes=args.supernodes,
-                               cpus_per_client=args.cpus_per_client, stream_to=sys.stdout)
+                               cpus_per_client=args.cpus_per_client,
+                               gpus_per_client=args.gpus_per_client, stream_to=sys.stdout)
     except Terminated:
         print(f"[fedowen] {resume_hint(argv if argv is not None else sys.argv[1:], out)}",
               file=sys.stderr, flush=True)

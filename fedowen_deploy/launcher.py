@@ -155,12 +155,14 @@ class SuperLinkConnection(Protocol):
 
 def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
              num_supernodes: int | None = None, cpus_per_client: float = 1.0,
-             app_dir: Path = APP_DIR, timeout: float = 3600,
+             gpus_per_client: float = 0.0, app_dir: Path = APP_DIR, timeout: float = 3600,
              stream_to: Any = None) -> RunOutcome:
     """Submit the app with ``run_config`` overrides, follow its logs, return its final status.
 
     ``stream_to`` (a text file object, e.g. ``sys.stdout``) receives the run's log as it comes.
-    ``num_supernodes`` and ``cpus_per_client`` form the simulation federation config; leave
+    ``num_supernodes``, ``cpus_per_client`` and ``gpus_per_client`` (a share of a GPU per
+    virtual client, Flower's ``client-resources-num-gpus``; 0: none) form the simulation
+    federation config; leave
     ``num_supernodes`` None for a deployment SuperLink (e.g.
     ``fedowen_deploy.rehearsal.SecureSuperLink``).
     """
@@ -169,6 +171,8 @@ def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
     cfg_file.write_text(tomli_w.dumps(run_config))
     cpus = int(cpus_per_client) if float(cpus_per_client).is_integer() else cpus_per_client
     fed = f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus}"
+    if gpus_per_client > 0:  # Ray packs floor(1 / share) clients onto each GPU
+        fed += f" client-resources-num-gpus={gpus_per_client}"
     cmd = [str(BIN / "flwr"), "run", str(app_dir), superlink.name, "--run-config", str(cfg_file)]
     if num_supernodes is not None:  # simulation; a deployment's federation is its SuperNodes
         cmd += ["--federation-config", fed]

@@ -61,10 +61,12 @@ def record_to_state(record: ArrayRecord) -> dict[str, NDArray]:
 
 
 def state_to_record(state: Mapping[str, NDArray]) -> ArrayRecord:
-    """Ordered ``{name: ndarray}`` -> Flower ``ArrayRecord`` (keys and order kept)."""
+    """Ordered ``{name: ndarray}`` -> Flower ``ArrayRecord`` (keys, order, shapes and dtypes
+    kept: a 0-d array such as BatchNorm's ``num_batches_tracked`` stays 0-d, where
+    ``numpy.ascontiguousarray`` would make it ``[1]`` and every later reply mismatch it)."""
     from flwr.app import Array
 
-    return ArrayRecord(array_dict={k: Array(np.ascontiguousarray(v)) for k, v in state.items()})
+    return ArrayRecord(array_dict={k: Array(np.asarray(v, order="C")) for k, v in state.items()})
 
 
 def short_label(client_id: str, digits: int = 6) -> str:

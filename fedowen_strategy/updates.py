@@ -10,6 +10,18 @@ Two norms live here on purpose: :func:`update_norm` sums each array's squares in
 guards' norm, accumulated array by array so no flat copy is held), while a caller holding a
 flat vector takes ``numpy.linalg.norm`` of it. They agree to the last few bits, not to the
 last bit, and each caller keeps the one it has always used, so recorded runs stay identical.
+
+**The rule for a model's buffers** (every strategy of the app follows it: FedOwen, Flower's
+strategies through :func:`restore_counters`, the peer defences through
+:func:`average_counters`):
+
+* floating buffers (BatchNorm's ``running_mean`` / ``running_var``) are part of the update and
+  are aggregated exactly as the parameters are, with the same weights (and through a server
+  optimiser such as FedAvgM's momentum where the strategy has one);
+* integer buffers (BatchNorm's ``num_batches_tracked``: a count of training steps, read only
+  when ``momentum=None``) are the same weighted average of the accepted clients' counters,
+  the weights normalised to sum 1, rounded to the nearest integer, in the global model's dtype
+  and shape (0-d stays 0-d). They are never part of an update vector, a norm or a cosine.
 """
 
 from __future__ import annotations
@@ -67,6 +79,46 @@ def apply_delta(reference: State, delta: NDArray[np.float64], keys: Sequence[str
         part = delta[start:start + ref.size].reshape(ref.shape)
         out[key] = (ref.astype(np.float64) + part).astype(ref.dtype)
         start += ref.size
+    return out
+
+
+def counter_keys(state: State) -> list[str]:
+    """Keys of the integer arrays (counters such as BatchNorm's ``num_batches_tracked``)."""
+    return [k for k, v in state.items() if np.issubdtype(np.asarray(v).dtype, np.integer)]
+
+
+def average_counters(states: Sequence[State], weights: NDArray[np.float64],
+                     reference: State) -> dict[str, NDArray]:
+    """The integer arrays of the aggregate under the module's buffer rule: the ``weights``
+    (normalised to sum 1) average of ``states``' counters, rounded, in ``reference``'s dtype and
+    shape; the reference's own counters where the weights sum to 0 (nobody to average)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if len(states) != w.size:
+        raise ValueError(f"got {len(states)} states but {w.size} weights")
+    total = float(w.sum())
+    out: dict[str, NDArray] = {}
+    for key in counter_keys(reference):
+        ref = np.asarray(reference[key])
+        if not total > 0:
+            out[key] = ref.copy()
+            continue
+        acc = sum((wi / total * np.asarray(s[key], np.float64) for wi, s in zip(w, states,
+                                                                             strict=True)),
+                  np.zeros(ref.shape))
+        out[key] = np.asarray(np.rint(acc), dtype=ref.dtype).reshape(ref.shape)
+    return out
+
+
+def restore_counters(aggregate: State, reference: State) -> dict[str, NDArray]:
+    """``aggregate`` with its integer entries put back into ``reference``'s dtype and shape,
+    rounded to the nearest integer: Flower's ``aggregate_arrayrecords`` multiplies every array
+    by a float weight, so its ``num_batches_tracked`` comes back as a fractional float64 (the
+    same weighted average the rule asks for, in the wrong type)."""
+    out = {k: np.asarray(v) for k, v in aggregate.items()}
+    for key in counter_keys(reference):
+        if key in out:
+            ref = np.asarray(reference[key])
+            out[key] = np.asarray(np.rint(out[key]), dtype=ref.dtype).reshape(ref.shape)
     return out
 
 

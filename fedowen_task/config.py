@@ -73,6 +73,9 @@ class _DataKeys:
     local_epochs: int = _RECIPE.local_epochs
     weight_decay: float = _RECIPE.weight_decay
     client_max_samples: int = 0
+    # where the ClientApp trains and evaluates and the ServerApp values and evaluates
+    # (fedowen_task.device): auto = CUDA where available, else the CPU
+    device: str = "auto"
 
 
 # Bases list their fields last base first: the data keys, then the adversary-* keys
@@ -99,7 +102,8 @@ class TaskConfig(AdversaryKeys, _DataKeys):
         """Out-of-range values of the task keys."""
         from fedowen_task.adversary.attacks import kinds  # imports torch: only when validating
         from fedowen_task.data import DATASETS
-        from fedowen_task.models import MODELS
+        from fedowen_task.device import device_problems
+        from fedowen_task.models import MODELS, model_problems
         from fedowen_task.partition import SCHEMES
 
         checks = [
@@ -120,7 +124,9 @@ class TaskConfig(AdversaryKeys, _DataKeys):
         bad = [message for ok, message in checks if not ok] + self.adversary_problems()
         bad += recipe_problems(self, _RECIPE_KEYS)
         bad += one_of("dataset", self.dataset.split(":", 1)[0], DATASETS)
-        bad += one_of("model", self.model, ("auto", *MODELS))
+        bad += (model_problems(self.model) if ":" in self.model  # a user's module:factory
+                else one_of("model", self.model, ("auto", *MODELS)))
+        bad += device_problems(self.device)
         bad += one_of("partition-scheme", self.partition_scheme, SCHEMES)
         bad += one_of("adversary-kind", self.adversary_kind, kinds())
         return bad

@@ -1,5 +1,11 @@
-"""Models shared by the client and server apps: LeNet-5, a small CNN for 32x32 images and a
-CIFAR-style ResNet-18.
+"""Models shared by the client and server apps: LeNet-5, a small CNN for 32x32 images, a
+CIFAR-style ResNet-18, or the user's own network.
+
+``model = "package.module:factory"`` names a callable ``factory(in_channels, num_classes) ->
+nn.Module``, imported the same way by the ServerApp and every ClientApp (so the module must be
+importable by both: inside the app's folder, which ``flwr run`` ships, or installed). Any
+network with BatchNorm works: its buffers travel with the parameters (the buffer rule of
+:mod:`fedowen_strategy.updates`).
 
 The first layer of each is called ``stem`` (its arrays are ``stem.weight`` / ``stem.bias`` in
 every checkpoint and ArrayRecord).
@@ -13,6 +19,7 @@ conv, stride 1, no max-pool).
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable, Mapping
 
@@ -110,6 +117,51 @@ _BUILDERS: dict[str, Callable[[int, int], nn.Module]] = {"lenet": LeNet5, "resne
                                                          "cnn": SmallCNN}
 
 
+Factory = Callable[[int, int], nn.Module]
+
+
+def model_factory(name: str) -> Factory:
+    """The builder of ``name``: a built-in (``MODELS``) or ``package.module:factory``.
+
+    Raises
+    ------
+    ValueError
+        Naming the ``model`` key when the name is neither, or the factory cannot be imported.
+    """
+    if name in _BUILDERS:
+        return _BUILDERS[name]
+    module_name, sep, attr = name.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"model={name!r} is not one of {', '.join(MODELS)} nor "
+                         "'package.module:factory' (a callable (in_channels, num_classes) -> "
+                         "nn.Module)")
+    try:
+        obj: object = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(
+            f"model={name!r}: cannot import it ({type(err).__name__}: {err}); the module must "
+            "be importable by the ServerApp and every ClientApp (put it in the app's folder, "
+            "which `flwr run` ships, or install it)") from err
+    if not callable(obj):
+        raise ValueError(f"model={name!r}: {attr!r} is a {type(obj).__name__}, not a callable "
+                         "(in_channels, num_classes) -> nn.Module")
+    return obj
+
+
+def model_problems(name: str) -> list[str]:
+    """Why ``model = name`` cannot be used (empty when it can): ``auto``, a built-in, or an
+    importable ``package.module:factory``."""
+    if name == "auto":
+        return []
+    try:
+        model_factory(name)
+    except ValueError as err:
+        return [str(err)]
+    return []
+
+
 def build_model(
     name: str, in_channels: int, num_classes: int, *, seed: int | None = None
 ) -> nn.Module:
@@ -118,7 +170,7 @@ def build_model(
     Parameters
     ----------
     name : str
-        One of ``MODELS``.
+        One of ``MODELS``, or ``package.module:factory`` (see the module docstring).
     in_channels, num_classes : int
         Taken from the dataset (e.g. 1 and 10 for MNIST, 3 and 10 for CIFAR-10).
     seed : int or None
@@ -130,18 +182,53 @@ def build_model(
     nn.Module
         The model, in training mode, on the CPU.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown model name {name!r}; valid names are {', '.join(MODELS)}")
+    builder = model_factory(name)
     if in_channels <= 0 or num_classes <= 0:
         raise ValueError(
             f"in_channels and num_classes must be positive, got {in_channels} and {num_classes}"
         )
-    builder = _BUILDERS[name]
     if seed is None:
-        return builder(in_channels, num_classes)
+        return _built(name, builder, in_channels, num_classes)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        return _built(name, builder, in_channels, num_classes)
+
+
+def _built(name: str, builder: Factory, in_channels: int, num_classes: int) -> nn.Module:
+    """``builder(in_channels, num_classes)``, or an error naming the ``model`` key."""
+    if name in _BUILDERS:
         return builder(in_channels, num_classes)
+    try:
+        model = builder(in_channels, num_classes)
+    except Exception as err:  # a user's factory may raise anything
+        raise ValueError(f"model={name!r}: the factory raised {type(err).__name__}: {err} "
+                         f"when called as factory(in_channels={in_channels}, "
+                         f"num_classes={num_classes})") from err
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model={name!r}: the factory returned a {type(model).__name__}, "
+                         "not a torch.nn.Module")
+    return model
+
+
+def check_model_input(model: nn.Module, name: str, x: torch.Tensor, num_classes: int) -> None:
+    """Run ``model`` (a copy's eval mode: no statistic moves) on two of the dataset's inputs
+    ``x`` and require ``(2, num_classes)`` logits; a ValueError naming the ``model`` key
+    otherwise (a user's network built for another input size or class count)."""
+    import copy
+
+    net = copy.deepcopy(model).eval()
+    sample = x[:2]
+    try:
+        with torch.no_grad():
+            out = net(sample)
+    except Exception as err:  # shape errors surface as RuntimeError, a user's code as anything
+        raise ValueError(f"model={name!r} cannot run on the dataset's input of shape "
+                         f"{list(sample.shape[1:])}: {type(err).__name__}: {err}") from err
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(sample), num_classes):
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"model={name!r} returned {got} for {len(sample)} inputs of shape "
+                         f"{list(sample.shape[1:])}; expected logits [{len(sample)}, "
+                         f"{num_classes}] (one per class of the dataset)")
 
 
 def state_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:

@@ -135,7 +135,6 @@ class RunConfig(TaskConfig):
     fltrust_root_epochs: int = 1
     fltrust_server_lr: float = 1.0
     foolsgold_kappa: float = 1.0
-    device: str = "auto"
 
     def choices(self) -> Choices:
         """FedOwen's selection, aggregation and norm cap, ``auto`` resolved for this

@@ -10,11 +10,12 @@ run config (k = ``clients-per-round`` via ``fraction_train = k / connected nodes
 ``min_train_nodes = k``; FedProx's ``proximal-mu``; Krum's ``krum-malicious``; FoolsGold's
 ``foolsgold-kappa``; FLTrust's ``fltrust-server-lr``; anything else through
 ``strategy-params = "name=value ..."``, checked against the class's constructor), wrapped
-by :class:`Recorded` so every round lands in ``rounds.jsonl`` (selected, returned and failed
-clients, ``aggregation_seconds``; the peers add the per-client ``weights`` they applied) like
-FedOwen's. Federated evaluation follows ``fraction-evaluate`` (off by default; its aggregated
-metrics land in the round's record as ``client_eval``); the ServerApp evaluates the global
-model centrally after each round either way.
+by :class:`Recorded` so every round lands in ``rounds.jsonl`` (selected, returned, failed and
+rejected clients: a reply of another model is rejected before the strategy sees it,
+:mod:`server_app.matched`; ``aggregation_seconds``; the peers add the per-client ``weights``
+they applied) like FedOwen's. Federated evaluation follows ``fraction-evaluate`` (off by
+default; its aggregated metrics land in the round's record as ``client_eval``); the ServerApp
+evaluates the global model centrally after each round either way.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from flwr.serverapp import strategy as flwr_strategies
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedowen_strategy.guards import Defence
-from fedowen_strategy.replies import client_id_of
+from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
 from fedowen_strategy.strategy import EvaluateHook, RoundHook, ServerStep
+from fedowen_strategy.updates import restore_counters
 from fedowen_task.config import did_you_mean, parse_params
 
 FLOWER = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "krum": "Krum",
@@ -203,6 +205,9 @@ class Recorded(Strategy):
         names = {r.metadata.src_node_id: client_id_of(r) for r in ok}
         result = super().aggregate_train(  # type: ignore[safe-super]
             server_round + self.round_offset, replies)
+        if result[0] is not None and ok:  # Flower's average turns counters into floats
+            key = getattr(self, "arrayrecord_key", "arrays")
+            result = (counters_kept(result[0], ok[0], key), result[1])
         answered = {r.metadata.src_node_id for r in replies}
         failed = {client_id_of(r): r.error.reason for r in replies if r.has_error()}
         failed.update({f"node:{n}": "no reply" for n in self._selected_nodes
@@ -218,14 +223,23 @@ class Recorded(Strategy):
         return result
 
 
+def counters_kept(aggregate: ArrayRecord, reply: Message, key: str) -> ArrayRecord:
+    """Flower's aggregate with its integer buffers back in the clients' dtype and shape (the
+    buffer rule of :mod:`fedowen_strategy.updates`: the weighted average, rounded)."""
+    reference = record_to_state(reply.content.array_records[key])
+    return state_to_record(restore_counters(record_to_state(aggregate), reference))
+
+
 def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
                           on_evaluate: EvaluateHook | None = None,
                           **extra: Any) -> Recorded:
     """Flower's strategy (or a peer) ``cfg.strategy``, recording rounds through ``on_round``;
     ``extra`` are constructor arguments the run config cannot hold (FLTrust's
     ``server_update``)."""
+    from server_app.matched import Matched  # replies of another model: rejected, recorded
+
     cls = strategy_class(cfg.strategy)
-    recorded = type(f"Recorded{cls.__name__}", (Recorded, cls), {})
+    recorded = type(f"Recorded{cls.__name__}", (Recorded, Matched, cls), {})
     strategy = recorded(**strategy_kwargs(cfg, cls, num_nodes), **extra)
     strategy.on_round = on_round  # a resume sets ``round_offset`` (server_app.app.resume)
     strategy.on_evaluate = on_evaluate

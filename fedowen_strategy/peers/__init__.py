@@ -26,7 +26,13 @@ from numpy.typing import NDArray
 
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import parse_replies, record_to_state, state_to_record
-from fedowen_strategy.updates import State, apply_delta, flat_delta, float_keys
+from fedowen_strategy.updates import (
+    State,
+    apply_delta,
+    average_counters,
+    flat_delta,
+    float_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,4 +92,7 @@ class UpdateWeighted(FedAvg):
             return None, metrics
         log.info("aggregate_train: round %d, %s weights %s", server_round, self.name,
                  ", ".join(f"{c}={w:.3f}" for c, w in zip(ids, weights, strict=True)))
-        return state_to_record(apply_delta(reference, delta, keys)), metrics
+        # integer buffers: the buffer rule (fedowen_strategy.updates), with the peer's weights
+        counters = average_counters([u.state for u in parsed.updates], weights, reference)
+        return state_to_record(apply_delta(reference, delta, keys,
+                                           others={**reference, **counters})), metrics

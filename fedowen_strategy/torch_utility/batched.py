@@ -220,8 +220,13 @@ class CoalitionGame:
                              "(accuracy is piecewise constant: its gradient is zero)")
         key = float(at)
         if key not in self._first_order:
+            buffers = {name for name, _ in self._net.named_buffers()}
+
             def forward(theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-                one = {k: v[0] for k, v in self._params(theta[None]).items()}
+                # buffers (BatchNorm's running statistics) are not differentiated: they enter
+                # the eval-mode forward as constants at theta, so their terms are 0
+                one = {k: v[0].detach() if k in buffers else v[0]
+                       for k, v in self._params(theta[None]).items()}
                 return functional_call(self._net, one, (x,))
 
             self._first_order[key] = first_order_terms(
