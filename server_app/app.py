@@ -34,6 +34,7 @@ from server_app.evaluation import CentralEvaluation, ServerParts, server_sets
 from server_app.factory import make_strategy, strategy_label
 from server_app.finish import already_finished, finish
 from server_app.progress import Unactionable, quiet, round_banner
+from server_app.stall import RunStalled
 from server_app.store.checkpoint import check_run_config, load_checkpoint
 from server_app.store.payouts import ADVERSARIES_FILE
 from server_app.store.records import RunRecorder
@@ -155,4 +156,8 @@ def main(grid: Grid, context: Context) -> None:
         raise
     out_dir = cfg.resolved_output_dir(context.run_id)
     log.info("%s run %s: results go to %s", strategy_label(cfg), context.run_id, out_dir)
-    run(grid, cfg, out_dir)
+    try:
+        run(grid, cfg, out_dir)
+    except RunStalled as err:  # the reason and what to check, above Flower's traceback
+        log.error("%s", err)
+        raise

@@ -66,7 +66,7 @@ SETTINGS_KEYS: Mapping[str, str] = MappingProxyType({
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
                               "device", "round-timeout", "node-wait-timeout", "torch-threads",
-                              "valuation-workers", "eval-every",
+                              "valuation-workers", "eval-every", "max-stalled-rounds",
                               "download", "verbose"})
 
 
@@ -111,6 +111,8 @@ class RunConfig(TaskConfig):
     round_timeout: float = ROUND_TIMEOUT
     verbose: bool = False
     node_wait_timeout: float = NODE_WAIT_TIMEOUT
+    # A run that learns nothing stops (server_app.stall); 0 = never.
+    max_stalled_rounds: int = 3
     duplicate_tolerance: float = _GUARDS.duplicate_tolerance
     update_filter: str = _GUARDS.update_filter
     robust_lr_threshold: int = _GUARDS.robust_lr_threshold
@@ -230,6 +232,9 @@ class RunConfig(TaskConfig):
             (self.owen_q >= 1, f"owen-q={self.owen_q} must be >= 1"),
             (self.round_timeout > 0, "round-timeout must be > 0"),
             (self.node_wait_timeout > 0, "node-wait-timeout must be > 0"),
+            (self.max_stalled_rounds >= 0,
+             f"max-stalled-rounds={self.max_stalled_rounds} must be >= 0 (0: never stop a run "
+             "that accepts no update)"),
             (self.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
             (self.valuation_workers >= 0,
              f"valuation-workers={self.valuation_workers} must be >= 0 (1: the server's thread "

@@ -29,6 +29,7 @@ from fedowen_task.partition import holdout_split
 from fedowen_task.training import evaluate
 from server_app.config import RunConfig
 from server_app.progress import PROGRESS, Progress
+from server_app.stall import StallWatch
 from server_app.store.checkpoint import CHECKPOINT_FILE, save_checkpoint
 from server_app.store.records import RunRecorder
 from server_app.strategies import ServerStrategy
@@ -121,6 +122,7 @@ class CentralEvaluation:
         self.sets, self.recorder, self.device = parts.sets, parts.recorder, parts.device
         self.started = time.perf_counter()
         self.progress = Progress(cfg.num_server_rounds, done)
+        self.stall = StallWatch(cfg.max_stalled_rounds, str(self.recorder.output_dir))
         self.end = RoundEnd(ArrayRecord(parts.model.state_dict()), self.started)
         adversary = cfg.adversary()
         # a backdoor run measures its attack success rate every round (fedowen_task.backdoor)
@@ -147,6 +149,7 @@ class CentralEvaluation:
                             self.cfg.federation_config())
         log.info("%s", self.progress.line(server_round, line), extra=PROGRESS)
         self.end = RoundEnd(arrays, time.perf_counter())
+        self.stall.observe(line)  # raises RunStalled once recorded and checkpointed
         return flower_metrics(measured, line)
 
     def measure(self, arrays: ArrayRecord) -> dict[str, float]:

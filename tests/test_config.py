@@ -94,6 +94,7 @@ ONE_MISTAKE = {
     "update-bound-multiple": 1.0, "norm-cap": "mean", "norm-cap-multiple": 0.0,
     "value-cap-multiple": -1.0, "value-cap-mode": "exact", "link-memory": -1,
     "link-cosine": 1.0, "round-timeout": 0.0, "verbose": "yes", "node-wait-timeout": 0.0,
+    "max-stalled-rounds": -1,
     "duplicate-tolerance": 1.0, "resume-from": "run", "adversary-fraction": 2.0,
     "adversary-kind": "flip", "adversary-noise-std": -1.0, "adversary-sybil-noise": -1.0,
     "adversary-boost": 0.0, "adversary-alie-z": -1.0, "adversary-ipm-epsilon": 0.0,

@@ -217,7 +217,8 @@ def test_run_that_aggregated_nothing_says_so_and_keeps_the_initial_model(
     def crash(msg: Any, ctx: Any) -> Any:
         raise RuntimeError("out of memory")
 
-    summary = _inprocess(shared_data_dir, tmp_path, handler=crash)
+    # max-stalled-rounds = 0: the run is not stopped (tests/test_stall.py: by default it is)
+    summary = _inprocess(shared_data_dir, tmp_path, handler=crash, **{"max-stalled-rounds": 0})
     assert summary["aggregated_rounds"] == 0 and "initial model" in summary["warning"]
     state = torch.load(tmp_path / "final_model.pt")
     assert state, "final_model.pt is empty"
