@@ -121,7 +121,8 @@ def run_in_process(config: dict[str, Any], out: Path, partitions: int = 4) -> li
     ("cnn", "cifar10", {}),
     # ResNet-18 (11M parameters) on the CPU: first-order keeps the valuation to one gradient
     ("resnet18", "mnist", {"valuation": "first-order", "client-max-samples": 20,
-                           "clients-per-round": 2, "test-max-samples": 100}),
+                           "clients-per-round": 2, "test-max-samples": 50,
+                           "eval-fraction": 0.0005}),
 ])
 def test_every_model_trains_three_rounds_with_no_reply_rejected(
         model: str, dataset: str, extra: dict[str, Any], shared_data_dir: Path,
