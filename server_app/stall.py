@@ -128,9 +128,12 @@ def stall_reason(rounds: Sequence[Mapping[str, Any]], max_stalled: int) -> str |
     if stalled < max_stalled:
         return None
     first = rounds[-stalled].get("round", len(rounds) - stalled + 1)
+    reasons = Counter(str(r) for key in ("rejected", "failed")
+                      for r in (last.get(key) or {}).values() if not unreached(str(r)))
+    top = advice(reasons.most_common(1)[0][0]) if reasons else DEFAULT_ADVICE
     return (f"no update was accepted in {stalled} rounds in a row (rounds {first}-{number}, "
             f"max-stalled-rounds = {max_stalled}); round {number}: {round_outline(last)}; "
-            f"{DEFAULT_ADVICE}")
+            f"{top}" + ("" if top == DEFAULT_ADVICE else f"; {DEFAULT_ADVICE}"))
 
 
 class StallWatch:

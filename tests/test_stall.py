@@ -79,7 +79,11 @@ def test_one_reply_is_not_every_reply_and_different_reasons_only_count() -> None
     assert reason is not None
     assert reason.startswith("no update was accepted in 3 rounds in a row (rounds 1-3, "
                              "max-stalled-rounds = 3); round 3: 2 rejected (update norm 3.1")
-    assert "and 1 other reason(s)" in reason
+    assert "and 1 other reason(s)" in reason and "`max-norm-ratio`" in reason
+    # a diverged run (archived cells stopped so: NaN in every reply, one array or another)
+    nan = [rnd(r, rejected={"a": "array 'fc1.weight' holds NaN or Inf",
+                            "b": "array 'conv1.weight' holds NaN or Inf"}) for r in (1, 2, 3)]
+    assert "local training diverged: lower `lr`" in str(stall_reason(nan, 3))
 
 
 def test_a_round_that_accepted_anything_is_not_stalled_and_resets_the_count() -> None:
