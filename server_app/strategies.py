@@ -36,6 +36,7 @@ from fedowen_strategy.replies import client_id_of, record_to_state, state_to_rec
 from fedowen_strategy.strategy import EvaluateHook, RoundHook, ServerStep
 from fedowen_strategy.updates import restore_counters
 from fedowen_task.config import did_you_mean, parse_params
+from server_app.matched import Matched
 
 FLOWER = {"fedavg": "FedAvg", "fedavgm": "FedAvgM", "fedprox": "FedProx", "krum": "Krum",
           "multikrum": "MultiKrum", "fedadam": "FedAdam", "fedyogi": "FedYogi",
@@ -189,6 +190,7 @@ class Recorded(Strategy):
         messages = list(super().configure_train(  # type: ignore[safe-super]
             server_round + self.round_offset, arrays, config, grid))
         self._selected_nodes = [m.metadata.dst_node_id for m in messages]
+        self._sent_arrays = arrays  # the counters' dtype and shape (counters_kept)
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
@@ -205,9 +207,8 @@ class Recorded(Strategy):
         names = {r.metadata.src_node_id: client_id_of(r) for r in ok}
         result = super().aggregate_train(  # type: ignore[safe-super]
             server_round + self.round_offset, replies)
-        if result[0] is not None and ok:  # Flower's average turns counters into floats
-            key = getattr(self, "arrayrecord_key", "arrays")
-            result = (counters_kept(result[0], ok[0], key), result[1])
+        if result[0] is not None:  # Flower's average turns counters into floats
+            result = (counters_kept(result[0], self._sent_arrays), result[1])
         answered = {r.metadata.src_node_id for r in replies}
         failed = {client_id_of(r): r.error.reason for r in replies if r.has_error()}
         failed.update({f"node:{n}": "no reply" for n in self._selected_nodes
@@ -223,11 +224,11 @@ class Recorded(Strategy):
         return result
 
 
-def counters_kept(aggregate: ArrayRecord, reply: Message, key: str) -> ArrayRecord:
-    """Flower's aggregate with its integer buffers back in the clients' dtype and shape (the
-    buffer rule of :mod:`fedowen_strategy.updates`: the weighted average, rounded)."""
-    reference = record_to_state(reply.content.array_records[key])
-    return state_to_record(restore_counters(record_to_state(aggregate), reference))
+def counters_kept(aggregate: ArrayRecord, sent: ArrayRecord) -> ArrayRecord:
+    """Flower's aggregate with its integer buffers back in the dtype and shape of the model
+    ``sent`` (the buffer rule of :mod:`fedowen_strategy.updates`: the weighted average,
+    rounded)."""
+    return state_to_record(restore_counters(record_to_state(aggregate), record_to_state(sent)))
 
 
 def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
@@ -236,8 +237,6 @@ def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
     """Flower's strategy (or a peer) ``cfg.strategy``, recording rounds through ``on_round``;
     ``extra`` are constructor arguments the run config cannot hold (FLTrust's
     ``server_update``)."""
-    from server_app.matched import Matched  # replies of another model: rejected, recorded
-
     cls = strategy_class(cfg.strategy)
     recorded = type(f"Recorded{cls.__name__}", (Recorded, Matched, cls), {})
     strategy = recorded(**strategy_kwargs(cfg, cls, num_nodes), **extra)
