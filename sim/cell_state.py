@@ -1,12 +1,16 @@
 """The files that hold a results folder's state: ``cells.jsonl`` (attempts and failures, one
 event per line), each cell's ``summary.json`` (done), ``checkpoint.npz`` (resumable) and
-``code.json`` (the code every attempt ran). :mod:`sim.runner` writes them; reports, archives
-and carry read them.
+``code.json`` (the code every attempt ran, and since issue 60 the machine it ran on).
+:mod:`sim.runner` writes them; reports, archives and carry read them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import platform
+import socket
 import subprocess
 import threading
 import time
@@ -17,6 +21,9 @@ STATE_FILE = "cells.jsonl"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT = "checkpoint.npz"
 CODE_FILE = "code.json"
+#: Where a cell that ran on another node (a Ray worker) leaves that node's :func:`machine_state`
+#: for the runner to record; removed once recorded.
+MACHINE_FILE = "machine.json"
 REPO = Path(__file__).resolve().parents[1]
 _STATE_LOCK = threading.Lock()  # parallel cells append to one cells.jsonl
 
@@ -62,6 +69,78 @@ def record_code(out: Path, attempt: int, resumed: bool) -> None:
     attempts.append({"attempt": attempt, "resumed": resumed,
                      "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **code_state()})
     path.write_text(json.dumps(attempts, indent=1) + "\n")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux, else the platform's word for it)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_state(device: str = "auto") -> dict[str, Any]:
+    """What this machine is, for a cell's record: a hash of the host name (not the name),
+    CPU model, core count, torch and CUDA versions and the torch device ``device`` resolves
+    to here (with the GPU's name where it is one)."""
+    import torch
+
+    from fedowen_task.device import resolve
+
+    used = resolve(device)
+    gpu = torch.cuda.get_device_name(used) if used.type == "cuda" else None
+    return {"host": hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12],
+            "cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "device": str(used), "gpu": gpu}
+
+
+def machine_key(machine: dict[str, Any]) -> str:
+    """One machine in words: ``host 1a2b3c4d5e6f, cuda (NVIDIA H200)`` or ``..., cpu``."""
+    gpu = f" ({machine['gpu']})" if machine.get("gpu") else ""
+    return f"host {machine.get('host')}, {machine.get('device')}{gpu}"
+
+
+def record_machine(out: Path, machine: dict[str, Any]) -> None:
+    """Add ``machine`` to the last attempt of ``out/code.json``."""
+    path = out / CODE_FILE
+    attempts = json.loads(path.read_text()) if path.exists() else []
+    if attempts:
+        attempts[-1]["machine"] = machine
+        path.write_text(json.dumps(attempts, indent=1) + "\n")
+
+
+def note_machine(out: Path, device: str) -> None:
+    """Record in ``out/code.json`` the machine the cell's last attempt ran on: the node's own
+    record where the cell ran elsewhere (``machine.json``, a Ray worker's), else this one."""
+    elsewhere = out / MACHINE_FILE
+    if elsewhere.exists():
+        machine = json.loads(elsewhere.read_text())
+        elsewhere.unlink()
+    else:
+        machine = machine_state(device)
+    record_machine(out, machine)
+
+
+def mixed_machines(results: Path, settings: dict[str, list[str]]) -> dict[str, set[str]]:
+    """The settings (``{label: [cell id]}``) whose recorded cells ran on more than one
+    machine (:func:`machine_key`), with those machines; cells without a record are skipped."""
+    mixed = {}
+    for label, cell_ids in settings.items():
+        seen = {machine_key(m) for cid in cell_ids for m in cell_machines(results / cid)}
+        if len(seen) > 1:
+            mixed[label] = seen
+    return mixed
+
+
+def cell_machines(out: Path) -> list[dict[str, Any]]:
+    """The machines a cell's attempts ran on, as ``code.json`` says (none in records written
+    before issue 60: they read as before)."""
+    path = out / CODE_FILE
+    attempts = json.loads(path.read_text()) if path.exists() else []
+    return [a["machine"] for a in attempts if isinstance(a.get("machine"), dict)]
 
 
 def cell_status(results: Path, cell_id: str, events: list[dict[str, Any]]) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedowen_deploy.launcher import APP_DIR
+from sim.cell_state import MACHINE_FILE, machine_state
 
 CELL_DIR_PREFIX = "fedowen-cell-"  # + the worker's pid: folders of dead workers are removed
 DRIVER_LOG = "flwr.log"  # the runner's log of the cell: stays with the driver
@@ -65,6 +66,9 @@ def run_cell_task(run_config: dict[str, Any], files: dict[str, bytes], num_super
         if cfg.get("resume-from"):
             cfg["resume-from"] = str(out)
         status, text = _run_inline(cfg, num_supernodes, timeout, out, Path(tmp) / "cell.log")
+        # the runner records this node, not its own machine (sim.cell_state.note_machine)
+        machine = machine_state(str(cfg.get("device", "auto")))
+        (out / MACHINE_FILE).write_text(json.dumps(machine))
         return {**node, "status": status, "log": text, "files": pack(out)}
 
 

@@ -10,7 +10,8 @@ the runner adds ``flwr.log``, the run's streamed log). State lives in the files:
   its log; the cell is retried once, and after a second failure marked ``failed`` there (later
   invocations skip it unless asked to retry failed cells);
 - every attempt appends the code it ran (git commit, and whether tracked files differed from
-  it) to the cell's ``code.json``.
+  it) and the machine it ran on to the cell's ``code.json``; a setting whose cells ran on more
+  than one machine is named in a warning at the end of each invocation.
 
 One SuperLink serves all cells of an invocation; it is restarted when it died or a run failed
 (a timed-out run may still be running on it). The inline backend needs no SuperLink and runs
@@ -38,6 +39,8 @@ from sim.cell_state import (
     SUMMARY_FILE,
     append_state,
     cell_status,
+    mixed_machines,
+    note_machine,
     read_state,
     record_code,
 )
@@ -177,6 +180,7 @@ class Runner:
             except Exception as err:  # the launcher itself failed (SuperLink would not start)
                 status, ok = f"error: {type(err).__name__}: {err}", False
         seconds = time.monotonic() - started
+        note_machine(out, str(cfg.get("device", "auto")))
         if not ok and stopping():  # we stopped it (SIGTERM to the runner): not the cell's fault
             return False, INTERRUPTED
         if ok:
@@ -287,4 +291,19 @@ class Runner:
                         raise
         finally:
             self.link.close()
+        self.warn_mixed_machines()
         return counts
+
+    def warn_mixed_machines(self) -> None:
+        """Warn of each setting (a grid's point without its rows and seed) whose recorded
+        cells ran on more than one machine: a GPU and a CPU round floats differently."""
+        settings: dict[str, list[str]] = {}
+        for cell in self.preset.cells():
+            keys = self.preset.grid(cell.grid).column_keys
+            label = " ".join([f"grid {cell.grid}", *(f"{k}={cell.point.get(k)}" for k in keys)])
+            settings.setdefault(label, []).append(cell.cell_id)
+        for label, machines in sorted(mixed_machines(self.results, settings).items()):
+            message = (f"warning: the cells of {label} ran on {len(machines)} machines "
+                       f"({'; '.join(sorted(machines))}): not one machine per setting")
+            log.warning("%s", message)
+            self.progress(message)
