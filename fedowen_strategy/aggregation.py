@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedowen_strategy.links import components
-from fedowen_strategy.updates import State, average_counters, flat_deltas
+from fedowen_strategy.updates import State, average_buffers, flat_deltas
 
 #: How a round's updates are weighted: softmax(phi / T), softmax over the updates with
 #: phi > 0 only (the others get 0), FedAvg's num-examples, equal.
@@ -125,21 +125,20 @@ def duplicate_groups(states: Sequence[State], reference: State,
 def weighted_average(states: Sequence[State], weights: NDArray[np.float64]) -> dict[str, NDArray]:
     """Weighted sum ``sum_i w_i * states[i]`` key by key (weights must sum to 1).
 
-    Floating arrays (parameters and BatchNorm's running statistics) keep their dtype; integer
-    arrays (BatchNorm's ``num_batches_tracked``) follow the buffer rule of
-    :mod:`fedowen_strategy.updates`: the same weighted average, rounded. Every array keeps its
-    shape, 0-d included.
+    Floating arrays keep their dtype; buffers (BatchNorm's running statistics and its
+    ``num_batches_tracked``) follow the buffer rule of :mod:`fedowen_strategy.updates`: the same
+    weighted average, counters rounded. Every array keeps its shape, 0-d included.
     """
     weights = np.asarray(weights, dtype=np.float64)
     if len(states) != weights.size or weights.size == 0:
         raise ValueError(f"got {len(states)} states but {weights.size} weights")
     if not np.isclose(weights.sum(), 1.0, atol=1e-6):
         raise ValueError(f"aggregation weights must sum to 1, got {weights.sum():.6f}")
-    counters = average_counters(states, weights, states[0])
+    buffers = average_buffers(states, weights, states[0])
     out: dict[str, NDArray] = {}
     for key, first in states[0].items():
-        if key in counters:
-            out[key] = counters[key]
+        if key in buffers:
+            out[key] = buffers[key]
             continue
         acc = np.zeros(np.shape(first), dtype=np.float64)
         for w, state in zip(weights, states, strict=True):

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import update_norm
+from fedowen_strategy.updates import is_update, update_norm
 
 if TYPE_CHECKING:  # only a type here: the numpy-only valuation side imports NORM_CAPS
     from fedowen_strategy.replies import ClientUpdate
@@ -96,11 +96,12 @@ def example_bound(norms: Sequence[float], examples: Sequence[int], multiple: flo
 
 def clip_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
                factor: float) -> dict[str, NDArray]:
-    """``reference + factor * (state - reference)`` for floating arrays, others unchanged."""
+    """``reference + factor * (state - reference)`` on the update keys, the buffers as the
+    client sent them (:mod:`fedowen_strategy.updates`)."""
     out: dict[str, NDArray] = {}
     for key, ref in reference.items():
         arr = state[key]
-        if np.issubdtype(ref.dtype, np.floating):
+        if is_update(key, ref):
             delta = arr.astype(np.float64) - ref
             out[key] = (ref + factor * delta).astype(ref.dtype)
         else:

@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from numpy.typing import NDArray
 
 from fedowen_strategy.selectors import oort_utility
+from fedowen_strategy.updates import is_update
 
 # the message protocol the ClientApp shares (the library's one import from the task module)
 from fedowen_task.protocol import (
@@ -125,9 +126,9 @@ def _check_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
         if arr.shape != ref.shape or arr.dtype != ref.dtype:
             return (f"array {key!r} is {arr.dtype}{list(arr.shape)}, "
                     f"expected {ref.dtype}{list(ref.shape)}")
-        if np.issubdtype(arr.dtype, np.floating):
-            if not np.all(np.isfinite(arr)):
-                return f"array {key!r} holds NaN or Inf"
+        if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
+            return f"array {key!r} holds NaN or Inf"
+        if is_update(key, ref):  # the norms of the update, not of the statistics
             ref_sq += float(np.sum(np.square(ref, dtype=np.float64)))
             upd_sq += float(np.sum(np.square(arr.astype(np.float64) - ref)))
     limit = norm_ratio_limit(max_norm_ratio, float(np.sqrt(ref_sq)))

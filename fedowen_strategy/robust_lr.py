@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import State, float_keys, update_norm
+from fedowen_strategy.updates import State, update_keys, update_norm
 
 
 def sign_agreement(deltas: NDArray[np.floating]) -> NDArray[np.float64]:
@@ -47,7 +47,7 @@ def guard_aggregate(average: Mapping[str, NDArray], states: Sequence[State],
     record: dict[str, Any] = {}
     if not states or (robust_lr_threshold <= 0 and aggregate_noise <= 0):
         return out, record
-    keys = float_keys(global_state)
+    keys = update_keys(global_state)
     if robust_lr_threshold > 0:
         reversed_, total = 0, 0
         for key in keys:

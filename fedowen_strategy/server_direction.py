@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import cosines_to, flat_delta, float_keys
+from fedowen_strategy.updates import cosines_to, flat_delta, update_keys
 
 if TYPE_CHECKING:
     from fedowen_strategy.replies import ClientUpdate
@@ -27,7 +27,7 @@ def server_cosines(states: Sequence[Mapping[str, NDArray]], server_state: Mappin
                    global_state: Mapping[str, NDArray]) -> NDArray[np.float64]:
     """Each update's cosine with the server's step (0 where either is zero): FLTrust's trust
     score before its ReLU."""
-    keys = float_keys(global_state)
+    keys = update_keys(global_state)
     if not states:
         return np.zeros(0)
     deltas = np.stack([flat_delta(state, global_state, keys) for state in states])

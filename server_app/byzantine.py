@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 from fedowen_strategy.bounds import lower_median
 from fedowen_strategy.guards import Defence, Median, bound_in_force
 from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
-from fedowen_strategy.updates import State, apply_delta, flat_delta, flatten, float_keys
+from fedowen_strategy.updates import State, apply_delta, flat_delta, flatten, update_keys
 from fedowen_task.adversary.attacks import attack_of, server_side
 from fedowen_task.adversary.server import MARGIN, RoundView, jittered, median_faced
 from server_app.config import RunConfig
@@ -190,7 +190,7 @@ class ByzantineGrid(Grid):
             params["jitter"] = self.adversary.jitter
         for row, delta in zip(bad, deltas, strict=True):
             row.message.content["arrays"] = state_to_record(apply_delta(
-                row.global_state, delta, float_keys(row.global_state), others=row.state))
+                row.global_state, delta, update_keys(row.global_state), others=row.state))
         entry = {"round": server_round, "kind": self.adversary.kind,
                  "clients": [r.client_id for r in bad], "replies": len(rows),
                  "honest": len(honest), **params,
@@ -214,7 +214,7 @@ class ByzantineGrid(Grid):
             return {"norms": [float(np.linalg.norm(r.delta)) for r in rows],
                     "examples": [r.examples for r in rows],
                     "global_norm": float(np.linalg.norm(flatten(global_state,
-                                                                float_keys(global_state)))),
+                                                                update_keys(global_state)))),
                     "server_norm": self._server_norm(global_state, server_round),
                     "others": [float(np.linalg.norm(r.delta)) for r in honest]}
 

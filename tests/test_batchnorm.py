@@ -15,9 +15,10 @@ import torch.nn.functional as F
 
 from client_app.app import app as client_app
 from fedowen_strategy.aggregation import weighted_average
-from fedowen_strategy.replies import record_to_state, state_to_record
+from fedowen_strategy.bounds import clip_state
+from fedowen_strategy.replies import _check_state, record_to_state, state_to_record
 from fedowen_strategy.torch_utility.batched import CoalitionGame
-from fedowen_strategy.updates import average_counters, restore_counters
+from fedowen_strategy.updates import average_buffers, restore_counters, update_keys, update_norm
 from fedowen_task.models import build_model, check_model_input, state_to_numpy
 from server_app.app import run
 from server_app.config import parse_run_config
@@ -47,11 +48,29 @@ def test_aggregated_buffers_follow_the_rule() -> None:
     assert out["num_batches_tracked"].shape == () and out["num_batches_tracked"].dtype == np.int64
     assert int(out["num_batches_tracked"]) == 17
     assert isinstance(out["num_batches_tracked"], np.ndarray)
-    # the peers' form: weights that need not sum to 1 are normalised (2:1 -> 13.33 -> 13)
-    peer = average_counters(states[:2], np.array([2.0, 1.0]), states[0])
+    # the peers' form: weights that need not sum to 1 are normalised (2:1 -> 13.33 -> 13);
+    # only buffers come back (the parameters are the peer's own combination)
+    peer = average_buffers(states[:2], np.array([2.0, 1.0]), states[0])
+    assert sorted(peer) == ["num_batches_tracked", "running_mean", "running_var"]
     assert int(peer["num_batches_tracked"]) == 13
+    np.testing.assert_allclose(peer["running_mean"], [5 / 3, 5 / 3], rtol=1e-6)
     # nobody weighted: the global model's counter stays
-    assert int(average_counters(states[:2], np.zeros(2), states[2])["num_batches_tracked"]) == 31
+    assert int(average_buffers(states[:2], np.zeros(2), states[2])["num_batches_tracked"]) == 31
+
+
+def test_statistics_are_averaged_but_are_not_part_of_the_update() -> None:
+    # Prepare: a client whose statistics moved far (as ResNet-18's do in its first epoch)
+    # and whose weight moved by 0.5 per entry
+    glob, client = bn_state(1.0, 1.0, 0), bn_state(1.5, 400.0, 10)
+    # Execute / Assert: the update is the weight alone; norms and the norm check ignore the
+    # statistics (a max-norm-ratio of 1 passes a weight step of norm 0.71 < 1.41)
+    assert update_keys(glob) == ["weight"]
+    assert update_norm(client, glob) == pytest.approx(np.sqrt(2 * 0.25))
+    assert _check_state(client, glob, max_norm_ratio=1.0) is None
+    # a clip scales the weight's step and leaves the statistics as the client sent them
+    clipped = clip_state(client, glob, 0.5)
+    np.testing.assert_allclose(clipped["weight"], [1.25, 1.25])
+    np.testing.assert_allclose(clipped["running_var"], [400.0, 400.0])
 
 
 def test_zero_d_arrays_round_trip_through_the_array_record() -> None:

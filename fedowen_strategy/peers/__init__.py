@@ -29,9 +29,9 @@ from fedowen_strategy.replies import parse_replies, record_to_state, state_to_re
 from fedowen_strategy.updates import (
     State,
     apply_delta,
-    average_counters,
+    average_buffers,
     flat_delta,
-    float_keys,
+    update_keys,
 )
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class UpdateWeighted(FedAvg):
             log.warning("round %d: no usable update; global model kept", server_round)
             self.round_record["kept_global"] = "no usable update"
             return None, MetricRecord({"num-returned": 0})
-        keys = float_keys(reference)
+        keys = update_keys(reference)
         deltas = np.stack([flat_delta(u.state, reference, keys) for u in parsed.updates])
         delta, weights, extra = self.combine(server_round, reference, ids, deltas, keys)
         if delta is not None and not np.isfinite(delta).all():
@@ -92,7 +92,7 @@ class UpdateWeighted(FedAvg):
             return None, metrics
         log.info("aggregate_train: round %d, %s weights %s", server_round, self.name,
                  ", ".join(f"{c}={w:.3f}" for c, w in zip(ids, weights, strict=True)))
-        # integer buffers: the buffer rule (fedowen_strategy.updates), with the peer's weights
-        counters = average_counters([u.state for u in parsed.updates], weights, reference)
+        # statistics and counters: the buffer rule (fedowen_strategy.updates), peer's weights
+        buffers = average_buffers([u.state for u in parsed.updates], weights, reference)
         return state_to_record(apply_delta(reference, delta, keys,
-                                           others={**reference, **counters})), metrics
+                                           others={**reference, **buffers})), metrics
