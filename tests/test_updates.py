@@ -11,7 +11,7 @@ from fedowen_strategy.updates import (
     flat_delta,
     flat_deltas,
     flatten,
-    float_keys,
+    update_keys,
     update_norm,
 )
 
@@ -24,7 +24,7 @@ STATE = {"w": np.array([[1.0, 2.0], [3.0, 7.0]], np.float32), "n": np.array([9],
 
 def test_the_update_is_the_floating_arrays_only_in_key_order() -> None:
     # Execute / Assert: the counter is no part of the update; w's 4 entries, then b's
-    assert float_keys(REF) == ["w", "b"]
+    assert update_keys(REF) == ["w", "b"]
     np.testing.assert_array_equal(flatten(REF, ["w", "b"]), [1.0, 2.0, 3.0, 4.0, 0.5])
     np.testing.assert_array_equal(flat_delta(STATE, REF), [0.0, 0.0, 0.0, 3.0, 4.0])
     assert flat_delta(STATE, REF).dtype == np.float64
@@ -41,8 +41,8 @@ def test_apply_delta_inverts_flat_delta_and_takes_counters_from_others() -> None
     # Prepare
     delta = flat_delta(STATE, REF)
     # Execute
-    kept = apply_delta(REF, delta, float_keys(REF))
-    theirs = apply_delta(REF, delta, float_keys(REF), others=STATE)
+    kept = apply_delta(REF, delta, update_keys(REF))
+    theirs = apply_delta(REF, delta, update_keys(REF), others=STATE)
     # Assert: floats restored in their own dtype; the counter copied from the reference by
     # default, taken from ``others`` (the sender's own) when given
     for out in (kept, theirs):
