@@ -37,7 +37,9 @@ SECOND_PRESET_PREFIX = "confirm2-"
 CONFIRM_GRID = "confirm"
 
 #: Per-run keys that differ between the seeds and machines of one arm by design.
-_PER_RUN = ("seed", "output_dir", "data_dir", "resume_from")
+#: Keys left out of an arm's hash: the per-run ones, and max-stalled-rounds (when a run that
+#: learns nothing stops; a cell that finished learned the same at any value).
+_PER_RUN = ("seed", "output_dir", "data_dir", "resume_from", "max_stalled_rounds")
 #: Keys the app gained after the protocol commit (839845a), with the value that runs as the
 #: code did before them: a config without them (a cell's config.json written then, or a
 #: preset that leaves them to the defaults, which have changed since) ran at that value, and
