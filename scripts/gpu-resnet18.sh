@@ -33,7 +33,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
     PROFILE=smoke; BASE=/tmp/gpu-resnet18-smoke; DATASET=mnist
     PY="$(bash "$ROOT/scripts/setup-venv.sh")/bin/python"; SITE_ON_PATH=0
 else
-    PROFILE=gpu; BASE=/tmp; DATASET=cifar10; PY=python3; SITE_ON_PATH=1
+    PROFILE="${GPU_PROFILE:-gpu}"; BASE=/tmp; DATASET=cifar10; PY=python3; SITE_ON_PATH=1
 fi
 SITE="$BASE/site"; DATA="$BASE/data"; WORK="${WORK:-$BASE/gpu-resnet18}"
 left() { echo $((BUDGET_S - ($(date +%s) - START))); }
@@ -74,7 +74,7 @@ export PYTHONUNBUFFERED=1
 timeout 60 "$PY" -c 'import flwr, numpy, torch; print("[gpu-resnet18] flwr", flwr.__version__,
     "numpy", numpy.__version__, "torch", torch.__version__, "cuda", torch.cuda.is_available(),
     torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")'
-if [ "$PROFILE" = gpu ]; then
+if [ "$PROFILE" != smoke ]; then
     "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)' \
         || { say "torch sees no CUDA device: nothing to measure"; exit 3; }
     nvidia-smi --query-gpu=name,memory.total,utilization.gpu --format=csv || true
