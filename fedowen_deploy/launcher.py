@@ -153,6 +153,19 @@ class SuperLinkConnection(Protocol):
     name: str
 
 
+def federation_config(num_supernodes: int | None, cpus_per_client: float,
+                      gpus_per_client: float = 0.0) -> str:
+    """``flwr run``'s ``--federation-config`` of a simulation: Flower's own options for the
+    number of virtual clients and each one's share of CPUs and of a GPU (Ray packs
+    ``floor(1 / share)`` clients onto each GPU; 0: no GPU asked for)."""
+    if gpus_per_client < 0 or cpus_per_client <= 0:
+        raise ValueError(f"cpus-per-client={cpus_per_client} must be > 0 and "
+                         f"gpus-per-client={gpus_per_client} >= 0")
+    cpus = int(cpus_per_client) if float(cpus_per_client).is_integer() else cpus_per_client
+    fed = f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus}"
+    return fed + (f" client-resources-num-gpus={gpus_per_client}" if gpus_per_client > 0 else "")
+
+
 def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
              num_supernodes: int | None = None, cpus_per_client: float = 1.0,
              gpus_per_client: float = 0.0, app_dir: Path = APP_DIR, timeout: float = 3600,
@@ -169,10 +182,7 @@ def flwr_run(superlink: SuperLinkConnection, run_config: dict[str, Any], *,
     env = flower_env(superlink.flwr_home)
     cfg_file = superlink.flwr_home / f"run-config-{os.getpid()}-{time.time_ns()}.toml"
     cfg_file.write_text(tomli_w.dumps(run_config))
-    cpus = int(cpus_per_client) if float(cpus_per_client).is_integer() else cpus_per_client
-    fed = f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus}"
-    if gpus_per_client > 0:  # Ray packs floor(1 / share) clients onto each GPU
-        fed += f" client-resources-num-gpus={gpus_per_client}"
+    fed = federation_config(num_supernodes, cpus_per_client, gpus_per_client)
     cmd = [str(BIN / "flwr"), "run", str(app_dir), superlink.name, "--run-config", str(cfg_file)]
     if num_supernodes is not None:  # simulation; a deployment's federation is its SuperNodes
         cmd += ["--federation-config", fed]

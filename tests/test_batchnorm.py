@@ -216,3 +216,13 @@ def test_run_config_checks_model_and_device_before_any_round() -> None:
     if not torch.cuda.is_available():  # a machine without a GPU refuses cuda at start
         with pytest.raises(ValueError, match="device='cuda': torch sees no CUDA device"):
             parse_run_config({"device": "cuda"})
+
+
+def test_virtual_clients_get_a_share_of_a_gpu_through_flowers_option() -> None:
+    from fedowen_deploy.launcher import federation_config
+
+    assert federation_config(100, 1.0) == "num-supernodes=100 client-resources-num-cpus=1"
+    assert federation_config(100, 1.0, 0.1) == (
+        "num-supernodes=100 client-resources-num-cpus=1 client-resources-num-gpus=0.1")
+    with pytest.raises(ValueError, match="gpus-per-client=-1"):
+        federation_config(100, 1.0, -1)
