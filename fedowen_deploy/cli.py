@@ -2,8 +2,9 @@
 
     python -m fedowen_deploy.cli --rounds 5 --valuation owen --set alpha=0.01
 
-(``scripts/run.sh`` sets up the venv and runs it.) Defaults are the paper's: MNIST, 100
-virtual clients, 10 per round, 100 rounds. The data dir is ``--data-dir``, else
+(``scripts/run.sh`` sets up the venv and runs it.) Every run-config key is a flag (``--alpha
+0.01`` or ``--set alpha=0.01``); a key not given keeps pyproject.toml's default (the paper's:
+MNIST, 10 clients a round, 100 rounds), on 100 virtual clients. The data dir is ``--data-dir``, else
 ``$FEDOWEN_DATA``, else ``../shared/data`` beside the repo when it exists, else
 ``~/.cache/fedowen/data``; the results go to ``--output-dir``, else a new
 ``<time>-<dataset>-<valuation>`` folder where the app puts runs without an output dir
@@ -19,6 +20,7 @@ import argparse
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +28,45 @@ from fedowen_deploy.launcher import APP_DIR, LocalSuperLink, flwr_run
 from fedowen_deploy.procs import Terminated, exit_on_signals
 from fedowen_strategy.round_valuers import METHODS
 from fedowen_task.config import parse_scalar
+from fedowen_task.declare import declared
 from server_app.config import RunConfig, output_root, parse_run_config
 from server_app.store.checkpoint import CHECKPOINT_FILE
 from server_app.strategies import NAMES as STRATEGY_NAMES
 
+#: Keys the CLI names itself: paths it resolves (absolute) before the run config sees them.
+PATH_KEYS = ("data-dir", "output-dir")
+#: A paper-sized federation (not a run-config key: Flower's num-supernodes).
+PAPER_SUPERNODES = 100
+#: What a key's flag adds to its declared help (the lists the tests compare with the docs).
+MORE_HELP = {"valuation": f": {', '.join(METHODS)}",
+             "strategy": f": {', '.join(STRATEGY_NAMES)} or module:Class (a Flower strategy)"}
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+
+def _flag_value(type_name: str) -> Callable[[str], Any]:
+    """argparse's ``type`` for a key of ``type_name`` (bool: true/false)."""
+    if type_name == "bool":
+        return lambda raw: {"true": True, "false": False}[raw.lower()]
+    return {"int": int, "float": float}.get(type_name, str)
+
+
+def add_key_flags(p: argparse.ArgumentParser, config: type = RunConfig) -> None:
+    """One flag per declared run-config key (:mod:`fedowen_task.declare`), its default the
+    declaration's; a flag not given is not sent, so the app's default applies."""
+    group = p.add_argument_group("run-config keys (pyproject.toml's defaults)")
+    for k in declared(config):
+        if k.name in PATH_KEYS:
+            continue
+        flags = ["--" + k.name, *(["--rounds"] if k.name == "num-server-rounds" else [])]
+        text = f"{k.help}{MORE_HELP.get(k.name, '')} (default: {k.default!r})"
+        group.add_argument(*flags, dest=k.field, type=_flag_value(k.type), default=None,
+                           metavar=k.type.upper(), help=text.replace("%", "%%"))
+
+
+def parse_args(argv: list[str] | None = None,
+               config: type[RunConfig] = RunConfig) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=100, help="server rounds (paper: 100)")
-    p.add_argument("--supernodes", type=int, default=100, help="virtual clients (paper: 100)")
-    p.add_argument("--clients-per-round", type=int, default=10, help="k (paper: 10)")
-    p.add_argument("--dataset", default="mnist",
-                   help="mnist, fashion-mnist, cifar10, femnist or medmnist:<flag>")
-    p.add_argument("--valuation", default=RunConfig.valuation, metavar="METHOD",
-                   help=f"FedOwen's valuation method: {', '.join(METHODS)}")
-    p.add_argument("--strategy", default="fedowen", metavar="NAME",
-                   help=f"{', '.join(STRATEGY_NAMES)} or module:Class (a Flower strategy)")
+    p.add_argument("--supernodes", type=int, default=PAPER_SUPERNODES,
+                   help=f"virtual clients (paper: {PAPER_SUPERNODES})")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="default: $FEDOWEN_DATA, else ../shared/data beside the repo, else "
                    "~/.cache/fedowen/data")
@@ -49,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="default: <time>-<dataset>-<valuation> in $FEDOWEN_OUTPUT, else in "
                    "~/fedowen-runs")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other run-config key of pyproject.toml, repeatable")
+                   help="any run-config key (or a user's own), repeatable")
     p.add_argument("--cpus-per-client", type=float, default=1.0)
     p.add_argument("--gpus-per-client", type=float, default=0.0, metavar="SHARE",
                    help="a share of a GPU per virtual client (Flower's client-resources-"
@@ -60,27 +85,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flwr-home", type=Path, default=APP_DIR / ".flwr-launcher",
                    help="FLWR_HOME of this script's own SuperLink (default .flwr-launcher; "
                         "the README's `flwr run` uses .flwr-home)")
+    add_key_flags(p, config)
     return p.parse_args(argv)
 
 
-def build_run_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The run-config overrides the arguments describe (absolute paths)."""
+def build_run_config(args: argparse.Namespace,
+                     config: type[RunConfig] = RunConfig) -> dict[str, Any]:
+    """The run-config overrides the arguments describe: the flags given, then ``--set``, and
+    the paths (absolute)."""
     from fedowen_task.data import resolve_data_dir  # imports torch: only when a run starts
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    method = args.valuation if args.strategy == "fedowen" else args.strategy.replace(":", "-")
-    out = args.output_dir or output_root() / f"{stamp}-{args.dataset}-{method}"
-    cfg: dict[str, Any] = {
-        "num-server-rounds": args.rounds, "clients-per-round": args.clients_per_round,
-        "dataset": args.dataset, "valuation": args.valuation, "strategy": args.strategy,
-        "data-dir": str(resolve_data_dir(args.data_dir)),
-        "output-dir": str(Path(out).resolve()),
-    }
+    cfg: dict[str, Any] = {k.name: getattr(args, k.field) for k in declared(config)
+                           if getattr(args, k.field, None) is not None}
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. --set alpha=0.01")
         cfg[key] = parse_scalar(value)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    strategy = str(cfg.get("strategy", config.strategy))
+    dataset = cfg.get("dataset", config.dataset)
+    method = cfg.get("valuation", config.valuation) if strategy == "fedowen" \
+        else strategy.replace(":", "-")
+    out = args.output_dir or output_root() / f"{stamp}-{dataset}-{method}"
+    cfg["data-dir"] = str(resolve_data_dir(args.data_dir))
+    cfg["output-dir"] = str(Path(out).resolve())
     if cfg.get("resume-from"):  # the app wants an absolute path and writes into it
         cfg["resume-from"] = str(Path(str(cfg["resume-from"])).resolve())
     return cfg
@@ -102,11 +131,11 @@ def resume_hint(argv: list[str], out: str) -> str:
     i = 0
     while i < len(argv):  # the output dir is where resume-from points: drop both
         arg = argv[i]
-        if arg == "--output-dir" or (arg == "--set" and i + 1 < len(argv)
-                                     and argv[i + 1].startswith("resume-from=")):
+        if arg in ("--output-dir", "--resume-from") or (
+                arg == "--set" and i + 1 < len(argv) and argv[i + 1].startswith("resume-from=")):
             i += 2
             continue
-        if not arg.startswith("--output-dir="):
+        if not arg.startswith(("--output-dir=", "--resume-from=")):
             kept.append(arg)
         i += 1
     command = ["bash", "scripts/run.sh", *kept, "--set", f"resume-from={out}"]
@@ -128,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[fedowen] data-dir={run_config.data_dir}: {err}", file=sys.stderr)
         return 2
     out = results_dir(cfg)
-    print(f"[fedowen] {args.supernodes} virtual clients, {cfg['clients-per-round']} per round, "
-          f"{cfg['num-server-rounds']} rounds, "
-          f"{'valuation=' + cfg['valuation'] if args.strategy == 'fedowen' else cfg['strategy']}; "
-          f"data {cfg['data-dir']}; results in {out}", flush=True)
+    what = (f"valuation={run_config.valuation}" if run_config.strategy == "fedowen"
+            else run_config.strategy)
+    print(f"[fedowen] {args.supernodes} virtual clients, {run_config.clients_per_round} per "
+          f"round, {run_config.num_server_rounds} rounds, {what}; data {cfg['data-dir']}; "
+          f"results in {out}", flush=True)
     # SIGTERM/SIGINT end the run through the `with`: SuperLink, SuperExec, flwr-simulation and
     # Ray are stopped (fedowen_deploy.procs), not left running; the last line says how to go on.
     try:

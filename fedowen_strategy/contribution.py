@@ -42,6 +42,7 @@ from fedowen_strategy.selection import (
 )
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 from fedowen_strategy.valuation import ESTIMATORS
+from fedowen_task import declare
 
 #: What a coalition utility measures on the evaluation set: accuracy or minus the loss.
 UTILITY_METRICS = ("accuracy", "neg-loss")
@@ -60,16 +61,23 @@ class ValuationSettings(Settings):
     """How a round is valued and aggregated (defaults: the app's; see the module docstring
     for ``phi_scale``); ``aggregation = "auto"`` resolves as :func:`resolve_auto` says."""
 
-    method: str = "owen-antithetic"
-    budget_m: int = 4
-    params: Mapping[str, Any] = field(default_factory=dict)
-    phi_scale: str = "l1"
-    temperature: float = 1.0
-    krum_malicious: int = 0
-    aggregation: str = "auto"
-    game: str = "delta"
-    uniform_mix: float = 0.0
-    weight_cap: float = 1.0
+    method: str = declare.key(
+        "owen-antithetic", "FedOwen's valuation method (none: no valuation; multikrum: Flower's "
+        "MultiKrum)", name="valuation")
+    budget_m: int = declare.key(4, "utility calls a round per returned update", name="budget-m")
+    params: Mapping[str, Any] = field(default_factory=dict,
+                                      metadata=declare.named("valuation-params"))
+    phi_scale: str = declare.key("l1", "phi's scale: l1 | normalised | raw", name="phi-scale")
+    temperature: float = declare.key(1.0, "softmax(phi / T)'s T", name="temperature")
+    krum_malicious: int = declare.key(
+        0, "adversaries a round (Krum, MultiKrum)", name="krum-malicious")
+    aggregation: str = declare.key(
+        "auto", "softmax | examples | uniform; auto: the valuation's own", name="aggregation")
+    game: str = declare.key("delta", "the coalition game: delta | average", name="game")
+    uniform_mix: float = declare.key(
+        0.0, "weights mixed with equal weights by this share", name="uniform-mix")
+    weight_cap: float = declare.key(
+        1.0, "no client's weight above this (1: off)", name="weight-cap")
 
     def __post_init__(self) -> None:
         super().__post_init__()

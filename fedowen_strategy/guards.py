@@ -53,6 +53,7 @@ from fedowen_strategy.replies import ClientUpdate, norm_ratio_limit
 from fedowen_strategy.server_direction import filter_server_direction
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 from fedowen_strategy.updates import cosine_matrix, update_norm
+from fedowen_task import declare
 
 log = logging.getLogger(__name__)
 
@@ -126,18 +127,30 @@ class Guards(Settings):
         round's median update norm (the paper's lambda, 0.001; 0: off; opt-in, issue 45).
     """
 
-    max_norm_ratio: float = 10.0
-    update_bound: str = "none"
-    update_bound_multiple: float = 3.0
-    norm_cap: str = "auto"
-    norm_cap_multiple: float = 2.0
-    value_cap_multiple: float = 1.0
-    value_cap_mode: str = "exactly"
-    link_cosine: float = 0.98
-    duplicate_tolerance: float = 1e-6
-    update_filter: str = "none"
-    robust_lr_threshold: int = 0
-    aggregate_noise: float = 0.0
+    max_norm_ratio: float = declare.key(
+        10.0, "reject updates beyond this x the model's norm (0: off)", name="max-norm-ratio")
+    update_bound: str = declare.key(
+        "none", "clip | reject | none: updates beyond the bound", name="update-bound")
+    update_bound_multiple: float = declare.key(
+        3.0, "the bound, x the round's median norm per example", name="update-bound-multiple")
+    norm_cap: str = declare.key(
+        "auto", "rescale updates to a reference: median | server | none | auto", name="norm-cap")
+    norm_cap_multiple: float = declare.key(
+        2.0, "the norm cap, x its reference", name="norm-cap-multiple")
+    value_cap_multiple: float = declare.key(
+        1.0, "updates valued at this x the reference (0: as averaged)", name="value-cap-multiple")
+    value_cap_mode: str = declare.key(
+        "exactly", "exactly | at-most the value cap", name="value-cap-mode")
+    link_cosine: float = declare.key(
+        0.98, "updates above this cosine are one player (0: off)", name="link-cosine")
+    duplicate_tolerance: float = declare.key(
+        1e-6, "updates this close are copies (0: off)", name="duplicate-tolerance")
+    update_filter: str = declare.key(
+        "none", "none | majority | server-direction", name="update-filter")
+    robust_lr_threshold: int = declare.key(
+        0, "the robust learning rate's theta (0: off)", name="robust-lr-threshold")
+    aggregate_noise: float = declare.key(
+        0.0, "noise on the aggregate, x the median norm (0: off)", name="aggregate-noise")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""

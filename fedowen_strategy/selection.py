@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 
 from fedowen_strategy.selectors import REWARDS
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
+from fedowen_task import declare
 
 #: Algorithm 2's bandit, uniform sampling (FedAvg's, and the paper's ablation), the field's
 #: selectors and FedOwen's posterior and screened selectors (:mod:`fedowen_strategy.selectors`).
@@ -110,18 +111,26 @@ class SelectionParams(Settings):
         :data:`AUTO_CAP`, is the selector's own (:func:`resolve_cap`).
     """
 
-    epsilon: float = 0.1
-    c: float = 0.1
-    tau: float = 0.01
+    epsilon: float = declare.key(0.1, "Algorithm 2's exploration share", name="epsilon")
+    c: float = declare.key(0.1, "Algorithm 2's exploration bonus", name="ucb-c")
+    tau: float = declare.key(0.01, "the contribution floor of Algorithm 2", name="tau")
     low_gain_scale: float = 0.1
-    memory: str = "mean"
-    discount: float = 0.3
-    link_memory: int = 0
-    poc_d: int = 20
-    oort_exploration_min: float = 0.3
-    reward: str = "rank"
-    resolve_level: float = 0.01
-    cap: float = AUTO_CAP
+    memory: str = declare.key(
+        "mean", "what the bandit exploits: mean | latest | discounted", name="bandit-memory")
+    discount: float = declare.key(
+        0.3, "the newest phi's weight (bandit-memory = discounted)", name="bandit-discount")
+    link_memory: int = declare.key(
+        0, "rounds linked before clients are one arm (0: off)", name="link-memory")
+    poc_d: int = declare.key(20, "Power-of-Choice's candidates a round", name="poc-d")
+    oort_exploration_min: float = declare.key(
+        0.3, "Oort's floor on its exploration share", name="oort-exploration-min")
+    reward: str = declare.key(
+        "rank", "the posterior selector's reward: rank | phi", name="selection-reward")
+    resolve_level: float = declare.key(
+        0.01, "the posterior selector's ANOVA level", name="selection-level")
+    cap: float = declare.key(
+        AUTO_CAP, "selections beyond cap x a uniform share sit out (0: off; -1: the selector's "
+        "own)", name="selection-cap")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these constants (:class:`~fedowen_strategy.settings.

@@ -14,17 +14,25 @@ so a server-side key (or a user's own key) never breaks a client.
 from __future__ import annotations
 
 import difflib
-import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from fedowen_task.adversary.keys import AdversaryConfig, AdversaryKeys
+from fedowen_task.declare import (
+    ABSOLUTE_PATH,
+    above,
+    at_least,
+    declared,
+    key,
+    owned,
+    rule_problems,
+    within,
+)
 from fedowen_task.recipe import TrainConfig, recipe_problems
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
-_RECIPE = TrainConfig()
 _RECIPE_KEYS = {f.name: f.name.replace("_", "-") for f in fields(TrainConfig)}
 
 
@@ -53,36 +61,40 @@ def one_of(key: str, value: str, choices: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class _DataKeys:
-    """The data, partition and local-training keys (defaults match pyproject.toml)."""
+    """The data, partition and local-training keys."""
 
-    dataset: str = "mnist"
-    model: str = "auto"
-    data_dir: str = ""
-    download: bool = False
-    alpha: float = 0.1
-    imbalance_factor: float = 0.01
-    partition_scheme: str = "per-class"
-    min_partition_size: int = 10
-    eval_fraction: float = 0.01
-    validation_fraction: float = 0.0
-    seed: int = 0
-    # the local-training recipe (fedowen_task.recipe): its defaults, mapped by train_config
-    lr: float = _RECIPE.lr
-    momentum: float = _RECIPE.momentum
-    batch_size: int = _RECIPE.batch_size
-    local_epochs: int = _RECIPE.local_epochs
-    weight_decay: float = _RECIPE.weight_decay
-    client_max_samples: int = 0
-    # where the ClientApp trains and evaluates and the ServerApp values and evaluates
-    # (fedowen_task.device): auto = CUDA where available, else the CPU
-    device: str = "auto"
+    dataset: str = key("mnist", "mnist | fashion-mnist | cifar10 | femnist | medmnist[:flag]")
+    model: str = key("auto", "a built-in network or module:factory; auto: resnet18 for cifar10, "
+                     "else lenet")
+    data_dir: str = key("", "where the data is (empty: $FEDOWEN_DATA, else "
+                        "~/.cache/fedowen/data)", rule=ABSOLUTE_PATH)
+    download: bool = key(False, "fetch a missing dataset (needs internet)")
+    alpha: float = key(0.1, "the Dirichlet split's alpha", rule=above(0))
+    imbalance_factor: float = key(0.01, "long-tail imbalance factor (0: the data's own counts)",
+                                  rule=within(0, 1, note=" (0 = the data's own class counts, "
+                                              "no long-tailed transform)"))
+    partition_scheme: str = key("per-class", "per-class | per-client | writer | writer-sample")
+    min_partition_size: int = key(10, "the least examples a client holds", rule=at_least(0))
+    eval_fraction: float = key(0.01, "the server's evaluation share of the training data",
+                               rule=within(0, 1, closed="()"))
+    validation_fraction: float = key(0.0, "a validation set's share (0: none)")
+    seed: int = key(0, "the run's seed")
+    # the local-training recipe (fedowen_task.recipe) declares these
+    lr: float = owned(TrainConfig, "lr")
+    momentum: float = owned(TrainConfig, "momentum")
+    batch_size: int = owned(TrainConfig, "batch_size")
+    local_epochs: int = owned(TrainConfig, "local_epochs")
+    weight_decay: float = owned(TrainConfig, "weight_decay")
+    client_max_samples: int = key(0, "a cap on each client's examples (0: none)",
+                                  rule=at_least(0, " (0 = no cap)"))
+    device: str = key("auto", "where to train, value and evaluate: auto | cpu | cuda | cuda:N")
 
 
 # Bases list their fields last base first: the data keys, then the adversary-* keys
 # (fedowen_task.adversary.keys), the order of pyproject.toml and of every config.json.
 @dataclass(frozen=True)
 class TaskConfig(AdversaryKeys, _DataKeys):
-    """The keys a ClientApp reads (defaults match pyproject.toml)."""
+    """The keys a ClientApp reads (each declared once: :mod:`fedowen_task.declare`)."""
 
     def adversary(self) -> AdversaryConfig:
         """The run's simulated adversaries (:mod:`fedowen_task.adversary`)."""
@@ -107,21 +119,13 @@ class TaskConfig(AdversaryKeys, _DataKeys):
         from fedowen_task.partition import SCHEMES
 
         checks = [
-            (self.alpha > 0, f"alpha={self.alpha} must be > 0"),
-            (0 <= self.imbalance_factor <= 1,
-             f"imbalance-factor={self.imbalance_factor} must lie in [0, 1] (0 = the data's "
-             "own class counts, no long-tailed transform)"),
-            (self.min_partition_size >= 0, "min-partition-size must be >= 0"),
-            (0 < self.eval_fraction < 1, f"eval-fraction={self.eval_fraction} must lie in (0, 1)"),
             (not 0 < self.eval_fraction < 1  # that is eval-fraction's problem
              or 0 <= self.validation_fraction < 1 - self.eval_fraction,
              f"validation-fraction={self.validation_fraction} must lie in [0, 1 - eval-fraction) "
              "(0 = no validation set)"),
-            (self.client_max_samples >= 0, "client-max-samples must be >= 0 (0 = no cap)"),
-            (self.data_dir == "" or os.path.isabs(self.data_dir),
-             f"data-dir={self.data_dir!r} must be an absolute path"),
         ]
-        bad = [message for ok, message in checks if not ok] + self.adversary_problems()
+        bad = [message for ok, message in checks if not ok] + rule_problems(self)
+        bad += self.adversary_problems()
         bad += recipe_problems(self, _RECIPE_KEYS)
         bad += one_of("dataset", self.dataset.split(":", 1)[0], DATASETS)
         bad += (model_problems(self.model) if ":" in self.model  # a user's module:factory
@@ -165,20 +169,20 @@ def parse_config(cls: type[C], run_config: Mapping[str, Any], *, strict: bool = 
     ConfigError
         Listing every unknown key, ill-typed value and out-of-range value at once.
     """
-    known = {f.name.replace("_", "-"): f for f in fields(cls)}
+    known = {k.name: k for k in declared(cls)}
     problems: list[str] = []
     values: dict[str, Any] = {}
-    for key, raw in run_config.items():
-        spec = known.get(key)
+    for name, raw in run_config.items():
+        spec = known.get(name)
         if spec is None:
             if strict:
-                problems.append(f"unknown key {key!r}{did_you_mean(key, list(known))}")
+                problems.append(f"unknown key {name!r}{did_you_mean(name, list(known))}")
             continue
-        value, problem = _typed(key, raw, str(spec.type))
+        value, problem = _typed(name, raw, spec.type)
         if problem:
             problems.append(problem)
         else:
-            values[spec.name] = value
+            values[spec.field] = value
     if any("did you mean" not in p for p in problems if p.startswith("unknown key")):
         problems.append(f"valid keys: {', '.join(sorted(known))}")
     cfg = cls(**values)  # ill-typed keys keep their defaults, so the range checks still run

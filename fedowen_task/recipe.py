@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from fedowen_task.declare import key
+
 
 class Recipe(Protocol):
     """Anything that holds the recipe's fields (:class:`TrainConfig`, ``TaskConfig``)."""
@@ -58,11 +60,11 @@ class TrainConfig:
     configuration"); one local epoch is the paper's setting (Sec. 4.1).
     """
 
-    lr: float = 0.05
-    momentum: float = 0.5
-    batch_size: int = 10
-    local_epochs: int = 1
-    weight_decay: float = 0.0
+    lr: float = key(0.05, "local SGD's learning rate")
+    momentum: float = key(0.5, "local SGD's momentum")
+    batch_size: int = key(10, "local batch size")
+    local_epochs: int = key(1, "local epochs a round")
+    weight_decay: float = key(0.0, "local SGD's weight decay")
 
     def __post_init__(self) -> None:
         if problems := recipe_problems(self):

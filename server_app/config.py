@@ -15,12 +15,10 @@ settings' problems back onto the keys a user wrote.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from fedowen_strategy.contribution import (
@@ -38,31 +36,22 @@ from fedowen_strategy.selection import SelectionParams
 from fedowen_strategy.settings import Settings
 from fedowen_strategy.valuation import ESTIMATORS, estimate_problems
 from fedowen_task.config import ConfigError, TaskConfig, one_of, parse_config, parse_params
+from fedowen_task.declare import (
+    ABSOLUTE_PATH,
+    above,
+    at_least,
+    finite,
+    key,
+    owned,
+    settings_keys,
+    within,
+)
 
-#: The library's defaults, which are the app's: every FedOwen key below defaults to them.
-_VALUATION, _SELECTION, _GUARDS = ValuationSettings(), SelectionParams(), Guards()
-#: Each field of the library's settings types -> its run-config key: the one table that maps
-#: the run config onto the settings and names the settings' problems by the keys a user wrote.
-#: SelectionParams' ``low_gain_scale`` (Algorithm 2's 0.1) has no key.
-SETTINGS_KEYS: Mapping[str, str] = MappingProxyType({
-    # ValuationSettings
-    "method": "valuation", "budget_m": "budget-m", "params": "valuation-params",
-    "phi_scale": "phi-scale", "temperature": "temperature", "krum_malicious": "krum-malicious",
-    "aggregation": "aggregation", "game": "game", "uniform_mix": "uniform-mix",
-    "weight_cap": "weight-cap",
-    # SelectionParams
-    "epsilon": "epsilon", "c": "ucb-c", "tau": "tau", "memory": "bandit-memory",
-    "discount": "bandit-discount", "link_memory": "link-memory", "poc_d": "poc-d",
-    "oort_exploration_min": "oort-exploration-min", "reward": "selection-reward",
-    "resolve_level": "selection-level", "cap": "selection-cap",
-    # Guards
-    "max_norm_ratio": "max-norm-ratio", "update_bound": "update-bound",
-    "update_bound_multiple": "update-bound-multiple", "norm_cap": "norm-cap",
-    "norm_cap_multiple": "norm-cap-multiple", "value_cap_multiple": "value-cap-multiple",
-    "value_cap_mode": "value-cap-mode", "link_cosine": "link-cosine",
-    "duplicate_tolerance": "duplicate-tolerance", "update_filter": "update-filter",
-    "robust_lr_threshold": "robust-lr-threshold", "aggregate_noise": "aggregate-noise",
-})
+#: Each field of the library's settings types -> its run-config key, read from the fields'
+#: declarations: the one table that maps the run config onto the settings and names the
+#: settings' problems by the keys a user wrote. SelectionParams' ``low_gain_scale``
+#: (Algorithm 2's 0.1) has no key.
+SETTINGS_KEYS: Mapping[str, str] = settings_keys((ValuationSettings, SelectionParams, Guards))
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
                               "device", "round-timeout", "node-wait-timeout", "torch-threads",
@@ -72,71 +61,88 @@ OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "re
 
 @dataclass(frozen=True)
 class RunConfig(TaskConfig):
-    """FedOwen's run configuration (defaults match pyproject.toml)."""
+    """FedOwen's run configuration: the task keys, then the server's (each declared once,
+    :mod:`fedowen_task.declare`; a library settings type's by :func:`owned`)."""
 
-    num_server_rounds: int = 100
-    clients_per_round: int = 10
-    fraction_evaluate: float = 0.0
-    output_dir: str = ""
-    test_max_samples: int = 0
+    num_server_rounds: int = key(100, "server rounds", rule=at_least(1))
+    clients_per_round: int = key(10, "clients selected a round (k)", rule=at_least(1))
+    fraction_evaluate: float = key(0.0, "the share of nodes that also evaluate (0: off)",
+                                   rule=within(0, 1, note=" (0 = off)"))
+    output_dir: str = key("", "where the run writes (empty: run-<id> in $FEDOWEN_OUTPUT, else "
+                          "~/fedowen-runs)", rule=ABSOLUTE_PATH)
+    test_max_samples: int = key(0, "a cap on the test examples (0: none)",
+                                rule=at_least(0, " (0 = no cap)"))
     # The central evaluation's schedule (server_app.evaluation.evaluated): it reads the model,
     # never changes it, so a run's training is the same at any value.
-    eval_every: int = 1
-    strategy: str = "fedowen"
-    strategy_params: str = ""
-    proximal_mu: float = 0.0
-    valuation: str = _VALUATION.method
-    valuation_params: str = ""
-    selection: str = "auto"
-    aggregation: str = "auto"
-    budget_m: int = _VALUATION.budget_m
-    owen_q: int = 2
-    utility_metric: str = DEFAULT_UTILITY_METRIC
-    game: str = _VALUATION.game
-    phi_scale: str = _VALUATION.phi_scale
-    temperature: float = _VALUATION.temperature
-    epsilon: float = _SELECTION.epsilon
-    ucb_c: float = _SELECTION.c
-    tau: float = _SELECTION.tau
-    max_norm_ratio: float = _GUARDS.max_norm_ratio
+    eval_every: int = key(1, "evaluate every N-th round (and the last 10)", rule=at_least(
+        1, " (1: the test accuracy after every round)"))
+    strategy: str = key("fedowen", "fedowen, a Flower strategy, a peer defence or module:Class")
+    strategy_params: str = key("", "other constructor arguments: \"name=value ...\"")
+    proximal_mu: float = key(0.0, "FedProx's mu", rule=at_least(0))
+    valuation: str = owned(ValuationSettings, "method")
+    valuation_params: str = key("", "the estimator's parameters: \"name=value ...\"")
+    selection: str = key("auto", "adaptive | random | posterior | power-of-choice | oort; "
+                         "auto: the valuation's own")
+    aggregation: str = owned(ValuationSettings, "aggregation")
+    budget_m: int = owned(ValuationSettings, "budget_m")
+    owen_q: int = key(2, "owen-paper's inclusion levels Q", rule=at_least(1))
+    utility_metric: str = key(DEFAULT_UTILITY_METRIC, "the coalition utility: neg-loss | "
+                              "accuracy")
+    game: str = owned(ValuationSettings, "game")
+    phi_scale: str = owned(ValuationSettings, "phi_scale")
+    temperature: float = owned(ValuationSettings, "temperature")
+    epsilon: float = owned(SelectionParams, "epsilon")
+    ucb_c: float = owned(SelectionParams, "c")
+    tau: float = owned(SelectionParams, "tau")
+    max_norm_ratio: float = owned(Guards, "max_norm_ratio")
     # Robust update bounds (issue 14): see fedowen_strategy.bounds.
-    update_bound: str = _GUARDS.update_bound
-    update_bound_multiple: float = _GUARDS.update_bound_multiple
+    update_bound: str = owned(Guards, "update_bound")
+    update_bound_multiple: float = owned(Guards, "update_bound_multiple")
     # Norm normalisation and Sybil links (issue 26): see fedowen_strategy.bounds / links.
-    norm_cap: str = _GUARDS.norm_cap
-    norm_cap_multiple: float = _GUARDS.norm_cap_multiple
-    value_cap_multiple: float = _GUARDS.value_cap_multiple
-    value_cap_mode: str = _GUARDS.value_cap_mode
-    link_cosine: float = _GUARDS.link_cosine
-    round_timeout: float = ROUND_TIMEOUT
-    verbose: bool = False
-    node_wait_timeout: float = NODE_WAIT_TIMEOUT
+    norm_cap: str = owned(Guards, "norm_cap")
+    norm_cap_multiple: float = owned(Guards, "norm_cap_multiple")
+    value_cap_multiple: float = owned(Guards, "value_cap_multiple")
+    value_cap_mode: str = owned(Guards, "value_cap_mode")
+    link_cosine: float = owned(Guards, "link_cosine")
+    round_timeout: float = key(ROUND_TIMEOUT, "seconds a round waits for replies",
+                               rule=above(0))
+    verbose: bool = key(False, "Flower's own records and every library line in the log")
+    node_wait_timeout: float = key(NODE_WAIT_TIMEOUT, "seconds to wait for enough nodes",
+                                   rule=above(0))
     # A run that learns nothing stops (server_app.stall); 0 = never.
-    max_stalled_rounds: int = 3
-    duplicate_tolerance: float = _GUARDS.duplicate_tolerance
-    update_filter: str = _GUARDS.update_filter
-    robust_lr_threshold: int = _GUARDS.robust_lr_threshold
-    aggregate_noise: float = _GUARDS.aggregate_noise
-    uniform_mix: float = _VALUATION.uniform_mix
-    weight_cap: float = _VALUATION.weight_cap
-    bandit_memory: str = _SELECTION.memory
-    bandit_discount: float = _SELECTION.discount
-    link_memory: int = _SELECTION.link_memory
+    max_stalled_rounds: int = key(3, "stop after this many rounds without an accepted update "
+                                  "(0: never)", rule=at_least(0, " (0: never stop a run that "
+                                                              "accepts no update)"))
+    duplicate_tolerance: float = owned(Guards, "duplicate_tolerance")
+    update_filter: str = owned(Guards, "update_filter")
+    robust_lr_threshold: int = owned(Guards, "robust_lr_threshold")
+    aggregate_noise: float = owned(Guards, "aggregate_noise")
+    uniform_mix: float = owned(ValuationSettings, "uniform_mix")
+    weight_cap: float = owned(ValuationSettings, "weight_cap")
+    bandit_memory: str = owned(SelectionParams, "memory")
+    bandit_discount: float = owned(SelectionParams, "discount")
+    link_memory: int = owned(SelectionParams, "link_memory")
     # The field's selectors and the posterior selector (issue 43): fedowen_strategy.selectors.
-    poc_d: int = _SELECTION.poc_d
-    oort_exploration_min: float = _SELECTION.oort_exploration_min
-    selection_reward: str = _SELECTION.reward
-    selection_level: float = _SELECTION.resolve_level
-    selection_cap: float = _SELECTION.cap
-    torch_threads: int = 1
-    valuation_workers: int = 1
-    resume_from: str = ""
-    krum_malicious: int = _VALUATION.krum_malicious
+    poc_d: int = owned(SelectionParams, "poc_d")
+    oort_exploration_min: float = owned(SelectionParams, "oort_exploration_min")
+    selection_reward: str = owned(SelectionParams, "reward")
+    selection_level: float = owned(SelectionParams, "resolve_level")
+    selection_cap: float = owned(SelectionParams, "cap")
+    torch_threads: int = key(1, "the ServerApp's torch threads (0: torch's default)",
+                             rule=at_least(0, " (0 = torch's default)"))
+    valuation_workers: int = key(1, "threads that evaluate coalitions (0: one per core)",
+                                 rule=at_least(0, " (1: the server's thread alone; 0: one per "
+                                               "core the ServerApp may use)"))
+    resume_from: str = key("", "an interrupted run's output dir, to continue it",
+                           rule=ABSOLUTE_PATH)
+    krum_malicious: int = owned(ValuationSettings, "krum_malicious")
     # Peer defences (issue 17): see fedowen_strategy.peers.fltrust / foolsgold.
-    fltrust_root_size: int = 0
-    fltrust_root_epochs: int = 1
-    fltrust_server_lr: float = 1.0
-    foolsgold_kappa: float = 1.0
+    fltrust_root_size: int = key(0, "FLTrust's root set (0: the evaluation set)",
+                                 rule=at_least(0, " (0 = the whole evaluation set)"))
+    fltrust_root_epochs: int = key(1, "FLTrust's epochs on its root set", rule=at_least(1))
+    fltrust_server_lr: float = key(1.0, "FLTrust's global learning rate", rule=finite(above(
+        0, " (FLTrust's global learning rate; 1 applies its aggregate as it is)")))
+    foolsgold_kappa: float = key(1.0, "FoolsGold's confidence kappa", rule=above(0))
 
     def choices(self) -> Choices:
         """FedOwen's selection, aggregation and norm cap, ``auto`` resolved for this
@@ -223,43 +229,9 @@ class RunConfig(TaskConfig):
         return bad + _strategy_problems(self)
 
     def _server_problems(self) -> list[str]:
-        """The keys no library settings type owns."""
-        checks = [
-            (self.num_server_rounds >= 1, "num-server-rounds must be >= 1"),
-            (self.clients_per_round >= 1, "clients-per-round must be >= 1"),
-            (0 <= self.fraction_evaluate <= 1,
-             f"fraction-evaluate={self.fraction_evaluate} must lie in [0, 1] (0 = off)"),
-            (self.owen_q >= 1, f"owen-q={self.owen_q} must be >= 1"),
-            (self.round_timeout > 0, "round-timeout must be > 0"),
-            (self.node_wait_timeout > 0, "node-wait-timeout must be > 0"),
-            (self.max_stalled_rounds >= 0,
-             f"max-stalled-rounds={self.max_stalled_rounds} must be >= 0 (0: never stop a run "
-             "that accepts no update)"),
-            (self.torch_threads >= 0, "torch-threads must be >= 0 (0 = torch's default)"),
-            (self.valuation_workers >= 0,
-             f"valuation-workers={self.valuation_workers} must be >= 0 (1: the server's thread "
-             "alone; 0: one per core the ServerApp may use)"),
-            (self.test_max_samples >= 0, "test-max-samples must be >= 0 (0 = no cap)"),
-            (self.eval_every >= 1,
-             f"eval-every={self.eval_every} must be >= 1 (1: the test accuracy after every "
-             "round)"),
-            (self.output_dir == "" or os.path.isabs(self.output_dir),
-             f"output-dir={self.output_dir!r} must be an absolute path"),
-            (self.resume_from == "" or os.path.isabs(self.resume_from),
-             f"resume-from={self.resume_from!r} must be an absolute path"),
-            (self.proximal_mu >= 0, f"proximal-mu={self.proximal_mu} must be >= 0"),
-            (self.fltrust_root_size >= 0,
-             f"fltrust-root-size={self.fltrust_root_size} must be >= 0 (0 = the whole "
-             "evaluation set)"),
-            (self.fltrust_root_epochs >= 1,
-             f"fltrust-root-epochs={self.fltrust_root_epochs} must be >= 1"),
-            (math.isfinite(self.fltrust_server_lr) and self.fltrust_server_lr > 0,
-             f"fltrust-server-lr={self.fltrust_server_lr} must be a finite number > 0 "
-             "(FLTrust's global learning rate; 1 applies its aggregate as it is)"),
-            (self.foolsgold_kappa > 0, f"foolsgold-kappa={self.foolsgold_kappa} must be > 0"),
-        ]
-        return ([message for ok, message in checks if not ok]
-                + one_of("utility-metric", self.utility_metric, UTILITY_METRICS)
+        """The cross-key rules of the keys no library settings type owns (each key's own rule
+        is in its declaration: :func:`fedowen_task.declare.rule_problems`)."""
+        return (one_of("utility-metric", self.utility_metric, UTILITY_METRICS)
                 + selection_problems(self.valuation, self.selection, SETTINGS_KEYS))
 
     def federation_config(self) -> dict[str, Any]:

@@ -10,11 +10,12 @@ the adversaries (:func:`adversary_ids`). Which kinds exist is the table's busine
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+
+from fedowen_task.declare import above, at_least, finite, key, within
 
 #: The backdoor trigger's shapes and positions (:class:`Trigger`).
 TRIGGER_SHAPES = ("square", "plus")
@@ -64,45 +65,35 @@ class Trigger:
 
 @dataclass(frozen=True)
 class AdversaryKeys:
-    """The ``adversary-*`` run-config keys (defaults match pyproject.toml)."""
+    """The ``adversary-*`` run-config keys (each declared once: :mod:`fedowen_task.declare`)."""
 
-    adversary_fraction: float = 0.0
-    adversary_kind: str = "label-flip"
-    adversary_noise_std: float = 0.05
-    adversary_sybil_noise: float = 0.1
-    adversary_boost: float = 2.5
-    adversary_alie_z: float = 0.0
-    adversary_ipm_epsilon: float = 0.5
-    adversary_jitter: float = 0.0
-    adversary_trigger: str = "square"
-    adversary_trigger_size: int = 3
-    adversary_trigger_position: str = "bottom-right"
-    adversary_target: int = 0
-    adversary_poison_fraction: float = 0.5
+    adversary_fraction: float = key(0.0, "the share of clients that attack", rule=within(0, 1))
+    adversary_kind: str = key("label-flip", "the attack (fedowen_task/adversary/attacks.py)")
+    adversary_noise_std: float = key(0.05, "the noise attack's standard deviation",
+                                     rule=at_least(0))
+    adversary_sybil_noise: float = key(0.1, "colluding Sybils' noise, relative to their update",
+                                       rule=at_least(0))
+    adversary_boost: float = key(2.5, "the boosted (and backdoor) update's scale",
+                                 rule=above(0))
+    adversary_alie_z: float = key(0.0, "ALIE's z (0: z_max)", rule=finite(at_least(
+        0, " (0 = Baruch et al.'s z_max from the round's replies and attackers)")))
+    adversary_ipm_epsilon: float = key(0.5, "IPM's epsilon", rule=finite(above(0)))
+    adversary_jitter: float = key(0.0, "noise on ALIE's and IPM's vectors (0: copies)",
+                                  rule=finite(at_least(0, " (0: the papers' identical vectors)")))
+    adversary_trigger: str = key("square", "the backdoor's trigger: square | plus")
+    adversary_trigger_size: int = key(3, "the trigger's side, in pixels")
+    adversary_trigger_position: str = key("bottom-right", "bottom-right | top-left | center")
+    adversary_target: int = key(0, "the backdoor's target class")
+    adversary_poison_fraction: float = key(0.5, "the share of the attacker's images stamped")
 
     def adversary_problems(self) -> list[str]:
-        """Out-of-range values of the adversary keys (the kind is checked against the table
-        by :meth:`fedowen_task.config.TaskConfig.problems`)."""
-        checks = [
-            (0 <= self.adversary_fraction <= 1,
-             f"adversary-fraction={self.adversary_fraction} must lie in [0, 1]"),
-            (self.adversary_noise_std >= 0, "adversary-noise-std must be >= 0"),
-            (self.adversary_sybil_noise >= 0,
-             f"adversary-sybil-noise={self.adversary_sybil_noise} must be >= 0"),
-            (self.adversary_boost > 0, f"adversary-boost={self.adversary_boost} must be > 0"),
-            (math.isfinite(self.adversary_alie_z) and self.adversary_alie_z >= 0,
-             f"adversary-alie-z={self.adversary_alie_z} must be a finite number >= 0 (0 = "
-             "Baruch et al.'s z_max from the round's replies and attackers)"),
-            (math.isfinite(self.adversary_ipm_epsilon) and self.adversary_ipm_epsilon > 0,
-             f"adversary-ipm-epsilon={self.adversary_ipm_epsilon} must be a finite number > 0"),
-            (math.isfinite(self.adversary_jitter) and self.adversary_jitter >= 0,
-             f"adversary-jitter={self.adversary_jitter} must be a finite number >= 0 (0: the "
-             "papers' identical vectors)"),
-        ]
+        """The backdoor trigger's problems (:class:`Trigger` owns them; the other keys' rules
+        are declared with them, the kind is checked against the table by
+        :meth:`fedowen_task.config.TaskConfig.problems`)."""
         trigger = Trigger(self.adversary_trigger, self.adversary_trigger_size,
                           self.adversary_trigger_position, self.adversary_target,
                           self.adversary_poison_fraction)
-        return [message for ok, message in checks if not ok] + trigger.problems()
+        return trigger.problems()
 
 
 def adversary_ids(num_partitions: int, fraction: float, seed: int) -> frozenset[int]:
