@@ -63,11 +63,16 @@ def code_state(repo: Path = REPO) -> dict[str, Any]:
 
 
 def record_code(out: Path, attempt: int, resumed: bool) -> None:
-    """Append this attempt's :func:`code_state` to ``out/code.json``."""
+    """Append this attempt's :func:`code_state` to ``out/code.json``, with the hash of the
+    run-config defaults it runs under (:func:`server_app.keys.defaults_hash`; records written
+    before issue 61 have none)."""
+    from server_app.keys import defaults_hash
+
     path = out / CODE_FILE
     attempts = json.loads(path.read_text()) if path.exists() else []
     attempts.append({"attempt": attempt, "resumed": resumed,
-                     "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **code_state()})
+                     "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **code_state(),
+                     "defaults": defaults_hash()})
     path.write_text(json.dumps(attempts, indent=1) + "\n")
 
 
@@ -141,6 +146,13 @@ def cell_machines(out: Path) -> list[dict[str, Any]]:
     path = out / CODE_FILE
     attempts = json.loads(path.read_text()) if path.exists() else []
     return [a["machine"] for a in attempts if isinstance(a.get("machine"), dict)]
+
+
+def recorded_defaults(out: Path) -> str | None:
+    """The defaults' hash the cell's last attempt ran under (None: a record without one)."""
+    path = out / CODE_FILE
+    attempts = json.loads(path.read_text()) if path.exists() else []
+    return attempts[-1].get("defaults") if attempts else None
 
 
 def cell_status(results: Path, cell_id: str, events: list[dict[str, Any]]) -> str:

@@ -20,8 +20,10 @@ import numpy as np
 
 from fedowen_strategy.contribution import resolve_auto
 from fedowen_strategy.selection import AUTO_CAP
-from server_app.config import parse_run_config
+from server_app.config import OPERATIONAL_KEYS, parse_run_config
+from server_app.keys import defaults_hash
 from server_app.store.records import read_rounds
+from sim.cell_state import recorded_defaults
 from sim.grid import RUNNER_KEYS, Cell, Grid, Preset, expand_grid, pin_auto_selection
 
 #: Recorded config keys that differ between runs of one cell by design.
@@ -110,6 +112,20 @@ def config_drift(cell: Cell, recorded: dict[str, Any], auto_selection: str = ""
         if recorded[key] != value:
             drift[key] = (recorded[key], value)
     return drift
+
+
+def moved_defaults(cell: Cell, out: Path, auto_selection: str = ""
+                   ) -> dict[str, tuple[Any, Any]]:
+    """The learning keys whose default moved since the finished cell in ``out`` ran, as
+    :func:`config_drift` says, when its record names other defaults than today's
+    (:func:`server_app.keys.defaults_hash`); empty for a record without a hash (written before
+    issue 61: it reads as it was written) or without a ``config.json``."""
+    recorded = recorded_defaults(out)
+    path = out / "config.json"
+    if recorded is None or recorded == defaults_hash() or not path.exists():
+        return {}
+    drift = config_drift(cell, json.loads(path.read_text()), auto_selection)
+    return {k: v for k, v in drift.items() if k.replace("_", "-") not in OPERATIONAL_KEYS}
 
 
 def sweep_drift(preset: Preset, results: Path) -> dict[str, dict[str, tuple[Any, Any]]]:

@@ -45,7 +45,7 @@ from sim.cell_state import (
     record_code,
 )
 from sim.grid import Cell, Preset, expand_grid
-from sim.results import matches_point
+from sim.results import matches_point, moved_defaults
 
 log = logging.getLogger(__name__)
 PRESET_FILE = "preset.json"
@@ -260,7 +260,9 @@ class Runner:
         todo: list[tuple[Cell, str]] = []
         for cell in self.selected_cells(grids, where):
             st = cell_status(self.results, cell.cell_id, state.get(cell.cell_id, []))
-            if st == "done" or (st == "failed" and not retry_failed):
+            if st == "done" and self._moved(cell):  # a key only when there are some
+                counts["moved-defaults"] = counts.get("moved-defaults", 0) + 1
+            elif st == "done" or (st == "failed" and not retry_failed):
                 counts["done" if st == "done" else "skipped-failed"] += 1
             elif limit is not None and len(todo) >= limit:
                 counts["not-run"] += 1
@@ -293,6 +295,18 @@ class Runner:
             self.link.close()
         self.warn_mixed_machines()
         return counts
+
+    def _moved(self, cell: Cell) -> bool:
+        """Whether a finished cell ran under other defaults than today's (it is then not
+        counted as done, and not run again over its records); says which keys moved."""
+        moved = moved_defaults(cell, self.results / cell.cell_id, self.preset.auto_selection)
+        if moved:
+            what = ", ".join(f"{k.replace('_', '-')} {json.dumps(old)} -> {json.dumps(new)}"
+                             for k, (old, new) in sorted(moved.items()))
+            self.progress(f"[{cell.cell_id}] finished under other defaults ({what}): not "
+                          "counted as done; pin the old values in the preset, or move the "
+                          "cell's folder away to run it under today's")
+        return bool(moved)
 
     def warn_mixed_machines(self) -> None:
         """Warn of each setting (a grid's point without its rows and seed) whose recorded

@@ -4,12 +4,15 @@ test_reports.py's). No Ray here; the real preset run is ``slow``."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sim.cell_state import STATE_FILE, read_state
+from server_app.config import parse_run_config
+from server_app.keys import defaults_hash
+from sim.cell_state import CODE_FILE, STATE_FILE, read_state
 from sim.grid import cell_id
 from sim.presets import PresetError, load_preset, parse_preset
 from sim.report import write_report
@@ -138,6 +141,34 @@ def test_done_cells_are_not_run_again(tmp_path: Path) -> None:
     assert len(fake.calls) == 2
     assert fake.calls[0]["output-dir"].endswith(runner.preset.cells()[0].cell_id)
     assert "resume-from" not in fake.calls[0]
+
+
+def test_a_cell_finished_under_other_defaults_is_not_counted_as_done(tmp_path: Path) -> None:
+    # Prepare: two finished cells; the first ran when momentum's default was 0.9 (its record
+    # names other defaults), the second's record predates the hash (it reads as written)
+    fake = FakeFlwr([])
+    runner = make_runner(tmp_path, fake)
+    runner.run()
+    moved, old = (runner.results / c.cell_id for c in runner.preset.cells())
+    for out, momentum, defaults in ((moved, 0.9, "0123456789ab"), (old, 0.9, None)):
+        cell = next(c for c in runner.preset.cells() if c.cell_id == out.name)
+        recorded = asdict(parse_run_config(cell.run_config)) | {"momentum": momentum}
+        (out / "config.json").write_text(json.dumps(recorded))
+        code = json.loads((out / CODE_FILE).read_text())
+        assert code[-1]["defaults"] == defaults_hash()  # what a new record names
+        code[-1]["defaults"] = defaults
+        if defaults is None:
+            del code[-1]["defaults"]
+        (out / CODE_FILE).write_text(json.dumps(code))
+    messages: list[str] = []
+    runner.progress = messages.append
+    # Execute
+    counts = runner.run()
+    # Assert: not done, not run over its records, and the moved key named
+    assert counts == {"done": 1, "failed": 0, "skipped-failed": 0, "not-run": 0,
+                      "moved-defaults": 1}
+    assert len(fake.calls) == 2
+    assert any(moved.name in m and "momentum 0.9 -> 0.5" in m for m in messages), messages
 
 
 def test_failed_cell_is_retried_once_then_marked_failed(tmp_path: Path) -> None:
