@@ -30,7 +30,7 @@ from flwr.clientapp import ClientApp
 from fedowen_task.adversary.attacks import Attack, attack_of
 from fedowen_task.adversary.client import ClientTurn, sybil_master
 from fedowen_task.config import TaskConfig, parse_task_config
-from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
+from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor, white
 from fedowen_task.device import device_problems, resolve
 from fedowen_task.models import build_model
 from fedowen_task.partition import federated_split
@@ -189,7 +189,7 @@ def train_handler(msg: Message, context: Context) -> Message:
     ds = _dataset(cfg, context)
     turn = ClientTurn(cfg.adversary(), server_round, seed,
                       _seed(cfg.seed, server_round, f"attack-{client_id}"), context.state,
-                      ds.num_classes, ds.name)
+                      ds.num_classes, ds.name, white(ds.name))
     if attack is None or not attack.idle:
         if attack is not None and attack.data is not None:  # the model's classes: the data's
             x, y = attack.data(x, y, turn)

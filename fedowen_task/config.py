@@ -19,12 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from fedowen_task.adversary.keys import AdversaryConfig, AdversaryKeys
+from fedowen_task.adversary.keys import AdversaryConfig, Trigger
 from fedowen_task.declare import (
     ABSOLUTE_PATH,
     above,
     at_least,
     declared,
+    finite,
     key,
     owned,
     rule_problems,
@@ -90,10 +91,43 @@ class _DataKeys:
     device: str = key("auto", "where to train, value and evaluate: auto | cpu | cuda | cuda:N")
 
 
+@dataclass(frozen=True)
+class _AdversaryKeys:
+    """The ``adversary-*`` run-config keys (each declared once: :mod:`fedowen_task.declare`)."""
+
+    adversary_fraction: float = key(0.0, "the share of clients that attack", rule=within(0, 1))
+    adversary_kind: str = key("label-flip", "the attack (fedowen_task/adversary/attacks.py)")
+    adversary_noise_std: float = key(0.05, "the noise attack's standard deviation",
+                                     rule=at_least(0))
+    adversary_sybil_noise: float = key(0.1, "colluding Sybils' noise, relative to their update",
+                                       rule=at_least(0))
+    adversary_boost: float = key(2.5, "the boosted (and backdoor) update's scale",
+                                 rule=above(0))
+    adversary_alie_z: float = key(0.0, "ALIE's z (0: z_max)", rule=finite(at_least(
+        0, " (0 = Baruch et al.'s z_max from the round's replies and attackers)")))
+    adversary_ipm_epsilon: float = key(0.5, "IPM's epsilon", rule=finite(above(0)))
+    adversary_jitter: float = key(0.0, "noise on ALIE's and IPM's vectors (0: copies)",
+                                  rule=finite(at_least(0, " (0: the papers' identical vectors)")))
+    adversary_trigger: str = key("square", "the backdoor's trigger: square | plus")
+    adversary_trigger_size: int = key(3, "the trigger's side, in pixels")
+    adversary_trigger_position: str = key("bottom-right", "bottom-right | top-left | center")
+    adversary_target: int = key(0, "the backdoor's target class")
+    adversary_poison_fraction: float = key(0.5, "the share of the attacker's images stamped")
+
+    def adversary_problems(self) -> list[str]:
+        """The backdoor trigger's problems (:class:`Trigger` owns them; the other keys' rules
+        are declared with them, the kind is checked against the table by
+        :meth:`fedowen_task.config.TaskConfig.problems`)."""
+        trigger = Trigger(self.adversary_trigger, self.adversary_trigger_size,
+                          self.adversary_trigger_position, self.adversary_target,
+                          self.adversary_poison_fraction)
+        return trigger.problems()
+
+
 # Bases list their fields last base first: the data keys, then the adversary-* keys
 # (fedowen_task.adversary.keys), the order of pyproject.toml and of every config.json.
 @dataclass(frozen=True)
-class TaskConfig(AdversaryKeys, _DataKeys):
+class TaskConfig(_AdversaryKeys, _DataKeys):
     """The keys a ClientApp reads (each declared once: :mod:`fedowen_task.declare`)."""
 
     def adversary(self) -> AdversaryConfig:

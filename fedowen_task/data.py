@@ -245,3 +245,10 @@ def to_tensor(x: np.ndarray, dataset_name: str) -> torch.Tensor:
     mean_t = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
     std_t = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
     return (out - mean_t) / std_t
+
+
+def white(dataset: str) -> torch.Tensor:
+    """Per channel, the standardised value of intensity 1.0 (shape ``(C, 1, 1)``):
+    the backdoor's trigger colour (:mod:`fedowen_task.adversary.backdoor`)."""
+    mean, std = NORMALIZATION[canonical_name(dataset).split(":", 1)[0]]
+    return ((1.0 - torch.tensor(mean)) / torch.tensor(std)).view(-1, 1, 1)

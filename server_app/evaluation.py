@@ -125,7 +125,8 @@ class CentralEvaluation:
         self.stall = StallWatch(cfg.max_stalled_rounds, str(self.recorder.output_dir))
         self.end = RoundEnd(ArrayRecord(parts.model.state_dict()), self.started)
         adversary = cfg.adversary()
-        # a backdoor run measures its attack success rate every round (fedowen_task.backdoor)
+        # a backdoor run measures its attack success rate every round
+        # (fedowen_task.adversary.backdoor)
         self.trigger = adversary.backdoor() if adversary.active and \
             adversary.kind == "backdoor" else None
 
@@ -163,7 +164,8 @@ class CentralEvaluation:
             measured["val_loss"], measured["val_accuracy"] = evaluate(
                 self.model, sets.x_val, sets.y_val, device=self.device)
         if self.trigger is not None:
-            from fedowen_task.backdoor import attack_success, white
+            from fedowen_task.adversary.backdoor import attack_success
+            from fedowen_task.data import white
 
             measured["attack_success"] = attack_success(
                 self.model.to(self.device), sets.x_test, sets.y_test, self.trigger,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from fedowen_task.adversary.attacks import ATTACKS, Attack, kinds, server_side
 from fedowen_task.adversary.client import ClientTurn, TorchState
 from fedowen_task.adversary.keys import AdversaryConfig
 from fedowen_task.adversary.server import RoundView
-from fedowen_task.config import ConfigError
+from fedowen_task.config import ConfigError, TaskConfig
 from server_app.app import run
 from server_app.config import parse_run_config
 from server_app.store.records import read_rounds
@@ -103,3 +104,9 @@ def test_without_its_row_the_kind_is_refused(marker_attack: list[int]) -> None:
             parse_run_config({"adversary-kind": KIND})
     finally:
         ATTACKS[KIND] = row
+
+
+def test_every_adversary_key_is_a_field_of_the_adversary_config() -> None:
+    # AdversaryConfig.of reads adversary-<field> for each field but the seed: both ways
+    keys = {f.name for f in fields(TaskConfig) if f.name.startswith("adversary_")}
+    assert keys == {f"adversary_{f.name}" for f in fields(AdversaryConfig) if f.name != "seed"}

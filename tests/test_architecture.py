@@ -3,7 +3,9 @@
 Every import of the project's own modules counts, also those inside functions (a lazy import
 that closes a circle is still a circle):
 
-- no import circle among the project's modules;
+- no import circle among the project's modules, nor among its packages (a package's own
+  modules taken as one: ``fedowen_task`` and ``fedowen_task.adversary`` may not import each
+  other both ways, even through modules that do not);
 - the ClientApp imports nothing from the ServerApp or the strategy library (the two apps share
   only the task module, ``fedowen_task``);
 - the strategy library takes only the message protocol and the run-config key declaration
@@ -90,12 +92,29 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Package -> the packages its modules import (a package's ``__init__`` is its own)."""
+    files = module_files()
+
+    def package(module: str) -> str:
+        return module if files[module].name == "__init__.py" else module.rpartition(".")[0]
+
+    packages: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        packages.setdefault(package(module), set()).update(package(d) for d in deps)
+    return {p: deps - {p} for p, deps in packages.items()}
+
+
 def room(module: str) -> str:
     return module.split(".", 1)[0]
 
 
 def test_no_import_circle() -> None:
     assert circles(import_graph()) == []
+
+
+def test_no_import_circle_among_packages() -> None:
+    assert circles(package_graph(import_graph())) == []
 
 
 def test_the_circle_finder_finds_a_lazy_circle() -> None:

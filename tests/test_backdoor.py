@@ -1,4 +1,4 @@
-"""The backdoor's trigger and metric (fedowen_task.backdoor), by hand."""
+"""The backdoor's trigger and metric (fedowen_task.adversary.backdoor), by hand."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedowen_task.adversary.backdoor import attack_success, poison, stamp, trigger_mask
 from fedowen_task.adversary.keys import Trigger
-from fedowen_task.backdoor import attack_success, poison, stamp, trigger_mask, white
+from fedowen_task.data import white
 
 
 def test_the_trigger_stamps_exactly_its_pixels() -> None:

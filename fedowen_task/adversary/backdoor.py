@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from fedowen_task.adversary.keys import Trigger
-from fedowen_task.data import NORMALIZATION, canonical_name
 
 
 def trigger_mask(trigger: Trigger, height: int, width: int) -> torch.Tensor:
@@ -37,12 +36,6 @@ def trigger_mask(trigger: Trigger, height: int, width: int) -> torch.Tensor:
     out = torch.zeros(height, width, dtype=torch.bool)
     out[top:top + trigger.size, left:left + trigger.size] = box
     return out
-
-
-def white(dataset: str) -> torch.Tensor:
-    """Per channel, the standardised value of intensity 1.0 (shape ``(C, 1, 1)``)."""
-    mean, std = NORMALIZATION[canonical_name(dataset).split(":", 1)[0]]
-    return ((1.0 - torch.tensor(mean)) / torch.tensor(std)).view(-1, 1, 1)
 
 
 def stamp(x: torch.Tensor, trigger: Trigger, value: torch.Tensor) -> torch.Tensor:

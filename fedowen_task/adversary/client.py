@@ -36,6 +36,9 @@ class ClientTurn:
     memory: RecordDict
     num_classes: int = 0
     dataset: str = ""
+    #: The dataset's white, standardised (:func:`fedowen_task.data.white`): the backdoor's
+    #: trigger colour.
+    white: torch.Tensor | None = None
 
 
 #: Poisons a partition before training: ``(x, y, turn) -> (x, y)``.
@@ -158,14 +161,17 @@ def backdoored(x: torch.Tensor, y: torch.Tensor, turn: ClientTurn
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``backdoor``'s data: ``adversary-poison-fraction`` of the images, drawn afresh each
     round by the attack seed, stamped with the trigger and relabelled to the target
-    (:func:`fedowen_task.backdoor.poison`)."""
-    from fedowen_task.backdoor import poison, white
+    (:func:`fedowen_task.adversary.backdoor.poison`)."""
+    from fedowen_task.adversary.backdoor import poison
 
     trigger = turn.cfg.backdoor()
+    if turn.white is None:
+        raise ValueError("adversary-kind='backdoor' needs the dataset's white "
+                         "(ClientTurn.white = fedowen_task.data.white(dataset))")
     if trigger.target >= turn.num_classes:
         raise ValueError(f"adversary-target={trigger.target} is not a class of "
                          f"{turn.dataset} (0..{turn.num_classes - 1})")
-    x, y, _ = poison(x, y, trigger, white(turn.dataset), np.random.default_rng(turn.attack_seed))
+    x, y, _ = poison(x, y, trigger, turn.white, np.random.default_rng(turn.attack_seed))
     return x, y
 
 

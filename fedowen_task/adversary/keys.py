@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from fedowen_task.declare import above, at_least, finite, key, within
-
 #: The backdoor trigger's shapes and positions (:class:`Trigger`).
 TRIGGER_SHAPES = ("square", "plus")
 TRIGGER_POSITIONS = ("bottom-right", "top-left", "center")
@@ -25,7 +23,7 @@ TRIGGER_POSITIONS = ("bottom-right", "top-left", "center")
 @dataclass(frozen=True)
 class Trigger:
     """A backdoor's trigger (``adversary-kind = "backdoor"``; stamped by
-    :mod:`fedowen_task.backdoor`).
+    :mod:`fedowen_task.adversary.backdoor`).
 
     Parameters
     ----------
@@ -63,39 +61,6 @@ class Trigger:
         return [message for ok, message in checks if not ok]
 
 
-@dataclass(frozen=True)
-class AdversaryKeys:
-    """The ``adversary-*`` run-config keys (each declared once: :mod:`fedowen_task.declare`)."""
-
-    adversary_fraction: float = key(0.0, "the share of clients that attack", rule=within(0, 1))
-    adversary_kind: str = key("label-flip", "the attack (fedowen_task/adversary/attacks.py)")
-    adversary_noise_std: float = key(0.05, "the noise attack's standard deviation",
-                                     rule=at_least(0))
-    adversary_sybil_noise: float = key(0.1, "colluding Sybils' noise, relative to their update",
-                                       rule=at_least(0))
-    adversary_boost: float = key(2.5, "the boosted (and backdoor) update's scale",
-                                 rule=above(0))
-    adversary_alie_z: float = key(0.0, "ALIE's z (0: z_max)", rule=finite(at_least(
-        0, " (0 = Baruch et al.'s z_max from the round's replies and attackers)")))
-    adversary_ipm_epsilon: float = key(0.5, "IPM's epsilon", rule=finite(above(0)))
-    adversary_jitter: float = key(0.0, "noise on ALIE's and IPM's vectors (0: copies)",
-                                  rule=finite(at_least(0, " (0: the papers' identical vectors)")))
-    adversary_trigger: str = key("square", "the backdoor's trigger: square | plus")
-    adversary_trigger_size: int = key(3, "the trigger's side, in pixels")
-    adversary_trigger_position: str = key("bottom-right", "bottom-right | top-left | center")
-    adversary_target: int = key(0, "the backdoor's target class")
-    adversary_poison_fraction: float = key(0.5, "the share of the attacker's images stamped")
-
-    def adversary_problems(self) -> list[str]:
-        """The backdoor trigger's problems (:class:`Trigger` owns them; the other keys' rules
-        are declared with them, the kind is checked against the table by
-        :meth:`fedowen_task.config.TaskConfig.problems`)."""
-        trigger = Trigger(self.adversary_trigger, self.adversary_trigger_size,
-                          self.adversary_trigger_position, self.adversary_target,
-                          self.adversary_poison_fraction)
-        return trigger.problems()
-
-
 def adversary_ids(num_partitions: int, fraction: float, seed: int) -> frozenset[int]:
     """Partition ids of the ``round(fraction * num_partitions)`` adversaries: a pure function
     of its arguments, so the clients, the ServerApp and the reports name the same ones."""
@@ -110,8 +75,9 @@ def adversary_ids(num_partitions: int, fraction: float, seed: int) -> frozenset[
 class AdversaryConfig:
     """A run's simulated adversaries: ``adversary-<name>`` as ``<name>``, and the run's seed.
 
-    Build it from a parsed run config (:meth:`of`, or ``TaskConfig.adversary()``); a key added
-    to :class:`AdversaryKeys` needs its field here too (:meth:`of` fails loudly otherwise).
+    Build it from a parsed run config (:meth:`of`, or ``TaskConfig.adversary()``); each field
+    but ``seed`` is the key ``adversary-<field>`` (tests/test_adversary_table.py checks both
+    ways).
     """
 
     fraction: float
@@ -130,10 +96,10 @@ class AdversaryConfig:
     seed: int
 
     @classmethod
-    def of(cls, keys: AdversaryKeys, seed: int) -> AdversaryConfig:
-        """The adversary config of a run config's keys and seed."""
-        return cls(seed=seed, **{f.name.removeprefix("adversary_"): getattr(keys, f.name)
-                                 for f in fields(AdversaryKeys)})
+    def of(cls, keys: Any, seed: int) -> AdversaryConfig:
+        """The adversary config of a run config's ``adversary_*`` fields and seed."""
+        return cls(seed=seed, **{f.name: getattr(keys, f"adversary_{f.name}")
+                                 for f in fields(cls) if f.name != "seed"})
 
     def backdoor(self) -> Trigger:
         """The backdoor's trigger these keys describe."""
