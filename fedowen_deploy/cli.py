@@ -142,6 +142,18 @@ def resume_hint(argv: list[str], out: str) -> str:
     return "interrupted; resume with: " + " ".join(shlex.quote(a) for a in command)
 
 
+def check_model(run_config: RunConfig, ds: Any) -> None:
+    """The model the run config names, built and run on two of the dataset's test inputs, as
+    the ServerApp will before its first round: a user's network for another input size or
+    class count fails here in seconds, not after the SuperLink has started."""
+    from fedowen_task.data import to_tensor
+    from fedowen_task.models import build_model, check_model_input
+
+    name = run_config.model_name()
+    model = build_model(name, ds.in_channels, ds.num_classes, seed=run_config.seed)
+    check_model_input(model, name, to_tensor(ds.x_test[:2], ds.name), ds.num_classes)
+
+
 def main(argv: list[str] | None = None) -> int:
     from fedowen_task.data import DatasetNotFoundError, load_dataset  # torch: only to run
 
@@ -149,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = build_run_config(args)
     try:  # before any SuperLink starts: every problem at once, then the data
         run_config = parse_run_config(cfg)
-        load_dataset(run_config.dataset, run_config.data_dir, download=run_config.download)
+        ds = load_dataset(run_config.dataset, run_config.data_dir, download=run_config.download)
+        check_model(run_config, ds)
     except ValueError as err:
         print(f"[fedowen] {err}", file=sys.stderr)
         return 2

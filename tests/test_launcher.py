@@ -107,6 +107,8 @@ def test_resume_hint_repeats_the_arguments_with_resume_from(tmp_path: Path) -> N
     (["--data-dir", "/nonexistent/data"],
      "data-dir=/nonexistent/data: Dataset 'mnist' not found: searched /nonexistent/data"),
     (["--set", "alpah=0.5"], "unknown key 'alpah' (did you mean 'alpha'?)"),
+    (["--set", "model=tests.user_models:wrong_classes"],
+     "model='tests.user_models:wrong_classes' returned [2, 3] for 2 inputs"),
 ])
 def test_run_sh_fails_before_any_superlink_naming_the_problem(
         args: list[str], said: str, shared_data_dir: Path, tmp_path: Path,
