@@ -126,7 +126,7 @@ def long_tail_norms(data_dir: Path, draws: int = 3) -> list[dict[str, Any]]:
     """First-round honest updates in the paper's long-tail split (MNIST, 100 clients, alpha
     0.1, imbalance 0.01): per draw of 10 clients, their examples and update norms, and what a
     3x lower-median bound on the raw norm and on the norm per example would reject."""
-    from fedowen_strategy.bounds import round_bound
+    from fedowen_strategy.defences.bounds import round_bound
     from fedowen_strategy.replies import record_to_state
     from fedowen_strategy.updates import update_norm
     from fedowen_task.models import build_model

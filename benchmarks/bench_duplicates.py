@@ -36,7 +36,7 @@ TOLERANCES = (0.05, 0.01, 1e-3, 1e-4, 1e-6)
 def relative_distances(states: list[dict[str, np.ndarray]], reference: dict[str, np.ndarray]
                        ) -> dict[tuple[int, int], float]:
     """``||d_i - d_j|| / max(||d_i||, ||d_j||)`` for every pair; NaN where either update is
-    unchanged (zero: never a copy, :func:`fedowen_strategy.aggregation.duplicate_groups`)."""
+    unchanged (zero: never a copy, :func:`fedowen_strategy.defences.links.duplicate_groups`)."""
     keys = [k for k, v in reference.items() if np.issubdtype(v.dtype, np.floating)]
     deltas = np.stack([np.concatenate([(np.asarray(s[k], np.float64) - reference[k]).ravel()
                                        for k in keys]) for s in states])

@@ -39,7 +39,7 @@ from scipy.stats import spearmanr
 
 from client_app.app import train_handler
 from fedowen_strategy.replies import record_to_state
-from fedowen_strategy.round_valuers import delta_shares
+from fedowen_strategy.round.round_valuers import delta_shares
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_strategy.valuation import estimate
 from fedowen_task.data import load_dataset, to_tensor

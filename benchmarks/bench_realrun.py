@@ -7,7 +7,7 @@ all of them each round, ``--valuation`` at budget n x M, ``--rounds`` rounds):
   Ray, ``client-resources-num-cpus=1``); ``valuation_seconds`` per round from rounds.jsonl;
 * ``inline``: the inline backend (:func:`sim.inline.inline_run`: one child process, the real
   ServerApp and ClientApp over the in-process grid), read the same way;
-* ``inprocess``: the server's own valuation call, :func:`fedowen_strategy.contribution.
+* ``inprocess``: the server's own valuation call, :func:`fedowen_strategy.round.contribution.
   value_round` with the ServerApp's :class:`CoalitionUtility` on the same evaluation set (the
   run config's ``eval-fraction`` of MNIST's training split), one factory for ``--rounds``
   calls as in a run, in a fresh process (its own session) with ``--threads`` torch threads;
@@ -42,7 +42,7 @@ import torch
 
 from benchmarks._common import load_average, machine_info, markdown_table, write_outputs
 from fedowen_deploy.launcher import LocalSuperLink, flwr_run
-from fedowen_strategy.contribution import value_round
+from fedowen_strategy.round.contribution import value_round
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_strategy.torch_utility.batched import resolve_device
 from fedowen_task.data import load_dataset, resolve_data_dir

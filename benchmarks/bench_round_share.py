@@ -9,7 +9,7 @@ their example counts). The rounds' seconds and the app's own valuation seconds c
 run's ``rounds.jsonl``.
 
 After the run, every round past ``--warmup`` is valued again, on the same inputs, by each
-estimator of :data:`ESTIMATORS` through :func:`fedowen_strategy.contribution.value_round` (the
+estimator of :data:`ESTIMATORS` through :func:`fedowen_strategy.round.contribution.value_round` (the
 app's path: a fresh utility per call, so nothing is cached across estimators), in an order
 rotated per round. For each:
 
@@ -59,8 +59,8 @@ import server_app.factory as server_factory
 from benchmarks._common import load_average, machine_info, markdown_table, rotated, write_outputs
 from benchmarks.bench_ranking_battery import spearman
 from client_app.app import app as client_app
-from fedowen_strategy.contribution import ValuationSettings, value_round
-from fedowen_strategy.round_valuers import RoundValuation
+from fedowen_strategy.round.contribution import ValuationSettings, value_round
+from fedowen_strategy.round.round_valuers import RoundValuation
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.data import resolve_data_dir
 from server_app.config import RunConfig, parse_run_config

@@ -1,6 +1,6 @@
 r"""Benchmark: seconds of one round's valuation by method and number of participants n.
 
-What one call of :func:`fedowen_strategy.contribution.value_round` costs the server, with the
+What one call of :func:`fedowen_strategy.round.contribution.value_round` costs the server, with the
 real batched torch utility (:class:`fedowen_strategy.torch_utility.batched.CoalitionGame`,
 LeNet, the MNIST server evaluation set of 600 images = 1% of the 60k training images) at the
 server's budget ``n x budget-m`` (``2^n`` for ``exact``), with the estimator parameters the
@@ -45,7 +45,7 @@ from benchmarks._common import (
     timed,
     write_outputs,
 )
-from fedowen_strategy.contribution import ValuationSettings, value_round
+from fedowen_strategy.round.contribution import ValuationSettings, value_round
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model, load_numpy_state, state_to_numpy

@@ -4,7 +4,7 @@ threads (``valuation-workers``), against one thread, on the app's own rounds (is
 The app plays its rounds in this process (:func:`benchmarks.bench_round_share.play`: MNIST,
 LeNet, the run config's defaults, ``owen-antithetic`` at M = 4 on the delta game, one torch
 thread, CPU), keeping every game's inputs. Every round past ``--warmup`` is then valued again,
-on the same inputs, through :func:`fedowen_strategy.contribution.value_round` with a fresh
+on the same inputs, through :func:`fedowen_strategy.round.contribution.value_round` with a fresh
 utility of each worker count, ``--repeats`` times in rotating order. Per worker count:
 
 * ``valuation s``: the median of the repeats' ``RoundValuation.seconds``; ``/ 1 worker``: its
@@ -44,7 +44,7 @@ import numpy as np
 
 from benchmarks._common import load_average, machine_info, markdown_table, rotated, write_outputs
 from benchmarks.bench_round_share import play, round_seconds
-from fedowen_strategy.contribution import ValuationSettings, value_round
+from fedowen_strategy.round.contribution import ValuationSettings, value_round
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.data import resolve_data_dir
 from server_app.config import parse_run_config

@@ -26,7 +26,7 @@ from typing import Any
 
 from fedowen_deploy.launcher import APP_DIR, LocalSuperLink, flwr_run
 from fedowen_deploy.procs import Terminated, exit_on_signals
-from fedowen_strategy.round_valuers import METHODS
+from fedowen_strategy.round.round_valuers import METHODS
 from fedowen_task.config import parse_scalar
 from fedowen_task.declare import declared
 from server_app.config import RunConfig, output_root, parse_run_config

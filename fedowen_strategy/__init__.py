@@ -20,9 +20,9 @@ from typing import Any
 
 __all__ = ["CoalitionUtility", "FedOwen", "Guards", "SelectionParams", "ValuationSettings"]
 _HOME = {"FedOwen": "fedowen_strategy.strategy",
-         "ValuationSettings": "fedowen_strategy.contribution",
+         "ValuationSettings": "fedowen_strategy.round.contribution",
          "SelectionParams": "fedowen_strategy.selection",
-         "Guards": "fedowen_strategy.guards",
+         "Guards": "fedowen_strategy.defences.guards",
          "CoalitionUtility": "fedowen_strategy.torch_utility"}
 
 

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.links import Pair, count_links, lasting_groups
+from fedowen_strategy.defences.links import Pair, count_links, lasting_groups
 from fedowen_strategy.selection import (
     SelectionParams,
     resolve_cap,

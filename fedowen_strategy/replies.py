@@ -48,7 +48,7 @@ class ClientUpdate:
 @dataclass
 class ParsedReplies:
     """Accepted updates plus what was dropped and why (client or node id -> reason), and the
-    factor each clipped update was scaled by (set by :mod:`fedowen_strategy.bounds`)."""
+    factor each clipped update was scaled by (set by :mod:`fedowen_strategy.defences.bounds`)."""
 
     updates: list[ClientUpdate] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)

@@ -17,7 +17,7 @@ function of its inputs and an explicit ``numpy.random.Generator``; the strategy 
 state.
 
 Defaults and their scale: FedOwen feeds ``phi`` on its ``phi-scale``, by default ``l1`` (a
-round's absolute values sum to 1; :mod:`fedowen_strategy.contribution` owns the scale), so a
+round's absolute values sum to 1; :mod:`fedowen_strategy.round.contribution` owns the scale), so a
 typical client in a round of 10 has phi ~ 0.1. ``c = 0.1`` makes the exploration bonus of a
 client seen a few times (u ~ 0.05-0.1 at t ~ 50) comparable to one typical contribution, so
 neither term drowns the other. ``tau = 0.01`` (1% of a round's total |phi|) is the paper's
@@ -222,7 +222,7 @@ def select_clients(
     """Pick ``k`` distinct clients by Algorithm 2.
 
     ``arm_of`` (optional) maps each client to an arm: clients sharing an arm (a lasting link,
-    :func:`fedowen_strategy.links.lasting_groups`) are one arm of the bandit, whose phi is
+    :func:`fedowen_strategy.defences.links.lasting_groups`) are one arm of the bandit, whose phi is
     the mean of its valued members' and whose count is theirs summed; the arms are drawn by
     Algorithm 2 and each drawn arm sends one member, uniformly; when there are fewer arms
     than ``k`` the rest are drawn uniformly from the clients left.

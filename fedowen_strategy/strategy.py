@@ -2,10 +2,10 @@
 
 Paper: "FedOwen: Contribution-aware federated learning with Owen sampling" (shared/paper). The
 class is glue over pure parts: the bandit of Algorithm 2 (:mod:`~fedowen_strategy.selection`),
-the identity roster (:mod:`~fedowen_strategy.identity`: clients are keyed by the stable id
+the identity roster (:mod:`~fedowen_strategy.defences.identity`: clients are keyed by the stable id
 each ClientApp sends, asked for with a ``query`` message, and selected in id order, so a run
 config and seed select the same clients in every run) and one aggregation round
-(:func:`~fedowen_strategy.round_step.aggregate_round`: the update guards, the valuation, the
+(:func:`~fedowen_strategy.round.round_step.aggregate_round`: the update guards, the valuation, the
 softmax weights and the round record).
 """
 
@@ -23,13 +23,14 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
-from fedowen_strategy import nodes, replies, round_record
+from fedowen_strategy import nodes, replies
 from fedowen_strategy.bandit import Bandit
-from fedowen_strategy.contribution import UtilityFactory, ValuationSettings, resolve_auto
+from fedowen_strategy.defences.guards import Defence, Guards
+from fedowen_strategy.defences.identity import IdentityBook, Roster
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
-from fedowen_strategy.guards import Defence, Guards
-from fedowen_strategy.identity import IdentityBook, Roster
-from fedowen_strategy.round_step import aggregate_round
+from fedowen_strategy.round import round_record
+from fedowen_strategy.round.contribution import UtilityFactory, ValuationSettings, resolve_auto
+from fedowen_strategy.round.round_step import aggregate_round
 from fedowen_strategy.selection import SelectionParams, round_size
 from fedowen_task.protocol import LOCAL_LOSS_FIELD, LOSS_SQUARES_FIELD
 

@@ -13,7 +13,7 @@ This module is the attacks' eyes and hands, not the attacks: it decodes the roun
 replies into flat float64 updates ``d_i = trained_i - global`` (floating arrays only,
 :mod:`fedowen_strategy.updates`), shows them to the row's ``server`` function as a
 :class:`~fedowen_task.adversary.server.RoundView` together with the defence's bound
-(:func:`attacker_bound`: FedOwen's own :func:`fedowen_strategy.guards.bound_in_force`, so
+(:func:`attacker_bound`: FedOwen's own :func:`fedowen_strategy.defences.guards.bound_in_force`, so
 ``max-norm-ratio``, ``update-bound`` and ``norm-cap`` as the guards apply them), adds
 ``adversary-jitter`` (:func:`~fedowen_task.adversary.server.jittered`, seeded by (seed,
 round, client id)) and encodes the result. Honest statistics come from the round's replies
@@ -38,8 +38,8 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
-from fedowen_strategy.bounds import lower_median
-from fedowen_strategy.guards import Defence, Median, bound_in_force
+from fedowen_strategy.defences.bounds import lower_median
+from fedowen_strategy.defences.guards import Defence, Median, bound_in_force
 from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
 from fedowen_strategy.updates import State, apply_delta, flat_delta, flatten, update_keys
 from fedowen_task.adversary.attacks import attack_of, server_side
@@ -55,7 +55,7 @@ def attacker_bound(defence: Defence | None, norms: Sequence[float], examples: Se
                    others: Sequence[float] | None = None, attackers: int = 0) -> float | None:
     """The largest norm an update of ``own_examples`` examples may have and pass the run's
     defences unchanged, as an omniscient attacker knows them: FedOwen's own
-    :func:`fedowen_strategy.guards.bound_in_force` under the strategy's ``defence`` (its
+    :func:`fedowen_strategy.defences.guards.bound_in_force` under the strategy's ``defence`` (its
     guards and resolved norm cap: :attr:`server_app.strategies.ServerStrategy.defence`), read from
     the round's honest update ``norms`` and ``examples`` (the attackers' honest ones
     included), the global model's norm and, for ``norm-cap = "server"``, ``server_norm``, the

@@ -6,8 +6,9 @@ reports every problem at once, one per mistake: unknown keys with the closest va
 wrong types, out-of-range values and cross-key rules (the estimator's minimum budget for N x M
 and the parameters it accepts, the strategy's parameters), before any message is sent.
 
-The library's settings types (:class:`~fedowen_strategy.contribution.ValuationSettings`,
-:class:`~fedowen_strategy.selection.SelectionParams`, :class:`~fedowen_strategy.guards.Guards`)
+The library's settings types (:class:`~fedowen_strategy.round.contribution.ValuationSettings`,
+:class:`~fedowen_strategy.selection.SelectionParams`,
+:class:`~fedowen_strategy.defences.guards.Guards`)
 carry the defaults and own the rules of their keys; one table, :data:`SETTINGS_KEYS`, maps
 their fields onto run-config keys both ways: the run config's values onto the settings, the
 settings' problems back onto the keys a user wrote.
@@ -21,7 +22,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedowen_strategy.contribution import (
+from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.nodes import NODE_WAIT_TIMEOUT, ROUND_TIMEOUT
+from fedowen_strategy.round.contribution import (
     DEFAULT_UTILITY_METRIC,
     UTILITY_METRICS,
     Choices,
@@ -29,9 +32,7 @@ from fedowen_strategy.contribution import (
     resolve_auto,
     selection_problems,
 )
-from fedowen_strategy.guards import Guards
-from fedowen_strategy.nodes import NODE_WAIT_TIMEOUT, ROUND_TIMEOUT
-from fedowen_strategy.round_valuers import GAME_METHODS, round_budget
+from fedowen_strategy.round.round_valuers import GAME_METHODS, round_budget
 from fedowen_strategy.selection import SelectionParams
 from fedowen_strategy.settings import Settings
 from fedowen_strategy.valuation import ESTIMATORS, estimate_problems
@@ -95,10 +96,10 @@ class RunConfig(TaskConfig):
     ucb_c: float = owned(SelectionParams, "c")
     tau: float = owned(SelectionParams, "tau")
     max_norm_ratio: float = owned(Guards, "max_norm_ratio")
-    # Robust update bounds (issue 14): see fedowen_strategy.bounds.
+    # Robust update bounds (issue 14): see fedowen_strategy.defences.bounds.
     update_bound: str = owned(Guards, "update_bound")
     update_bound_multiple: float = owned(Guards, "update_bound_multiple")
-    # Norm normalisation and Sybil links (issue 26): see fedowen_strategy.bounds / links.
+    # Norm normalisation and Sybil links (issue 26): see fedowen_strategy.defences.bounds / links.
     norm_cap: str = owned(Guards, "norm_cap")
     norm_cap_multiple: float = owned(Guards, "norm_cap_multiple")
     value_cap_multiple: float = owned(Guards, "value_cap_multiple")
@@ -146,7 +147,7 @@ class RunConfig(TaskConfig):
 
     def choices(self) -> Choices:
         """FedOwen's selection, aggregation and norm cap, ``auto`` resolved for this
-        valuation by :func:`fedowen_strategy.contribution.resolve_auto` (the one place)."""
+        valuation by :func:`fedowen_strategy.round.contribution.resolve_auto` (the one place)."""
         return resolve_auto(self.valuation, self.selection, self.aggregation, self.norm_cap,
                             self.selection_cap)
 

@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fedowen_strategy.contribution import UtilityFactory
+from fedowen_strategy.round.contribution import UtilityFactory
 from fedowen_strategy.strategy import EvaluateHook, FedOwen, ServerStep
 from fedowen_strategy.torch_utility import CoalitionUtility
 from server_app.config import RunConfig

@@ -26,7 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fedowen_strategy.round_valuers import NO_PHI
+from fedowen_strategy.round.round_valuers import NO_PHI
 from fedowen_task.config import TaskConfig
 from sim.adversary_stats import SERIES_KEYS, cell_series, ledger_stats, moving_average
 from sim.compact import open_csv, save_png

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from fedowen_strategy.round_valuers import NO_PHI
+from fedowen_strategy.round.round_valuers import NO_PHI
 from server_app.config import RunConfig, parse_run_config
 
 BACKENDS = ("flwr", "inline")

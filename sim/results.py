@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fedowen_strategy.contribution import resolve_auto
+from fedowen_strategy.round.contribution import resolve_auto
 from fedowen_strategy.selection import AUTO_CAP
 from server_app.config import OPERATIONAL_KEYS, parse_run_config
 from server_app.keys import defaults_hash

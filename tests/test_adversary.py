@@ -132,7 +132,7 @@ def test_replay_free_rider_adds_the_last_global_update_per_round() -> None:
 
 
 def test_colluding_sybil_copies_are_near_but_not_exact_duplicates() -> None:
-    from fedowen_strategy.aggregation import duplicate_groups
+    from fedowen_strategy.defences.links import duplicate_groups
 
     glob, trained = _lenet_pair()
     copies = [colluding_copy(glob, trained, 0.1, seed=s) for s in (1, 2)]

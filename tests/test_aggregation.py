@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedowen_strategy.aggregation import example_weights, softmax_weights, weighted_average
+from fedowen_strategy.round.aggregation import example_weights, softmax_weights, weighted_average
 
 
 def test_softmax_weights_by_hand() -> None:

@@ -152,7 +152,7 @@ def test_federated_evaluation_reaches_the_clientapp(shared_data_dir: Path,
     from flwr.app import ArrayRecord
 
     from fedowen_strategy import FedOwen
-    from fedowen_strategy.contribution import ValuationSettings
+    from fedowen_strategy.round.contribution import ValuationSettings
     from fedowen_task.models import build_model
 
     # Prepare

@@ -3,9 +3,10 @@
 Every import of the project's own modules counts, also those inside functions (a lazy import
 that closes a circle is still a circle):
 
-- no import circle among the project's modules, nor among its packages (a package's own
-  modules taken as one: ``fedowen_task`` and ``fedowen_task.adversary`` may not import each
-  other both ways, even through modules that do not);
+- no import circle among the project's modules, nor with each sub-package of a room taken as
+  one (``fedowen_task.backdoor`` importing ``fedowen_task.adversary.keys`` while
+  ``fedowen_task.adversary.client`` imports it back is a circle, though no module imports
+  itself);
 - the ClientApp imports nothing from the ServerApp or the strategy library (the two apps share
   only the task module, ``fedowen_task``);
 - the strategy library takes only the message protocol and the run-config key declaration
@@ -93,16 +94,19 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """Package -> the packages its modules import (a package's ``__init__`` is its own)."""
+    """The import graph with each sub-package of a room taken as one node (``fedowen_task.
+    adversary``, ``fedowen_strategy.valuation``); a room's own modules stay apart (its
+    ``__init__`` and top modules are the hall every sub-package may use)."""
     files = module_files()
 
-    def package(module: str) -> str:
-        return module if files[module].name == "__init__.py" else module.rpartition(".")[0]
+    def node(module: str) -> str:
+        head = ".".join(module.split(".")[:2])
+        return head if head in files and files[head].name == "__init__.py" else module
 
-    packages: dict[str, set[str]] = {}
+    nodes: dict[str, set[str]] = {}
     for module, deps in graph.items():
-        packages.setdefault(package(module), set()).update(package(d) for d in deps)
-    return {p: deps - {p} for p, deps in packages.items()}
+        nodes.setdefault(node(module), set()).update(node(d) for d in deps)
+    return {n: deps - {n} for n, deps in nodes.items()}
 
 
 def room(module: str) -> str:
@@ -154,7 +158,7 @@ def test_every_module_compose_runs_is_in_the_image() -> None:
 
 def test_the_valuation_library_needs_neither_flower_nor_torch() -> None:
     # a fresh interpreter: this one has imported both already
-    probe = ("import sys, fedowen_strategy.valuation, fedowen_strategy.contribution; "
+    probe = ("import sys, fedowen_strategy.valuation, fedowen_strategy.round.contribution; "
              "print(sorted(m for m in ('flwr', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          cwd=ROOT, check=True)

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from client_app.app import app as client_app
-from fedowen_strategy.aggregation import weighted_average
-from fedowen_strategy.bounds import clip_state
+from fedowen_strategy.defences.bounds import clip_state
 from fedowen_strategy.replies import _check_state, record_to_state, state_to_record
+from fedowen_strategy.round.aggregation import weighted_average
 from fedowen_strategy.torch_utility.batched import CoalitionGame
 from fedowen_strategy.updates import average_buffers, restore_counters, update_keys, update_norm
 from fedowen_task.models import build_model, check_model_input, state_to_numpy

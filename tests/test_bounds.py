@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedowen_strategy.bounds import bound_updates, round_bound
+from fedowen_strategy.defences.bounds import bound_updates, round_bound
 from fedowen_strategy.replies import ClientUpdate
 from fedowen_strategy.updates import update_norm
 

@@ -17,8 +17,8 @@ from flwr.app import (
     RecordDict,
 )
 
-from fedowen_strategy.bounds import lower_median
-from fedowen_strategy.guards import Defence
+from fedowen_strategy.defences.bounds import lower_median
+from fedowen_strategy.defences.guards import Defence
 from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, state_to_record
 from fedowen_task.adversary.attacks import kinds, server_side
 from fedowen_task.adversary.keys import adversary_ids

@@ -1,6 +1,6 @@
 """One round's valuation on degenerate inputs: no division by zero, no NaN weights.
 
-Documented behaviour (fedowen_strategy.contribution): phi is put on the ``l1`` scale by
+Documented behaviour (fedowen_strategy.round.contribution): phi is put on the ``l1`` scale by
 default (divided by sum |phi|, so |phi| <= 1), or on the ``normalised`` scale (divided by
 |nu(N) - nu(empty)|, an efficient estimator's values then sum to the sign of the gain); a
 scale below FLAT keeps the raw values (all ~0) and the softmax weights are uniform.
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedowen_strategy.contribution import ValuationSettings, value_round
+from fedowen_strategy.round.contribution import ValuationSettings, value_round
 
 GLOBAL = {"w": np.zeros(3, np.float32)}
 
@@ -71,7 +71,7 @@ def test_paper_algorithm_credits_a_lone_client_only_on_its_mask_levels() -> None
 def test_identical_updates_aggregate_to_the_common_update() -> None:
     # Symmetric players: equal in expectation, not per draw; any convex combination of
     # identical models is that model, so the aggregate is exact whatever the draw.
-    from fedowen_strategy.aggregation import weighted_average
+    from fedowen_strategy.round.aggregation import weighted_average
 
     updates = states([1, 0, 1], [1, 0, 1], [1, 0, 1])
     val = value_round(updates, [4, 4, 4], GLOBAL, average_game(method="owen"),
@@ -136,7 +136,7 @@ def test_multikrum_drops_the_outliers_and_averages_the_rest() -> None:
 
 def test_l1_scale_bounds_cancelling_contributions() -> None:
     # Contributions that nearly cancel: the gain is 0.003, each value is +-0.08
-    from fedowen_strategy.round_valuers import scale_phi
+    from fedowen_strategy.round.round_valuers import scale_phi
 
     raw = np.array([0.0815, -0.0785, 0.0])
     normalised = scale_phi(raw, 0.003, "normalised")

@@ -16,11 +16,11 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedowen_strategy.bounds import cap_norms, lower_median
-from fedowen_strategy.contribution import ValuationSettings, value_round
-from fedowen_strategy.guards import Guards
-from fedowen_strategy.links import link_groups, merge_groups
+from fedowen_strategy.defences.bounds import cap_norms, lower_median
+from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.defences.links import link_groups, merge_groups
 from fedowen_strategy.replies import ClientUpdate, record_to_state, state_to_record
+from fedowen_strategy.round.contribution import ValuationSettings, value_round
 from fedowen_strategy.strategy import FedOwen
 from fedowen_strategy.updates import cosine_matrix, update_norm
 from fedowen_task.data import load_dataset, to_tensor

@@ -79,7 +79,7 @@ def test_auto_selection_pins_what_auto_meant_into_the_cells_that_value_clients()
 def test_no_committed_preset_leaves_a_valuing_cell_to_an_unpinned_auto_selection() -> None:
     # A change of what auto selection means renames every cell that leaves it to auto (the id
     # resolves it): a preset with committed cells pins auto-selection or writes selection out.
-    from fedowen_strategy.round_valuers import NO_PHI
+    from fedowen_strategy.round.round_valuers import NO_PHI
     from server_app.config import RunConfig
 
     presets = [load_preset(p) for p in sorted(CONF.glob("**/*.toml"))]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedowen_strategy.contribution import ValuationSettings, value_round
-from fedowen_strategy.round_valuers import delta_shares
+from fedowen_strategy.round.contribution import ValuationSettings, value_round
+from fedowen_strategy.round.round_valuers import delta_shares
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_strategy.torch_utility.batched import CoalitionGame, coalition_coefficients
 from fedowen_task.models import build_model, state_to_numpy

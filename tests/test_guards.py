@@ -1,4 +1,5 @@
-"""The bound in force (fedowen_strategy.guards.bound_in_force) is what the guards let through."""
+"""The bound in force (fedowen_strategy.defences.guards.bound_in_force) is what the guards
+let through."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fedowen_strategy.guards import Guards, bound_in_force, cap_reference, guard_round
+from fedowen_strategy.defences.guards import Guards, bound_in_force, cap_reference, guard_round
 from fedowen_strategy.replies import parse_replies, state_to_record
 from fedowen_strategy.updates import update_norm
 

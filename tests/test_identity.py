@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedowen_strategy.aggregation import duplicate_groups
-from fedowen_strategy.contribution import ValuationSettings, value_round
-from fedowen_strategy.guards import Guards
-from fedowen_strategy.identity import IdentityBook
+from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.defences.identity import IdentityBook
+from fedowen_strategy.defences.links import duplicate_groups
 from fedowen_strategy.replies import record_to_state, state_to_record
+from fedowen_strategy.round.contribution import ValuationSettings, value_round
 from server_app.store.records import read_rounds
 from tests.test_strategy import BARE, TARGET, run_toy
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedowen_deploy.cli import parse_args
-from fedowen_strategy.contribution import ValuationSettings
+from fedowen_strategy.round.contribution import ValuationSettings
 from fedowen_task.config import ConfigError, parse_config
 from fedowen_task.declare import at_least, declarations, declared, key, owned
 from server_app.config import RunConfig

@@ -1,11 +1,11 @@
-"""FLAME's filter (fedowen_strategy.majority) on hand-built rounds."""
+"""FLAME's filter (fedowen_strategy.defences.majority) on hand-built rounds."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedowen_strategy.majority import (
+from fedowen_strategy.defences.majority import (
     clip_to_median,
     cosine_distances,
     flame_noise,
@@ -51,7 +51,7 @@ def test_distances_clipping_and_noise_by_hand() -> None:
 
 def test_the_majority_filter_rejects_a_backdoor_minority_in_a_round() -> None:
     # Prepare: the hand-built round above as client updates to a zero global model
-    from fedowen_strategy.guards import Guards, guard_round
+    from fedowen_strategy.defences.guards import Guards, guard_round
     from fedowen_strategy.replies import ClientUpdate
 
     rng = np.random.default_rng(0)

@@ -1,7 +1,7 @@
 """One table of methods and one of strategies (issue 30): validation, ``--help`` and the docs
 name the same ones, and pyproject.toml's comments restate neither list.
 
-The lists live in :data:`fedowen_strategy.round_valuers.METHODS` (from its ``ROUND_VALUERS``
+The lists live in :data:`fedowen_strategy.round.round_valuers.METHODS` (from its ``ROUND_VALUERS``
 table) and :data:`server_app.strategies.NAMES`; everything else reads them, and the docs that
 describe each name are checked against them here.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedowen_deploy.cli import parse_args
-from fedowen_strategy.round_valuers import METHODS
+from fedowen_strategy.round.round_valuers import METHODS
 from server_app.config import parse_run_config
 from server_app.strategies import FLOWER, NAMES
 

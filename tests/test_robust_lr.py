@@ -1,13 +1,13 @@
 """The robust learning rate's sign vote and FLAME's aggregate noise
-(fedowen_strategy.robust_lr) on hand-built rounds, and their keys."""
+(fedowen_strategy.defences.robust_lr) on hand-built rounds, and their keys."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedowen_strategy.aggregation import weighted_average
-from fedowen_strategy.robust_lr import guard_aggregate, robust_lr_mask, sign_agreement
+from fedowen_strategy.defences.robust_lr import guard_aggregate, robust_lr_mask, sign_agreement
+from fedowen_strategy.round.aggregation import weighted_average
 from fedowen_task.config import ConfigError
 from server_app.config import parse_run_config
 

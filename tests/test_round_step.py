@@ -1,5 +1,6 @@
-"""One aggregation round as a pure function (:func:`fedowen_strategy.round_step.aggregate_round`),
-run by hand: no grid, no strategy, a list of updates and a global model."""
+"""One aggregation round as a pure function
+(:func:`fedowen_strategy.round.round_step.aggregate_round`), run by hand: no grid, no strategy,
+a list of updates and a global model."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedowen_strategy.contribution import ValuationSettings, resolve_auto
-from fedowen_strategy.guards import Guards
+from fedowen_strategy.defences.guards import Guards
 from fedowen_strategy.replies import ClientUpdate, ParsedReplies
-from fedowen_strategy.round_step import aggregate_round
+from fedowen_strategy.round.contribution import ValuationSettings, resolve_auto
+from fedowen_strategy.round.round_step import aggregate_round
 
 TARGET = np.array([1.0, -2.0, 0.5, 3.0])
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedowen_strategy.bandit import Bandit
-from fedowen_strategy.links import count_links, lasting_groups
+from fedowen_strategy.defences.links import count_links, lasting_groups
 from fedowen_strategy.selection import (
     SelectionParams,
     select_clients,

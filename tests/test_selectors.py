@@ -11,8 +11,8 @@ import pytest
 from scipy.stats import chisquare, norm
 
 from fedowen_strategy.bandit import Bandit
-from fedowen_strategy.contribution import ValuationSettings, resolve_auto
-from fedowen_strategy.guards import Guards
+from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.round.contribution import ValuationSettings, resolve_auto
 from fedowen_strategy.selection import SelectionParams
 from fedowen_strategy.selectors import (
     cap_eligible,
@@ -223,7 +223,7 @@ def test_the_posterior_selector_runs_with_its_own_cap_by_default_and_others_with
 def test_a_x50_booster_earns_no_more_reward_than_its_honest_step(reward: str) -> None:
     # Prepare: the same round with c0 honest and with c0 sending 50 x its step, valued under
     # the default guards (direction-only valuation: every update at the reference norm)
-    from fedowen_strategy.round_step import aggregate_round
+    from fedowen_strategy.round.round_step import aggregate_round
 
     ids = ["c0", "c1", "c2", "c3", "c4"]
     rewards = {}

@@ -1,13 +1,13 @@
-"""The server-direction filter (fedowen_strategy.server_direction) on hand-built rounds."""
+"""The server-direction filter (fedowen_strategy.defences.server_direction) on hand-built rounds."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedowen_strategy.guards import Guards, guard_round
+from fedowen_strategy.defences.guards import Guards, guard_round
+from fedowen_strategy.defences.server_direction import filter_server_direction, server_cosines
 from fedowen_strategy.replies import ClientUpdate
-from fedowen_strategy.server_direction import filter_server_direction, server_cosines
 
 GLOBAL = {"w": np.zeros(2), "steps": np.array(3)}
 SERVER = {"w": np.array([1.0, 0.0]), "steps": np.array(3)}

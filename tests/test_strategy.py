@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedowen_strategy.aggregation import example_weights
-from fedowen_strategy.contribution import ValuationSettings
-from fedowen_strategy.guards import Guards
+from fedowen_strategy.defences.guards import Guards
 from fedowen_strategy.replies import record_to_state, state_to_record
+from fedowen_strategy.round.aggregation import example_weights
+from fedowen_strategy.round.contribution import ValuationSettings
 from fedowen_strategy.selection import SelectionParams
 from fedowen_strategy.strategy import FedOwen
 from server_app.store.records import RunRecorder, read_rounds

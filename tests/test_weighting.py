@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedowen_strategy.aggregation import mix_and_cap, round_weights
+from fedowen_strategy.round.aggregation import mix_and_cap, round_weights
 from fedowen_strategy.selection import update_memory
 
 

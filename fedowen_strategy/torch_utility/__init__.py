@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedowen_strategy.contribution import DEFAULT_UTILITY_METRIC
+from fedowen_strategy.round.contribution import DEFAULT_UTILITY_METRIC
 from fedowen_strategy.torch_utility.batched import METRICS, CoalitionGame, resolve_device
 from fedowen_strategy.torch_utility.forward import prepare_net
 
@@ -82,7 +82,7 @@ class CoalitionUtility:
                  num_examples: Sequence[int],
                  shares: Sequence[float] | None = None) -> CoalitionGame:
         """This round's game: the utility of any coalition of ``client_states`` (``shares``:
-        the delta game's weights, see :func:`fedowen_strategy.round_valuers.delta_shares`)."""
+        the delta game's weights, see :func:`fedowen_strategy.round.round_valuers.delta_shares`)."""
         net, x_eval, y_eval = self._prepare()
         return CoalitionGame(self.model, global_state, client_states, num_examples, x_eval,
                              y_eval, metric=self.metric, device=self.device,

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fedowen_strategy.contribution import DEFAULT_UTILITY_METRIC
+from fedowen_strategy.round.contribution import DEFAULT_UTILITY_METRIC
 from fedowen_strategy.torch_utility.coalitions import (
     METRICS,
     MODES,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedowen_strategy.contribution import UTILITY_METRICS
+from fedowen_strategy.round.contribution import UTILITY_METRICS
 
 METRICS = UTILITY_METRICS
 MODES = ("auto", "vmap", "loop")

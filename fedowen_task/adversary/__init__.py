@@ -30,7 +30,7 @@ as ``adversary-kind`` says. Every kind is one row of the table
   ``update-bound`` allows 3 x the round's lower-median norm *per example* x n_i, so a client
   whose own norm per example is typical passes with any factor below 3. The default 2.5
   leaves room for a client 20% above the median (measured honest per-example norms spread
-  2.2x, :mod:`fedowen_strategy.bounds`);
+  2.2x, :mod:`fedowen_strategy.defences.bounds`);
 - ``sign-flip``: trains honestly and returns ``global - (trained - global)``: the honest
   update reversed (the sign-flipping attack of Byzantine-robustness benchmarks such as
   Blades and ByzFL);

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fedowen_strategy.payouts import Payout, client_values, linked_clients, payouts
-from fedowen_strategy.round_valuers import NO_PHI
+from fedowen_strategy.round.round_valuers import NO_PHI
 from server_app.store.records import read_rounds
 
 PAYOUTS_FILE = "payouts.csv"

@@ -5,15 +5,16 @@ names); :func:`guard_round` applies them to one round, a pure function of the ro
 and the global model:
 
 1. ``update-bound`` (off by default): clip or reject updates far above the round's median norm
-   per example (:mod:`fedowen_strategy.bounds`);
+   per example (:mod:`fedowen_strategy.defences.bounds`);
 2. ``norm-cap`` (``auto``: the round's lower-median norm x 2 for a valuation method, nothing
    for the FedAvg baselines): every update rescaled to at most the cap
-   (:func:`fedowen_strategy.bounds.cap_norms`); with ``value-cap-multiple`` (off by default)
+   (:func:`fedowen_strategy.defences.bounds.cap_norms`); with ``value-cap-multiple`` (off by
+   default)
    the updates are valued at a tighter cap of the same reference than they are averaged at
    (``value-cap-mode``: at most that norm, or every update at exactly it);
 3. groups: exact copies (``duplicate-tolerance``; their ids are banned by the strategy) merged
    with near-parallel updates (``link-cosine``), each group one player of the game
-   (:mod:`fedowen_strategy.links`).
+   (:mod:`fedowen_strategy.defences.links`).
 
 ``max-norm-ratio`` (updates farther from the global model than that multiple of its norm are
 rejected) acts earlier, when the replies are parsed (:func:`fedowen_strategy.replies.
@@ -21,7 +22,8 @@ parse_replies`); it lives here because it is a guard of the same kind.
 
 :func:`bound_in_force` says how large an update may be and pass all of them unchanged, from
 the same functions the guards apply (:func:`~fedowen_strategy.replies.norm_ratio_limit`,
-:func:`~fedowen_strategy.bounds.example_bound`, :func:`cap_reference`, :func:`norm_cap_at`):
+:func:`~fedowen_strategy.defences.bounds.example_bound`, :func:`cap_reference`,
+:func:`norm_cap_at`):
 whoever needs the defence's bound (the adaptive attacker of ``server_app.byzantine``) asks
 it, so a changed guard never leaves a stale copy behind.
 """
@@ -36,8 +38,7 @@ from typing import Any
 
 from numpy.typing import NDArray
 
-from fedowen_strategy.aggregation import duplicate_groups
-from fedowen_strategy.bounds import (
+from fedowen_strategy.defences.bounds import (
     NORM_CAPS,
     UPDATE_BOUNDS,
     VALUE_CAP_MODES,
@@ -46,11 +47,16 @@ from fedowen_strategy.bounds import (
     example_bound,
     lower_median,
 )
-from fedowen_strategy.links import link_groups, merge_groups, upper_triangle
-from fedowen_strategy.majority import UPDATE_FILTERS, filter_majority
+from fedowen_strategy.defences.links import (
+    duplicate_groups,
+    link_groups,
+    merge_groups,
+    upper_triangle,
+)
+from fedowen_strategy.defences.majority import UPDATE_FILTERS, filter_majority
+from fedowen_strategy.defences.server_direction import filter_server_direction
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate, norm_ratio_limit
-from fedowen_strategy.server_direction import filter_server_direction
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 from fedowen_strategy.updates import cosine_matrix, update_norm
 from fedowen_task import declare
@@ -81,7 +87,7 @@ class Guards(Settings):
         ``norm_cap_multiple`` x a reference norm, the round's lower-median update norm
         (``median``) or the norm of one server step's update (``server``); ``auto`` is
         ``median`` for a method that computes contributions and ``none`` for the others
-        (:func:`fedowen_strategy.contribution.resolve_auto`).
+        (:func:`fedowen_strategy.round.contribution.resolve_auto`).
     norm_cap_multiple : float
         The multiple of the reference norm (> 0).
     value_cap_multiple : float
@@ -107,21 +113,21 @@ class Guards(Settings):
         contributions.
     duplicate_tolerance : float
         Updates within this relative distance of each other are copies
-        (:func:`fedowen_strategy.aggregation.duplicate_groups`; 0: off): in the round they
+        (:func:`fedowen_strategy.defences.links.duplicate_groups`; 0: off): in the round they
         are caught a group of copies gets one member's weight, and its client ids are banned
         (never selected again, pay forfeited). Keep it at copy level: under one-class non-IID
         data honest updates came within 0.0007 of each other (docs/results/duplicates/).
     update_filter : {"none", "majority", "server-direction"}
         ``majority``: only the largest cluster of the round's update directions (HDBSCAN on
-        cosine distances, a strict majority at least; :mod:`fedowen_strategy.majority`,
+        cosine distances, a strict majority at least; :mod:`fedowen_strategy.defences.majority`,
         FLAME's filter) is valued and averaged; the rest are rejected (opt-in, issue 45).
         ``server-direction``: only updates of positive cosine with the server's own step on
         the evaluation set (FLTrust's trust as a filter,
-        :mod:`fedowen_strategy.server_direction`; opt-in, issue 45).
+        :mod:`fedowen_strategy.defences.server_direction`; opt-in, issue 45).
     robust_lr_threshold : int
         The robust learning rate's sign vote on the round's aggregate: where fewer than this
         many more updates agree on a coordinate's sign than disagree, the server's step there
-        is reversed (:mod:`fedowen_strategy.robust_lr`; 0: off; opt-in, issue 45).
+        is reversed (:mod:`fedowen_strategy.defences.robust_lr`; 0: off; opt-in, issue 45).
     aggregate_noise : float
         FLAME's noise on the round's aggregate, standard deviation this multiple of the
         round's median update norm (the paper's lambda, 0.001; 0: off; opt-in, issue 45).
@@ -198,7 +204,7 @@ def cap_reference(norm_cap: str, norms: Sequence[float], server_norm: float | No
                   median: Median = lower_median) -> float | None:
     """The norm the norm cap is a multiple of: under ``server`` the server step's norm (when a
     step was taken), else ``median`` of the round's update ``norms``; None under ``none``.
-    ``norm_cap`` is resolved (:func:`~fedowen_strategy.contribution.resolve_auto`)."""
+    ``norm_cap`` is resolved (:func:`~fedowen_strategy.round.contribution.resolve_auto`)."""
     if norm_cap == "none":
         return None
     if norm_cap == "server" and server_norm is not None:
@@ -220,7 +226,7 @@ def bound_in_force(guards: Guards, norm_cap: str, *, norms: Sequence[float],
     unchanged; None when no guard bounds it.
 
     The tightest of ``max-norm-ratio`` x ``global_norm``, the update bound (``update-bound``:
-    :func:`~fedowen_strategy.bounds.example_bound` of the round's update ``norms`` and
+    :func:`~fedowen_strategy.defences.bounds.example_bound` of the round's update ``norms`` and
     ``examples``, x ``own_examples``) and the norm cap (:func:`norm_cap_at` the
     :func:`cap_reference` of ``norm_cap``, resolved, with the server step's ``server_norm``).
     ``median``: the statistic the cap reads of ``norms``; an attacker whose own updates move
@@ -269,7 +275,7 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     Parameters
     ----------
     norm_cap : str
-        The resolved norm cap (:func:`fedowen_strategy.contribution.resolve_auto`).
+        The resolved norm cap (:func:`fedowen_strategy.round.contribution.resolve_auto`).
     value_players : bool
         Whether the method values players (near-parallel updates are linked only then).
     server_round : int

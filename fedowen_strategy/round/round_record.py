@@ -15,7 +15,7 @@ from typing import Any
 from flwr.app import MetricRecord, RecordDict
 
 from fedowen_strategy.replies import ParsedReplies
-from fedowen_strategy.round_valuers import RoundValuation
+from fedowen_strategy.round.round_valuers import RoundValuation
 
 log = logging.getLogger(__name__)
 

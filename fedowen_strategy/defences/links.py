@@ -7,7 +7,7 @@ useful update under k identities is paid about k times what it would earn alone 
 linked groups (connected components) become single players of a *quotient game*: the
 group's members' updates are averaged into one update that plays once, and its value, its
 aggregation weight and so its payout are split equally among the members (:func:`quotient`,
-:func:`fedowen_strategy.contribution.value_round`). k copies then earn what one would.
+:func:`fedowen_strategy.round.contribution.value_round`). k copies then earn what one would.
 Exact copies (``duplicate-tolerance``) are the special case ``cos = 1``; those are also
 *banned* (never selected again, pay forfeited), which near-parallel honest updates are not.
 
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import State
+from fedowen_strategy.updates import State, flat_deltas
 
 
 def components(n: int, edges: Sequence[tuple[int, int]]) -> list[list[int]]:
@@ -137,3 +137,22 @@ def split_among(values: NDArray[np.float64], players: Sequence[Sequence[int]]
     for value, members in zip(values, players, strict=True):
         out[list(members)] = value / len(members)
     return out
+
+
+def duplicate_groups(states: Sequence[State], reference: State,
+                     tolerance: float) -> list[list[int]]:
+    """Groups (of two or more) of near-duplicate updates: ``i`` and ``j`` are near-duplicates
+    when ``||d_i - d_j|| <= tolerance * max(||d_i||, ||d_j||)`` for their deltas ``d`` to
+    ``reference``; groups are connected components. An unchanged model (``d = 0``) is no one's
+    copy: honest clients return one when the model already fits their data exactly (measured:
+    one-class clients of a collapsed model, docs/results/duplicates/), and it is a null player
+    in the delta game anyway."""
+    if tolerance <= 0 or len(states) < 2:
+        return []
+    deltas = flat_deltas(states, reference)
+    norms = np.linalg.norm(deltas, axis=1)
+    n = len(states)
+    return components(n, [(i, j) for i in range(n) for j in range(i + 1, n)
+                          if norms[i] > 0 and norms[j] > 0
+                          and np.linalg.norm(deltas[i] - deltas[j])
+                          <= tolerance * max(norms[i], norms[j])])

@@ -2,7 +2,7 @@
 
 :data:`ROUND_VALUERS` maps every method the strategy accepts to its valuer (the game
 estimators, ShapFed-WA, ``none`` and ``multikrum``); the method lists derive from it.
-:func:`fedowen_strategy.contribution.value_round` runs the configured one.
+:func:`fedowen_strategy.round.contribution.value_round` runs the configured one.
 
 Scale of phi (:func:`scale_phi`; this module owns it). Estimators return values in the
 utility's raw units (accuracy gained): a few hundredths per client, and ``softmax(phi)`` of
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.aggregation import mix_and_cap, round_weights
+from fedowen_strategy.round.aggregation import mix_and_cap, round_weights
 from fedowen_strategy.shapfed import last_layer_key, shapfed_scores
 from fedowen_strategy.valuation import ESTIMATORS, FLAT, estimate
 
@@ -43,7 +43,7 @@ UtilityFactory = Callable[..., Utility]
 
 class ValuerSettings(Protocol):
     """What a valuer reads of its settings
-    (:class:`fedowen_strategy.contribution.ValuationSettings`, which owns their rules)."""
+    (:class:`fedowen_strategy.round.contribution.ValuationSettings`, which owns their rules)."""
 
     @property
     def method(self) -> str: ...

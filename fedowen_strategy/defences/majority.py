@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from fedowen_strategy.replies import ClientUpdate
 
 #: ``update-filter``: none, the majority cluster of update directions, or the updates that
-#: point the way of the server's own step (:mod:`fedowen_strategy.server_direction`).
+#: point the way of the server's own step (:mod:`fedowen_strategy.defences.server_direction`).
 UPDATE_FILTERS = ("none", "majority", "server-direction")
 #: FLAME's noise level for image classification (the paper's lambda).
 FLAME_NOISE = 0.001

@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy import round_record
-from fedowen_strategy.aggregation import weighted_average
-from fedowen_strategy.contribution import UtilityFactory, ValuationSettings, value_round
-from fedowen_strategy.guards import Guards, guard_round
+from fedowen_strategy.defences.guards import Guards, guard_round
+from fedowen_strategy.defences.robust_lr import guard_aggregate
 from fedowen_strategy.replies import ParsedReplies
-from fedowen_strategy.robust_lr import guard_aggregate
-from fedowen_strategy.round_valuers import NO_PHI, RoundValuation
+from fedowen_strategy.round import round_record
+from fedowen_strategy.round.aggregation import weighted_average
+from fedowen_strategy.round.contribution import UtilityFactory, ValuationSettings, value_round
+from fedowen_strategy.round.round_valuers import NO_PHI, RoundValuation
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class RoundOutcome:
     ``parsed`` the replies after the guards (in client-id order, aligned with ``valuation``);
     ``copies`` the client ids of exact copies (to ban); ``links`` those of near-parallel
     groups (one player each this round: the bandit's link memory); ``record`` and ``rows`` the
-    round record and ledger rows (:mod:`fedowen_strategy.round_record`).
+    round record and ledger rows (:mod:`fedowen_strategy.round.round_record`).
     """
 
     state: dict[str, NDArray] | None
@@ -56,8 +56,8 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
                     extra: Mapping[str, Any] | None = None,
                     server_update: Callable[[], Mapping[str, NDArray]] | None = None
                     ) -> RoundOutcome:
-    """Guard the parsed replies (:func:`~fedowen_strategy.guards.guard_round`), value them
-    (:func:`~fedowen_strategy.contribution.value_round`) and average them with the valuation's
+    """Guard the parsed replies (:func:`~fedowen_strategy.defences.guards.guard_round`), value them
+    (:func:`~fedowen_strategy.round.contribution.value_round`) and average them with the valuation's
     weights.
 
     Parameters
@@ -65,7 +65,7 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
     selected : sequence of str
         The client ids asked to train (for the record).
     norm_cap : str
-        The resolved norm cap (:func:`~fedowen_strategy.contribution.resolve_auto`).
+        The resolved norm cap (:func:`~fedowen_strategy.round.contribution.resolve_auto`).
     rng : numpy.random.Generator
         The valuation stream.
     extra : mapping, optional

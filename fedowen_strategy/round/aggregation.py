@@ -14,8 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.links import components
-from fedowen_strategy.updates import State, average_buffers, flat_deltas
+from fedowen_strategy.updates import State, average_buffers
 
 #: How a round's updates are weighted: softmax(phi / T), softmax over the updates with
 #: phi > 0 only (the others get 0), FedAvg's num-examples, equal.
@@ -101,25 +100,6 @@ def mix_and_cap(weights: NDArray[np.float64], uniform_mix: float = 0.0,
         base = w[free].sum()
         w[free] += excess * (w[free] / base if base > 0 else 1.0 / free.sum())
     return w / w.sum()
-
-
-def duplicate_groups(states: Sequence[State], reference: State,
-                     tolerance: float) -> list[list[int]]:
-    """Groups (of two or more) of near-duplicate updates: ``i`` and ``j`` are near-duplicates
-    when ``||d_i - d_j|| <= tolerance * max(||d_i||, ||d_j||)`` for their deltas ``d`` to
-    ``reference``; groups are connected components. An unchanged model (``d = 0``) is no one's
-    copy: honest clients return one when the model already fits their data exactly (measured:
-    one-class clients of a collapsed model, docs/results/duplicates/), and it is a null player
-    in the delta game anyway."""
-    if tolerance <= 0 or len(states) < 2:
-        return []
-    deltas = flat_deltas(states, reference)
-    norms = np.linalg.norm(deltas, axis=1)
-    n = len(states)
-    return components(n, [(i, j) for i in range(n) for j in range(i + 1, n)
-                          if norms[i] > 0 and norms[j] > 0
-                          and np.linalg.norm(deltas[i] - deltas[j])
-                          <= tolerance * max(norms[i], norms[j])])
 
 
 def weighted_average(states: Sequence[State], weights: NDArray[np.float64]) -> dict[str, NDArray]:

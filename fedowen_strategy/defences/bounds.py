@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 UPDATE_BOUNDS = ("none", "clip", "reject")
 #: ``norm-cap`` values: the reference norm every update is rescaled to at most (``auto``:
 #: :data:`AUTO_NORM_CAP` for methods that compute contributions, ``none`` for the FedAvg
-#: baselines; :func:`fedowen_strategy.contribution.resolve_auto` decides).
+#: baselines; :func:`fedowen_strategy.round.contribution.resolve_auto` decides).
 NORM_CAPS = ("auto", "none", "median", "server")
 #: How the valuation's cap (``value-cap-multiple``) rescales an update: to at most the cap, or
 #: every non-zero update to exactly it (the update's direction valued, never its size).

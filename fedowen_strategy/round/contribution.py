@@ -3,7 +3,7 @@
 The utility of a coalition S is supplied by the caller (the ServerApp builds a batched torch
 utility over its evaluation set); this module holds the settings, what ``auto`` means, and
 :func:`value_round`, which runs the configured valuer of
-:data:`fedowen_strategy.round_valuers.ROUND_VALUERS` (the one table of methods, their budget,
+:data:`fedowen_strategy.round.round_valuers.ROUND_VALUERS` (the one table of methods, their budget,
 and the scale of phi and weights they give).
 
 The round's end points ``nu(empty)`` and ``nu(N)`` are those of the estimate, evaluated within
@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.aggregation import AGGREGATIONS, NEEDS_PHI
-from fedowen_strategy.bounds import AUTO_NORM_CAP, NORM_CAPS
-from fedowen_strategy.links import quotient, split_among
-from fedowen_strategy.round_valuers import (
+from fedowen_strategy.defences.bounds import AUTO_NORM_CAP, NORM_CAPS
+from fedowen_strategy.defences.links import quotient, split_among
+from fedowen_strategy.round.aggregation import AGGREGATIONS, NEEDS_PHI
+from fedowen_strategy.round.round_valuers import (
     GAME_METHODS,
     METHODS,
     NO_PHI,
@@ -144,7 +144,8 @@ def resolve_auto(method: str, selection: str = "auto", aggregation: str = "auto"
                  norm_cap: str = "auto", cap: float = AUTO_CAP) -> Choices:
     """What ``auto`` means for valuation ``method``, the one place it is decided: FedOwen's
     choices (``adaptive`` selection, ``softmax`` aggregation, the norm cap
-    :data:`~fedowen_strategy.bounds.AUTO_NORM_CAP`) for a method that computes contributions,
+    :data:`~fedowen_strategy.defences.bounds.AUTO_NORM_CAP`) for a method that computes
+    contributions,
     FedAvg's (``random``, ``examples``, no norm cap) for the methods in :data:`NO_PHI`; the
     identity cap :data:`~fedowen_strategy.selection.AUTO_CAP` is the resolved selector's own
     (:func:`~fedowen_strategy.selection.resolve_cap`); other values are kept.
@@ -208,9 +209,9 @@ def value_round(
     """Value the ``states`` returned this round and turn the values into weights.
 
     ``groups``: disjoint groups of indices of linked updates (copies,
-    :func:`fedowen_strategy.aggregation.duplicate_groups`, or near-parallel updates,
-    :func:`fedowen_strategy.links.link_groups`). Each group plays the game as one player
-    (:func:`fedowen_strategy.links.quotient`: its members' mean update), and that player's
+    :func:`fedowen_strategy.defences.links.duplicate_groups`, or near-parallel updates,
+    :func:`fedowen_strategy.defences.links.link_groups`). Each group plays the game as one player
+    (:func:`fedowen_strategy.defences.links.quotient`: its members' mean update), and that player's
     phi and weight are split equally among the members, so k copies together earn, and
     weigh, what one would. Without groups every update is its own player.
     """
