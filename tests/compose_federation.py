@@ -25,6 +25,7 @@ from fedowen_deploy.launcher import APP_DIR, BIN, RunOutcome, flower_env, flwr_r
 from fedowen_deploy.rehearsal import make_certs
 
 COMPOSE_FILE = APP_DIR / "docker" / "compose.yml"
+EDGE_FILE = APP_DIR / "docker" / "compose.edge.yml"
 IMAGE_UID = 49999  # the user `app` of the Flower images
 SITES = [f"site-{i}" for i in range(3)]
 
@@ -64,6 +65,13 @@ class ComposeFederation:
     work: Path
     data_dir: Path
     project: str = "fedowen-e2e"
+    # compose.edge.yml's device-sized nodes: (COMPOSE_FILE, EDGE_FILE), the edge sites and their
+    # services named, so compose.yml's own SuperNodes stay down
+    files: tuple[Path, ...] = (COMPOSE_FILE,)
+    key_prefix: str = "site-"  # make-certs.sh names the keys (and client ids) PREFIX<i>
+    sites: tuple[str, ...] = tuple(SITES)
+    services: tuple[str, ...] = ()  # what ``up`` starts; empty: every service
+    extra_env: dict[str, str] = field(default_factory=dict)  # compose variables of the caller
     name: str = "docker"  # the connection's name in $FLWR_HOME/config.toml
     control_port: int = field(default_factory=free_port)
     fleet_port: int = field(default_factory=free_port)
@@ -87,11 +95,12 @@ class ComposeFederation:
                 **{f"FEDOWEN_DATA_DIR_SITE_{i}": data for i in range(len(SITES))},
                 "FEDOWEN_CONTROL_PORT": str(self.control_port),
                 # the devices' port, on loopback here (on a server: all interfaces)
-                "FEDOWEN_FLEET_PORT": f"127.0.0.1:{self.fleet_port}"}
+                "FEDOWEN_FLEET_PORT": f"127.0.0.1:{self.fleet_port}", **self.extra_env}
 
     def compose(self, *args: str, timeout: float = 600, check: bool = True
                 ) -> subprocess.CompletedProcess[str]:
-        cmd = [*compose_command(), "-f", str(COMPOSE_FILE), "--project-directory",
+        cmd = [*compose_command(), *(a for f in self.files for a in ("-f", str(f))),
+               "--project-directory",
                str(self.work), "-p", self.project, *args]
         proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True,
                               timeout=timeout, check=False)
@@ -103,7 +112,7 @@ class ComposeFederation:
     def up(self) -> None:
         """Certificates and keys, folders owned by uid 49999, ``up -d`` (the images must
         exist: scripts/docker-images.sh), then the operator's ``config.toml``."""
-        make_certs(self.certs, len(SITES))
+        make_certs(self.certs, len(self.sites), prefix=self.key_prefix)
         for sub in ("state", "outputs"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
         for sub in ("certs", "state", "outputs"):
@@ -113,7 +122,7 @@ class ComposeFederation:
             "default": self.name, self.name: {
                 "address": f"127.0.0.1:{self.control_port}",
                 "root-certificates": str(self.certs / "ca.crt")}}}))
-        self.compose("up", "-d", "--no-build")
+        self.compose("up", "-d", "--no-build", *self.services)
 
     def down(self) -> None:
         """Keep every service's log in ``work/compose.log``, then remove the containers."""
