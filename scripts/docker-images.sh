@@ -110,7 +110,7 @@ emulation_off() {
 debian_base() {
   local arch=$1 image root
   image="$(arch_tag "$BASE_IMAGE" "$arch")"
-  if has_image "$image" && [[ $FORCE == 0 ]]; then return; fi
+  if has_image "$image" && [[ $FORCE == 0 ]]; then arch_alias "$image" "$arch"; return; fi
   root="$(mktemp -d /tmp/fedowen-bookworm.XXXXXX)"
   if [[ $arch == "$NATIVE_ARCH" ]]; then
     say "debootstrap bookworm into $root (about a minute)"
@@ -132,6 +132,7 @@ debian_base() {
     load_rootfs "$root" "$image" "$arch"
   fi
   rm -rf "$root" "$root.log"
+  arch_alias "$image" "$arch"
   say "imported $image ($(docker image inspect -f '{{.Architecture}}' "$image"))"
 }
 
