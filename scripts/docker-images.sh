@@ -76,13 +76,22 @@ engine() {
   die "dockerd did not answer within 60 s; see /var/log/dockerd.log"
 }
 
+qemu_version() { qemu-aarch64-static --version 2>/dev/null | sed -n '1s/.*version \([0-9.]*\).*/\1/p'; }
+qemu_recent() { local v; v="$(qemu_version)"; [[ -n $v && ${v%%.*} -ge 8 ]]; }
+
 emulation() {
   local arch q
   [[ -n $(foreign_archs) ]] || return 0
-  if ! command -v update-binfmts >/dev/null || ! ls /usr/bin/qemu-*-static >/dev/null 2>&1; then
-    say "installing qemu-user-static binfmt-support (Debian packages)"
+  # bookworm's own qemu-user (7.2) segfaults in torch 2.14.1's aarch64 build (at import, or at
+  # the first tensor); bookworm-backports' 10.0 imports it (19 s) and trains: install that one
+  if ! command -v update-binfmts >/dev/null || ! qemu_recent; then
+    say "installing qemu-user-static (bookworm-backports) and binfmt-support"
+    echo "deb http://deb.debian.org/debian bookworm-backports main" \
+      > /etc/apt/sources.list.d/fedowen-backports.list
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user-static binfmt-support >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports \
+      qemu-user-static binfmt-support >/dev/null
+    qemu_recent || die "qemu-user is $(qemu_version): torch's aarch64 build needs 8 or newer"
   fi
   if [[ ! -e $BINFMT/register ]]; then
     mount binfmt_misc -t binfmt_misc "$BINFMT" && touch "$BINFMT_MARK"
