@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import machine_info, markdown_table, write_outputs
+from fedowen_strategy.updates import update_keys
 
 TOLERANCES = (0.05, 0.01, 1e-3, 1e-4, 1e-6)
 
@@ -37,7 +38,7 @@ def relative_distances(states: list[dict[str, np.ndarray]], reference: dict[str,
                        ) -> dict[tuple[int, int], float]:
     """``||d_i - d_j|| / max(||d_i||, ||d_j||)`` for every pair; NaN where either update is
     unchanged (zero: never a copy, :func:`fedowen_strategy.defences.links.duplicate_groups`)."""
-    keys = [k for k, v in reference.items() if np.issubdtype(v.dtype, np.floating)]
+    keys = update_keys(reference)
     deltas = np.stack([np.concatenate([(np.asarray(s[k], np.float64) - reference[k]).ravel()
                                        for k in keys]) for s in states])
     norms = np.linalg.norm(deltas, axis=1)
@@ -52,7 +53,8 @@ def relative_distances(states: list[dict[str, np.ndarray]], reference: dict[str,
 
 def run_setting(run_config: dict[str, Any], num_clients: int) -> list[dict[str, Any]]:
     """Run one cell, recording every round's pairwise distances by client id."""
-    import fedowen_strategy.strategy as strategy_module
+    # the guards call it by the name they import (the round's copy check)
+    import fedowen_strategy.defences.guards as strategy_module
     from sim.inline import run_cell
 
     recorded: list[dict[str, Any]] = []
