@@ -29,6 +29,7 @@ from sim.ablation_data import (
 from sim.compact import ROUNDS_SUFFIX
 from sim.grid import Grid, Preset
 from sim.results import LAST_K, CellResult, paper_value, point_label
+from sim.sections import Part
 from sim.stats import Interval
 
 #: Two rows whose mean final accuracies lie this close (points) are a close call, which
@@ -146,7 +147,7 @@ def _seeds_text(iv: Interval, base_n: int) -> str:
     return text if iv.n in (0, 1, base_n) else f"{text} (n={iv.n})"
 
 
-def overview_section(preset: Preset, res: dict[str, CellResult]) -> list[str]:
+def overview_section(preset: Preset, res: dict[str, CellResult], out: Path) -> Part:
     """One table per value of the column key every ablation grid shares (e.g. ``alpha``):
     rows the grids' rows (e.g. defences), columns every grid's other column points (e.g.
     attacks), final accuracy with its 95% CI, the best of each column in bold; then each
@@ -154,7 +155,7 @@ def overview_section(preset: Preset, res: dict[str, CellResult]) -> list[str]:
     Empty unless at least two ablation grids share their rows and reference."""
     grids = [g for g in preset.grids if g.kind == "ablation"]
     if len(grids) < 2 or len({(g.rows, g.reference) for g in grids}) > 1:
-        return []
+        return Part([])
     datas = [AblationData(g, preset, res) for g in grids]
     rows = list(dict.fromkeys(r for d in datas for r in d.rows))
     shared = [k for k in grids[0].column_keys if all(k in g.column_keys for g in grids[1:])]
@@ -195,11 +196,10 @@ def overview_section(preset: Preset, res: dict[str, CellResult]) -> list[str]:
                "(same sweep, same machine): " + ", ".join(
                    f"{row} {np.mean(walls[row]) / np.mean(walls[ref]):.2f}x"
                    for row in rows if row != ref and walls[row]) + ".", ""]
-    return md
+    return Part(md)
 
 
-def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
-                     out: Path) -> tuple[list[str], list[Path]]:
+def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: Path) -> Part:
     """Markdown lines and files (PNGs, rounds CSV) of one ablation grid."""
     data = AblationData(grid, preset, res)
     done = sum(c.finished for c in data.cells)
@@ -231,4 +231,4 @@ def ablation_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
     md += [f"![{f.stem}]({f.name})" for f in files[:2]]
     md += ["", f"Per-round data: [{files[2].name}]({files[2].name}); the tables' numbers: "
            f"[{files[3].name}]({files[3].name}).", ""]
-    return md, files
+    return Part(md, files=files)

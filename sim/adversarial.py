@@ -32,6 +32,7 @@ from sim.adversary_stats import SERIES_KEYS, cell_series, ledger_stats, moving_a
 from sim.compact import open_csv, save_png
 from sim.grid import Preset, app_config, expand_grid
 from sim.results import CellResult, Stat, markdown_table
+from sim.sections import Part
 
 COLS = ("adversary-kind", "adversary-fraction")
 DEFAULTS = {"adversary-kind": TaskConfig.adversary_kind,
@@ -93,11 +94,12 @@ Groups = dict[tuple[Any, ...], list[CellResult]]
 Series = dict[str, dict[str, np.ndarray]]  # cell id -> its cell_series
 
 
-def adversarial_section(preset: Preset, res: dict[str, CellResult],
-                        out: Path) -> tuple[list[str], list[dict[str, Any]], list[Path]]:
+def adversarial_section(preset: Preset, res: dict[str, CellResult], out: Path) -> Part:
     """Markdown lines, CSV rows and the selection-share plot of all adversarial grids (rows:
-    the grids' ``rows`` key, e.g. ``valuation`` or ``variant``)."""
+    the grids' ``rows`` key, e.g. ``valuation`` or ``variant``); empty without one."""
     grids = [g for g in preset.grids if g.kind == "adversarial"]
+    if not grids:
+        return Part([])
     row_key = grids[0].rows
     extra = _extra_axes(grids, row_key)
     col_keys = (*COLS, *extra)
@@ -141,7 +143,7 @@ def adversarial_section(preset: Preset, res: dict[str, CellResult],
            "", *(f"![{p.stem}]({p.name})" for p in pngs), "",
            f"Per-round data (adversaries' share of participants and of weight, phi ranks): "
            f"[{per_round.name}]({per_round.name}).", ""]
-    return md, csv_rows, [*pngs, per_round]
+    return Part(md, csv_rows, [*pngs, per_round])
 
 
 def _group_cells(cells: list[CellResult], row_key: str,

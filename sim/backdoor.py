@@ -34,6 +34,7 @@ from sim.compact import open_csv, save_png
 from sim.grid import Preset
 from sim.presets import load_preset
 from sim.results import LAST_K, CellResult, load_results
+from sim.sections import Part
 from sim.stats import Interval, mean_interval, paired_interval
 
 ASR_BAR, COST_BAR = 5.0, -2.0
@@ -198,6 +199,18 @@ def measured(res: Mapping[str, CellResult]) -> bool:
     """Whether any finished cell recorded attack success (a backdoor ran)."""
     return any(r.finished and any(x.get("attack_success") is not None for x in r.rounds)
                for r in res.values())
+
+
+def attack_success_section(preset: Preset, res: dict[str, CellResult], out: Path) -> Part:
+    """The report's section after the grids where a backdoor ran (empty otherwise): the
+    attack-success files against the first grid's ``reference`` (default ``fedowen``)."""
+    if not measured(res):
+        return Part([])
+    reference = next((g.reference for g in preset.grids if g.reference), "fedowen")
+    files = write_cells(preset, res, out, reference)
+    return Part(["## Attack success", "", "Backdoor cells: attack success per seed and clean "
+                 f"cost against `{reference}` in [attack-success.md](attack-success.md) "
+                 "(`python -m sim.backdoor`).", ""], files=files)
 
 
 def write(preset_path: Path, results: Path, out: Path, reference: str) -> list[Path]:

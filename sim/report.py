@@ -3,8 +3,9 @@
 Per ``table`` grid: final test accuracy (%) as mean ± std over seeds with the best mean per
 column in bold (the paper's format), the same for the mean of the last rounds, the paper's
 numbers beside ours, valuation seconds per round, accuracy-vs-round curves. Per ``sweep``
-grid: final accuracy against the swept value. ``adversarial`` grids go to
-:mod:`sim.adversarial`. Everything lands in one folder with a README.md that links it all.
+grid: final accuracy against the swept value. Every other section (grids of the other kinds,
+sections over the whole preset) is a study's, found through the table of :mod:`sim.sections`.
+Everything lands in one folder with a README.md that links it all.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from sim.results import (
     point_label,
     sweep_drift,
 )
+from sim.sections import BUILT_IN, TABLE, GridSection, Part, Sections, load_sections
 
 log = logging.getLogger(__name__)
 CSV_FIELDS = ("grid", "metric", "row_key", "row", "columns", "n", "expected", "mean", "std",
@@ -131,8 +133,7 @@ def split_tables(make: Callable[[list[dict[str, Any]]], str], cols: list[dict[st
     return lines
 
 
-def grid_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
-                 out: Path) -> tuple[list[str], list[dict[str, Any]], list[Path]]:
+def grid_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: Path) -> Part:
     """Markdown lines, CSV rows and PNG files of one table or sweep grid."""
     col_keys = grid.column_keys if grid.kind == "table" else [grid.x, *grid.column_keys]
     rows = [p[grid.rows] for p in grid_points(grid, [grid.rows])]
@@ -170,59 +171,42 @@ def grid_section(grid: Grid, preset: Preset, res: dict[str, CellResult],
     md += [f"![{f.stem}]({f.name})" for f in files] + [""]
     csv_rows = (_csv_rows(grid, preset, "final", final, col_keys)
                 + _csv_rows(grid, preset, f"last-{LAST_K}", lastk, col_keys))
-    return md, csv_rows, files
+    return Part(md, csv_rows, files)
 
 
 def write_report(preset: Preset, results: Path, out: Path, command: str | None = None,
-                 source: str | None = None) -> list[Path]:
+                 source: str | None = None, sections: Sections | None = None) -> list[Path]:
     """Write README.md, final_accuracy.csv and the PNGs of every grid to ``out``.
 
     ``source`` is the preset file as the commands should name it (default
-    ``conf/<name>.toml``); ``command`` replaces the quoted run command."""
-    from sim import backdoor
-    from sim.ablation import ablation_section, overview_section
-    from sim.adversarial import adversarial_section
-    from sim.tuning import better_of_sections, tuning_section
-
+    ``conf/<name>.toml``); ``command`` replaces the quoted run command. ``sections``: the
+    studies' sections (default: the table :func:`sim.sections.load_sections` reads)."""
+    sections = load_sections() if sections is None else sections
+    writers: dict[str, GridSection | None] = {kind: grid_section for kind in BUILT_IN}
+    writers.update(sections.grids)
+    missing = sorted({g.kind for g in preset.grids} - set(writers))
+    if missing:
+        raise ValueError(f"no report section for grid kind(s) {missing} of {preset.name}: name "
+                         f"one in pyproject.toml's [{TABLE}.grids]")
     out.mkdir(parents=True, exist_ok=True)
     res = load_results(preset, results)
     done = sum(r.finished for r in res.values())
-    md = [*_header(preset, results, done, len(res), command, source),
-          *overview_section(preset, res)]
-    csv_rows: list[dict[str, Any]] = []
-    files: list[Path] = []
+    parts = [Part(_header(preset, results, done, len(res), command, source))]
+    parts += [section(preset, res, out) for section in sections.before]
     for grid in preset.grids:
-        if grid.kind == "adversarial":
-            continue
-        if grid.kind in ("ablation", "tuning"):
-            section = ablation_section if grid.kind == "ablation" else tuning_section
-            lines, pngs = section(grid, preset, res, out)
-            md += lines
-            files += pngs
-            continue
-        lines, rows, pngs = grid_section(grid, preset, res, out)
-        md += lines
-        csv_rows += rows
-        files += pngs
-    md += better_of_sections(preset, res)
-    if any(g.kind == "adversarial" for g in preset.grids):
-        lines, rows, pngs = adversarial_section(preset, res, out)
-        md += lines
-        csv_rows += rows
-        files += pngs
-    if backdoor.measured(res):  # a backdoor ran: its attack success beside the accuracy
-        reference = next((g.reference for g in preset.grids if g.reference), "fedowen")
-        files += backdoor.write_cells(preset, res, out, reference)
-        md += ["## Attack success", "", "Backdoor cells: attack success per seed and clean "
-               f"cost against `{reference}` in [attack-success.md](attack-success.md) "
-               "(`python -m sim.backdoor`).", ""]
+        write = writers[grid.kind]
+        if write is not None:  # None: a section after the grids writes this kind's grids
+            parts.append(write(grid, preset, res, out))
+    parts += [section(preset, res, out) for section in sections.after]
     with (out / "final_accuracy.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(csv_rows)
-    (out / "README.md").write_text("\n".join(md) + "\n")
+        writer.writerows(row for part in parts for row in part.rows)
+    (out / "README.md").write_text("\n".join(line for part in parts for line in part.lines)
+                                   + "\n")
     log.info("report of %d/%d finished cells written to %s", done, len(res), out)
-    return [out / "README.md", out / "final_accuracy.csv", *files]
+    return [out / "README.md", out / "final_accuracy.csv",
+            *(f for part in parts for f in part.files)]
 
 
 def _header(preset: Preset, results: Path, done: int, cells: int, command: str | None,

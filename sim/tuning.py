@@ -30,6 +30,7 @@ from sim.grid import Grid, Preset, expand_grid
 from sim.plots import mean_curve
 from sim.protocol import SECOND_PRESET_PREFIX
 from sim.results import LAST_K, CellResult, grid_points, matches_point
+from sim.sections import Part
 from sim.stats import Interval, mean_interval
 
 VAL = "val_accuracy"
@@ -61,8 +62,7 @@ def pick(scores: dict[Any, dict[int, float]], seeds: set[int]) -> Any:
     return next(name for name, m in means.items() if m == best)
 
 
-def tuning_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: Path
-                   ) -> tuple[list[str], list[Path]]:
+def tuning_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: Path) -> Part:
     """Markdown lines and files (scores CSV, per-round CSV, validation curves PNG) of one
     tuning grid."""
     cols = grid_points(grid, grid.column_keys)
@@ -104,7 +104,7 @@ def tuning_section(grid: Grid, preset: Preset, res: dict[str, CellResult], out: 
     png = plot_validation(grid, preset, res, out / f"{grid.name}-validation.png")
     md += [f"Scores: [{scores_csv.name}]({scores_csv.name}); per-round validation accuracy: "
            f"[{rounds_csv.name}]({rounds_csv.name}).", "", f"![{png.stem}]({png.name})", ""]
-    return md, [scores_csv, rounds_csv, png]
+    return Part(md, files=[scores_csv, rounds_csv, png])
 
 
 #: Pairs of tuning grids of which the second confirmation's report names the better family pick
@@ -124,9 +124,10 @@ def family_pick(grid: Grid, preset: Preset, res: dict[str, CellResult], col: dic
     return chosen, sum(scores[chosen].values()) / len(scores[chosen])
 
 
-def better_of_sections(preset: Preset, res: dict[str, CellResult]) -> list[str]:
-    """:func:`better_of_section` for every pair of :data:`BETTER_OF` the preset tunes."""
-    return [line for pair in BETTER_OF for line in better_of_section(preset, res, pair)]
+def better_of_sections(preset: Preset, res: dict[str, CellResult], out: Path) -> Part:
+    """:func:`better_of_section` for every pair of :data:`BETTER_OF` the preset tunes (the
+    report's section after the grids; ``out`` unused: no files)."""
+    return Part([line for pair in BETTER_OF for line in better_of_section(preset, res, pair)])
 
 
 def better_of_section(preset: Preset, res: dict[str, CellResult],
