@@ -9,22 +9,19 @@ round goes on with the rest.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 from numpy.typing import NDArray
 
-from fedowen_strategy.selectors import oort_utility
 from fedowen_strategy.updates import is_update
 
 # the message protocol the ClientApp shares (the library's one import from the task module)
 from fedowen_task.protocol import (
     CLIENT_ID_FIELD,
     CLIENT_RECORD_KEY,
-    LOCAL_LOSS_FIELD,
-    LOSS_SQUARES_FIELD,
     RAY_NODE_FIELD,
 )
 
@@ -223,33 +220,8 @@ def parse_replies(
     return out
 
 
-def metric_of(content: RecordDict, name: str) -> float:
-    """A reply's float metric ``name`` (NaN when missing or not a number)."""
-    for record in content.metric_records.values():
-        value = record.get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    return float("nan")
-
-
-def local_losses(replies: Iterable[Message], nodes: list[int]) -> tuple[list[float], int]:
-    """Power-of-Choice's answers: each of ``nodes``' reported local loss (NaN for a node that
-    failed or did not answer: it is then never among the highest), and the examples the
-    candidates evaluated to answer (the query's client compute)."""
-    answered = [msg for msg in replies if not msg.has_error()]
-    by_node = {msg.metadata.src_node_id: metric_of(msg.content, LOCAL_LOSS_FIELD)
-               for msg in answered}
-    examples = [metric_of(msg.content, "num-examples") for msg in answered]
-    return ([by_node.get(node, float("nan")) for node in nodes],
-            int(sum(n for n in examples if np.isfinite(n))))
-
-
-def oort_utilities(contents: Iterable[RecordDict]) -> list[float]:
-    """Oort's statistical utility of each reply (``num-examples`` and the sum of squared
-    training losses it reports; 0 where either is missing)."""
-    out = []
-    for content in contents:
-        n, squares = metric_of(content, "num-examples"), metric_of(content, LOSS_SQUARES_FIELD)
-        ok = np.isfinite(n) and np.isfinite(squares)
-        out.append(oort_utility(n, squares) if ok else 0.0)
-    return out
+def contents_of(replies: Iterable[Message], nodes: Sequence[int]) -> list[RecordDict | None]:
+    """Each of ``nodes``' reply content, in their order: ``None`` for a node that failed or
+    did not answer (a selector's query to clients)."""
+    by_node = {msg.metadata.src_node_id: msg.content for msg in replies if not msg.has_error()}
+    return [by_node.get(node) for node in nodes]

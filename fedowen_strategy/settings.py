@@ -1,7 +1,7 @@
 """What the library's settings types share: each owns its rules.
 
 A settings type (:class:`~fedowen_strategy.round.contribution.ValuationSettings`,
-:class:`~fedowen_strategy.selection.SelectionParams`,
+:class:`~fedowen_strategy.selectors.shared.SelectionParams` and each selector's settings,
 :class:`~fedowen_strategy.defences.guards.Guards`)
 is a frozen dataclass with the app's defaults whose ``problems(keys)`` lists everything wrong
 with it, one problem per mistake; constructing one raises ``ValueError`` with all of them.

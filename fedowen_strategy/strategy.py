@@ -1,7 +1,9 @@
-"""FedOwen: a Flower strategy with bandit selection and Shapley-weighted aggregation.
+"""FedOwen: a Flower strategy with client selection and Shapley-weighted aggregation.
 
 Paper: "FedOwen: Contribution-aware federated learning with Owen sampling" (shared/paper). The
-class is glue over pure parts: the bandit of Algorithm 2 (:mod:`~fedowen_strategy.selection`),
+class is glue over pure parts: the run's selector behind the identity cap and the link groups
+(:mod:`~fedowen_strategy.selectors`: Algorithm 2's bandit by default; the strategy calls the
+selector protocol and names no selector),
 the identity roster (:mod:`~fedowen_strategy.defences.identity`: clients are keyed by the stable id
 each ClientApp sends, asked for with a ``query`` message, and selected in id order, so a run
 config and seed select the same clients in every run) and one aggregation round
@@ -12,7 +14,7 @@ softmax weights and the round record).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -24,15 +26,15 @@ from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
 from fedowen_strategy import nodes, replies
-from fedowen_strategy.bandit import Bandit
 from fedowen_strategy.defences.guards import Defence, Guards
 from fedowen_strategy.defences.identity import IdentityBook, Roster
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
 from fedowen_strategy.round import round_record
 from fedowen_strategy.round.contribution import UtilityFactory, ValuationSettings, resolve_auto
 from fedowen_strategy.round.round_step import aggregate_round
-from fedowen_strategy.selection import SelectionParams, round_size
-from fedowen_task.protocol import LOCAL_LOSS_FIELD, LOSS_SQUARES_FIELD
+from fedowen_strategy.selectors import registry
+from fedowen_strategy.selectors.base import AskClients, ConfigValue, Seen, SelectorSettings
+from fedowen_strategy.selectors.shared import SelectionParams, round_size
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,8 @@ MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
 
 
 class FedOwen(FedAvg):
-    """FedAvg with Algorithm 2 selection and contribution-weighted aggregation.
+    """FedAvg with client selection (Algorithm 2 by default) and contribution-weighted
+    aggregation.
 
     Takes every argument of Flower's ``FedAvg``, plus those below; every default is the app's
     (the run-config keys of the same names). A round's ``MetricRecord`` adds ``phi/<id>``,
@@ -60,14 +63,15 @@ class FedOwen(FedAvg):
         every game-based method (torch: :class:`~fedowen_strategy.torch_utility.
         CoalitionUtility`).
     valuation, selection_params, guards : ValuationSettings, SelectionParams, Guards
-        The estimator and aggregation; Algorithm 2's constants; the update guards.
-    selection : {"auto", "adaptive", "random", "posterior", "screened", "power-of-choice", "oort"}
+        The estimator and aggregation; what every selector shares (the identity cap, the link
+        memory); the update guards.
+    selection : str or SelectorSettings
+        A name in :data:`~fedowen_strategy.selectors.registry.SELECTORS` (with its default
+        settings), a selector's settings (e.g. ``PowerOfChoiceSettings(poc_d=50)``), or
         ``auto``: adaptive for a valuation method, random for ``none`` and ``multikrum``
-        (``choices``, with the aggregation and norm cap: :func:`~fedowen_strategy.
-        contribution.resolve_auto`);
-        the rest: :mod:`~fedowen_strategy.selectors` (Power-of-Choice queries its candidates'
-        local loss with a ``query`` message; Oort asks the trained clients for their squared
-        losses in the train config).
+        (``choices``, with the aggregation and norm cap: :func:`~fedowen_strategy.round.
+        contribution.resolve_auto`). A selector may ask clients before it chooses (``query``
+        messages) and ask the trained clients for more in the train config.
     fraction_evaluate : float
         Federated evaluation's share of the nodes, as in ``FedAvg`` but off by default as in
         the app (whose ServerApp evaluates centrally).
@@ -86,7 +90,8 @@ class FedOwen(FedAvg):
     @takes_fedavg_arguments
     def __init__(self, *, clients_per_round: int | None = None,
                  utility_factory: UtilityFactory | None = None,
-                 valuation: ValuationSettings | None = None, selection: str = "auto",
+                 valuation: ValuationSettings | None = None,
+                 selection: str | SelectorSettings = "auto",
                  selection_params: SelectionParams | None = None, guards: Guards | None = None,
                  seed: int = 0, node_wait_timeout: float = nodes.NODE_WAIT_TIMEOUT,
                  query_timeout: float = nodes.ROUND_TIMEOUT,
@@ -98,8 +103,9 @@ class FedOwen(FedAvg):
                              "to derive k from fraction_train)")
         self.valuation = (valuation or ValuationSettings()).check_utility(utility_factory)
         self.guards = guards or Guards()
-        self.choices = resolve_auto(self.valuation.method, selection, self.valuation.aggregation,
-                                    self.guards.norm_cap)
+        params = selection_params or SelectionParams()
+        self.choices = resolve_auto(self.valuation.method, registry.requested(selection),
+                                    self.valuation.aggregation, self.guards.norm_cap, params.cap)
         if self.choices.norm_cap == "server" and server_step is None:
             raise ValueError("norm_cap='server' needs server_step (one server training step on "
                              "the evaluation set); or use norm_cap='median'")
@@ -111,12 +117,13 @@ class FedOwen(FedAvg):
         super().__init__(fraction_evaluate=fraction_evaluate, **fedavg)
         self.clients_per_round, self.utility_factory = clients_per_round, utility_factory
         self.selection, self.norm_cap = self.choices.selection, self.choices.norm_cap
-        self.selection_params = selection_params or SelectionParams()
+        self.selection_params = params
         self.node_wait_timeout, self.query_timeout = node_wait_timeout, query_timeout
         self.server_step, self.on_round, self.on_evaluate = server_step, on_round, on_evaluate
         sel_seq, val_seq = np.random.SeedSequence(seed).spawn(2)
-        self.bandit = Bandit(self.selection_params, np.random.default_rng(sel_seq),
-                             self.selection)
+        self.chooser = registry.selection(
+            self.selection, None if isinstance(selection, str) else selection, params,
+            self.choices.cap, np.random.default_rng(sel_seq))
         self.value_rng = np.random.default_rng(val_seq)
         self.roster = Roster()
         self.linked: set[str] = set()  # client ids caught returning copies of another's update
@@ -125,8 +132,7 @@ class FedOwen(FedAvg):
         self._connected: list[int] = []
         self._selected: list[str] = []
         self._selected_nodes: list[int] = []
-        self._choice: dict[str, Any] = {}
-        self._choice_cost: dict[str, int] = {}  # Power-of-Choice's query, this round
+        self._choice: dict[str, Any] | None = None  # what the round record keeps of it
 
     @property
     def defence(self) -> Defence:
@@ -135,7 +141,7 @@ class FedOwen(FedAvg):
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint (the global model is saved beside it)."""
-        return {**self.bandit.state(),
+        return {"selection": self.chooser.state(),
                 "client_of_node": {str(k): v for k, v in self.client_of_node.items()},
                 "linked": sorted(self.linked, key=nodes.client_order),
                 "value_rng": self.value_rng.bit_generator.state}
@@ -143,7 +149,7 @@ class FedOwen(FedAvg):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a checkpoint's state. To continue after ``r`` completed rounds also set
         ``round_offset = r``: the next ``start``'s round 1 is then round ``r + 1``."""
-        self.bandit.load(state)
+        self.chooser.load(state.get("selection", state))  # older checkpoints: one flat book
         self.roster.book = IdentityBook({int(k): str(v)
                                          for k, v in state["client_of_node"].items()})
         self.linked = {str(c) for c in state.get("linked", [])}  # older checkpoints: none
@@ -159,12 +165,13 @@ class FedOwen(FedAvg):
         k = self.clients_per_round or f"fraction_train={self.fraction_train:g}"
         log.info("FedOwen: k=%s, selection=%s, fraction_evaluate=%g", k, self.selection,
                  self.fraction_evaluate)
-        for settings in (self.valuation, self.selection_params, self.guards):
+        for settings in (self.valuation, self.chooser.settings, self.selection_params,
+                         self.guards):
             log.info("FedOwen: %s", settings)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Select clients with Algorithm 2 and send them the global model."""
+        """Select clients with the run's selector and send them the global model."""
         server_round += self.round_offset
         self._global = arrays
         what = (f"clients-per-round={self.clients_per_round}" if self.clients_per_round
@@ -179,35 +186,34 @@ class FedOwen(FedAvg):
         if not selectable:
             self._selected, self._selected_nodes = [], []
             return []
-        choice = self.bandit.choose(keys, server_round, round_size(
+        choice = self.chooser.choose(keys, server_round, round_size(
             len(keys), self.clients_per_round, self.fraction_train, self.min_train_nodes),
-            partial(self._ask_losses, grid, arrays, selectable))
+            self._asker(grid, arrays, selectable))
         self._selected = [keys[i] for i in choice.indices]
         self._selected_nodes = [selectable[i] for i in choice.indices]
-        self._choice = {**choice.record, **self._choice_cost, "how": choice.how}
-        self._choice_cost = {}
-        if "candidates" in choice.record:  # Power-of-Choice: name the candidates, not indices
-            self._choice["candidates"] = [keys[i] for i in choice.record["candidates"]]
+        self._choice = choice.record
         log.info("configure_train: round %d, %s %d of %d clients: %s", server_round,
                  choice.how, len(choice.indices), len(selectable),
                  ", ".join(replies.short_label(c) for c in self._selected))
         config["server-round"] = server_round
-        if self.selection == "oort":
-            config[LOSS_SQUARES_FIELD] = 1
+        for name, value in self.chooser.train_config().items():  # what the selector asks
+            config[name] = value
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         return self._construct_messages(record, self._selected_nodes, MessageType.TRAIN)
 
-    def _ask_losses(self, grid: Grid, arrays: ArrayRecord, nodes_: list[int],
-                    indices: NDArray[np.int64]) -> list[float]:
-        """Power-of-Choice's query: the local loss of the global model at each candidate."""
-        targets = [nodes_[i] for i in indices]
-        query = RecordDict({self.arrayrecord_key: arrays,
-                            self.configrecord_key: ConfigRecord({LOCAL_LOSS_FIELD: 1})})
-        answers = grid.send_and_receive(self._construct_messages(
-            query, targets, MessageType.QUERY), timeout=self.query_timeout)
-        losses, examples = replies.local_losses(answers, targets)
-        self._choice_cost = {"query_messages": len(targets), "query_examples": examples}
-        return losses
+    def _asker(self, grid: Grid, arrays: ArrayRecord, nodes_: list[int]) -> AskClients:
+        """The selector's way to clients: a ``query`` message to each of ``indices`` (into
+        ``nodes_``) with ``config`` (and the global model), their reply contents back."""
+        def ask(indices: Sequence[int], config: Mapping[str, ConfigValue],
+                with_model: bool = True) -> list[RecordDict | None]:
+            targets = [nodes_[i] for i in indices]
+            model = {self.arrayrecord_key: arrays} if with_model else {}
+            query = RecordDict({**model, self.configrecord_key: ConfigRecord(dict(config))})
+            answers = grid.send_and_receive(self._construct_messages(
+                query, targets, MessageType.QUERY), timeout=self.query_timeout)
+            return replies.contents_of(answers, targets)
+
+        return ask
 
     def aggregate_train(self, server_round: int, answers: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -222,8 +228,7 @@ class FedOwen(FedAvg):
                         known=self.roster.book.client_of_node)
         parsed, contents = self.roster.intake(answers, self._selected_nodes, self._connected, parse)
         step = self.server_step
-        extra: dict[str, Any] = {"selection": self._choice} if self.selection not in (
-            "adaptive", "random") else {}
+        extra: dict[str, Any] = {} if self._choice is None else {"selection": self._choice}
         if ray := replies.ray_nodes(answers):
             extra["ray_nodes"] = ray
         out = aggregate_round(
@@ -231,16 +236,17 @@ class FedOwen(FedAvg):
             guards=self.guards, norm_cap=self.norm_cap, utility_factory=self.utility_factory,
             rng=self.value_rng, server_round=server_round,
             extra=extra,
-            server_update=None if step is None else lambda: step(global_state, server_round))
+            server_update=None if step is None else lambda: step(global_state, server_round),
+            reweight=self.chooser.weigh)
         self.linked.update(c for g in out.copies for c in g)
-        self.bandit.observe_links(out.links)
-        if self.selection == "oort":
-            self.bandit.observe_utility(
-                [u.client_id for u in out.parsed.updates], replies.oort_utilities(
-                    [contents[u.node_id] for u in out.parsed.updates]), server_round)
+        updates = out.parsed.updates
+        self.chooser.observe(Seen(
+            server_round, tuple(u.client_id for u in updates),
+            None if out.valuation is None else out.valuation.phi,
+            tuple(contents[u.node_id] for u in updates), tuple(u.state for u in updates),
+            global_state, out.record), out.links)
         clients: dict[str, Any] = {}
         if out.valuation is not None:
-            self.bandit.observe([u.client_id for u in out.parsed.updates], out.valuation.phi)
             clients = dict(round_record.client_metrics(
                 self.train_metrics_aggr_fn, self.weighted_by_key,
                 [contents[u.node_id] for u in out.parsed.updates]))

@@ -130,10 +130,27 @@ def rule_problems(cfg: Any) -> list[str]:
 
 
 def settings_keys(owners: Iterable[type]) -> Mapping[str, str]:
-    """Each field of the settings types ``owners`` -> the run-config key that feeds it."""
-    return MappingProxyType({f.name: f.metadata.get("key") or f.name.replace("_", "-")
-                             for owner in owners for f in dataclasses.fields(owner)
-                             if "help" in f.metadata or "key" in f.metadata})
+    """Each field of the settings types ``owners`` -> the run-config key that feeds it.
+
+    Raises
+    ------
+    ValueError
+        When two owners' fields of one name are fed by different keys (one table maps field
+        names onto keys: rename one of the fields).
+    """
+    table: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for owner in owners:
+        for f in dataclasses.fields(owner):
+            if "help" not in f.metadata and "key" not in f.metadata:
+                continue
+            name = f.metadata.get("key") or f.name.replace("_", "-")
+            if table.setdefault(f.name, name) != name:
+                raise ValueError(f"{owner.__name__}.{f.name} (key {name!r}) and "
+                                 f"{where[f.name]}.{f.name} (key {table[f.name]!r}) share a "
+                                 "field name but not a key: rename one of the fields")
+            where.setdefault(f.name, owner.__name__)
+    return MappingProxyType(table)
 
 
 def declarations(cls: type) -> dict[str, list[str]]:

@@ -7,7 +7,8 @@ wrong types, out-of-range values and cross-key rules (the estimator's minimum bu
 and the parameters it accepts, the strategy's parameters), before any message is sent.
 
 The library's settings types (:class:`~fedowen_strategy.round.contribution.ValuationSettings`,
-:class:`~fedowen_strategy.selection.SelectionParams`,
+:class:`~fedowen_strategy.selectors.shared.SelectionParams` and each selector's settings in
+:data:`~fedowen_strategy.selectors.registry.SELECTORS`,
 :class:`~fedowen_strategy.defences.guards.Guards`)
 carry the defaults and own the rules of their keys; one table, :data:`SETTINGS_KEYS`, maps
 their fields onto run-config keys both ways: the run config's values onto the settings, the
@@ -33,7 +34,13 @@ from fedowen_strategy.round.contribution import (
     selection_problems,
 )
 from fedowen_strategy.round.round_valuers import GAME_METHODS, round_budget
-from fedowen_strategy.selection import SelectionParams
+from fedowen_strategy.selectors import registry
+from fedowen_strategy.selectors.adaptive import AdaptiveSettings
+from fedowen_strategy.selectors.base import SelectorSettings
+from fedowen_strategy.selectors.oort import OortSettings
+from fedowen_strategy.selectors.posterior import PosteriorSettings
+from fedowen_strategy.selectors.power_of_choice import PowerOfChoiceSettings
+from fedowen_strategy.selectors.shared import SelectionParams
 from fedowen_strategy.settings import Settings
 from fedowen_strategy.valuation import ESTIMATORS, estimate_problems
 from fedowen_task.config import ConfigError, TaskConfig, one_of, parse_config, parse_params
@@ -50,9 +57,10 @@ from fedowen_task.declare import (
 
 #: Each field of the library's settings types -> its run-config key, read from the fields'
 #: declarations: the one table that maps the run config onto the settings and names the
-#: settings' problems by the keys a user wrote. SelectionParams' ``low_gain_scale``
+#: settings' problems by the keys a user wrote. AdaptiveSettings' ``low_gain_scale``
 #: (Algorithm 2's 0.1) has no key.
-SETTINGS_KEYS: Mapping[str, str] = settings_keys((ValuationSettings, SelectionParams, Guards))
+SETTINGS_KEYS: Mapping[str, str] = settings_keys((ValuationSettings, SelectionParams, Guards,
+                                                  *registry.settings_types()))
 #: Run-config keys a resumed run may change: how long and where it runs, not what it learns.
 OPERATIONAL_KEYS = frozenset({"num-server-rounds", "data-dir", "output-dir", "resume-from",
                               "device", "round-timeout", "node-wait-timeout", "torch-threads",
@@ -82,8 +90,8 @@ class RunConfig(TaskConfig):
     proximal_mu: float = key(0.0, "FedProx's mu", rule=at_least(0))
     valuation: str = owned(ValuationSettings, "method")
     valuation_params: str = key("", "the estimator's parameters: \"name=value ...\"")
-    selection: str = key("auto", "adaptive | random | posterior | power-of-choice | oort; "
-                         "auto: the valuation's own")
+    selection: str = key("auto", f"{' | '.join(registry.SELECTORS)}; auto: the valuation's "
+                         "own")
     aggregation: str = owned(ValuationSettings, "aggregation")
     budget_m: int = owned(ValuationSettings, "budget_m")
     owen_q: int = key(2, "owen-paper's inclusion levels Q", rule=at_least(1))
@@ -92,9 +100,9 @@ class RunConfig(TaskConfig):
     game: str = owned(ValuationSettings, "game")
     phi_scale: str = owned(ValuationSettings, "phi_scale")
     temperature: float = owned(ValuationSettings, "temperature")
-    epsilon: float = owned(SelectionParams, "epsilon")
-    ucb_c: float = owned(SelectionParams, "c")
-    tau: float = owned(SelectionParams, "tau")
+    epsilon: float = owned(AdaptiveSettings, "epsilon")
+    ucb_c: float = owned(AdaptiveSettings, "c")
+    tau: float = owned(AdaptiveSettings, "tau")
     max_norm_ratio: float = owned(Guards, "max_norm_ratio")
     # Robust update bounds (issue 14): see fedowen_strategy.defences.bounds.
     update_bound: str = owned(Guards, "update_bound")
@@ -120,14 +128,14 @@ class RunConfig(TaskConfig):
     aggregate_noise: float = owned(Guards, "aggregate_noise")
     uniform_mix: float = owned(ValuationSettings, "uniform_mix")
     weight_cap: float = owned(ValuationSettings, "weight_cap")
-    bandit_memory: str = owned(SelectionParams, "memory")
-    bandit_discount: float = owned(SelectionParams, "discount")
+    bandit_memory: str = owned(AdaptiveSettings, "memory")
+    bandit_discount: float = owned(AdaptiveSettings, "discount")
     link_memory: int = owned(SelectionParams, "link_memory")
     # The field's selectors and the posterior selector (issue 43): fedowen_strategy.selectors.
-    poc_d: int = owned(SelectionParams, "poc_d")
-    oort_exploration_min: float = owned(SelectionParams, "oort_exploration_min")
-    selection_reward: str = owned(SelectionParams, "reward")
-    selection_level: float = owned(SelectionParams, "resolve_level")
+    poc_d: int = owned(PowerOfChoiceSettings, "poc_d")
+    oort_exploration_min: float = owned(OortSettings, "oort_exploration_min")
+    selection_reward: str = owned(PosteriorSettings, "reward")
+    selection_level: float = owned(PosteriorSettings, "resolve_level")
     selection_cap: float = owned(SelectionParams, "cap")
     torch_threads: int = key(1, "the ServerApp's torch threads (0: torch's default)",
                              rule=at_least(0, " (0 = torch's default)"))
@@ -162,8 +170,13 @@ class RunConfig(TaskConfig):
         return Guards(**self.settings_values(Guards))
 
     def selection_params(self) -> SelectionParams:
-        """Algorithm 2's constants and the bandit's memory."""
+        """What every selector shares: the identity cap and the link memory."""
         return SelectionParams(**self.settings_values(SelectionParams))
+
+    def selector_settings(self) -> SelectorSettings:
+        """The resolved selector's settings (its keys in this run config)."""
+        spec = registry.SELECTORS[self.choices().selection]
+        return spec.settings(**self.settings_values(spec.settings))
 
     def valuation_settings(self) -> ValuationSettings:
         """The estimator and aggregation these keys describe."""
@@ -175,7 +188,7 @@ class RunConfig(TaskConfig):
         arguments (the library's types, whose defaults are these keys' defaults)."""
         return {"clients_per_round": self.clients_per_round,
                 "fraction_evaluate": self.fraction_evaluate,
-                "valuation": self.valuation_settings(), "selection": self.selection,
+                "valuation": self.valuation_settings(), "selection": self.selector_settings(),
                 "selection_params": self.selection_params(), "guards": self.guards(),
                 "seed": self.seed, "node_wait_timeout": self.node_wait_timeout,
                 "query_timeout": self.round_timeout}
@@ -217,16 +230,17 @@ class RunConfig(TaskConfig):
             params = None
         valuation = ValuationSettings.problems_of(
             {**self.settings_values(ValuationSettings), "params": params or {}}, SETTINGS_KEYS)
-        selection = SelectionParams.problems_of(self.settings_values(SelectionParams),
-                                                SETTINGS_KEYS)
+        owners: list[type[Settings]] = [SelectionParams, *registry.settings_types()]
+        selection = list(dict.fromkeys(  # a key two selectors read: one problem
+            problem for cls in owners
+            for problem in cls.problems_of(self.settings_values(cls), SETTINGS_KEYS)))
         bad += valuation + selection + Guards.problems_of(self.settings_values(Guards),
                                                           SETTINGS_KEYS)
         if params is not None and not valuation and self.clients_per_round >= 1:
             bad += self._valuation_problems(params)
-        if (not selection and self.selection == "power-of-choice"
-                and self.poc_d < self.clients_per_round):
-            bad.append(f"poc-d={self.poc_d} must be >= clients-per-round="
-                       f"{self.clients_per_round}: Power-of-Choice keeps k of d candidates")
+        if not selection and (spec := registry.SELECTORS.get(self.selection)) is not None:
+            bad += spec.settings(**self.settings_values(spec.settings)).round_problems(
+                self.clients_per_round, {**SETTINGS_KEYS, "clients_per_round": "clients-per-round"})
         return bad + _strategy_problems(self)
 
     def _server_problems(self) -> list[str]:

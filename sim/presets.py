@@ -46,7 +46,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedowen_strategy.selection import NEEDS_PHI_SELECTIONS
+from fedowen_strategy.selectors.registry import NEEDS_PHI_SELECTIONS
 from server_app.config import parse_run_config
 from sim.grid import (
     BACKENDS,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from fedowen_strategy.round.contribution import resolve_auto
-from fedowen_strategy.selection import AUTO_CAP
+from fedowen_strategy.selectors.shared import AUTO_CAP
 from server_app.config import OPERATIONAL_KEYS, parse_run_config
 from server_app.keys import defaults_hash
 from server_app.store.records import read_rounds

@@ -72,8 +72,8 @@ def test_impostor_is_refused_and_never_costs_the_victim(tmp_path: Any) -> None:
     # selected (refused at identification), and not in the ledger
     rounds = read_rounds(tmp_path)
     assert all(r["returned"].count("c0") <= 1 for r in rounds[1:])
-    assert strategy.bandit.counts.get("c0") == 2
-    assert len(strategy.roster.refused) == 1 and "c5" not in strategy.bandit.counts
+    assert strategy.chooser.selector.counts.get("c0") == 2
+    assert len(strategy.roster.refused) == 1 and "c5" not in strategy.chooser.selector.counts
     assert sorted(strategy.client_of_node.values()) == ["c0", "c1", "c2", "c3", "c4"]
 
 
@@ -101,7 +101,7 @@ def test_copies_are_linked_never_selected_again_and_forfeit_their_pay(tmp_path: 
     assert all(sorted(r["selected"]) == ["c1", "c2", "c4"] for r in rounds[2:])
     # the link survives a checkpoint
     state = strategy.state_dict()
-    again = run_toy("none", rounds=0, k=6)
+    again = run_toy("owen", rounds=0, k=6)
     again.load_state_dict(state)
     assert again.linked == {"c0", "c3"}
     # the ledger keeps their phi but pays them nothing

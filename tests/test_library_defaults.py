@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import FedAvg
 
 from fedowen_strategy import FedOwen, Guards, SelectionParams, ValuationSettings
+from fedowen_strategy.selectors import registry
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.config import parse_params
 from fedowen_task.recipe import TrainConfig
@@ -55,9 +56,12 @@ def test_every_library_default_is_the_apps_key_by_key() -> None:
     # Execute: each library default beside its key's
     pairs = [(f"FedOwen({name})", own[name].default, app[key])
              for name, key in FEDOWEN_KEYS.items()]
-    for cls in (ValuationSettings, SelectionParams, Guards):
+    compared: set[str] = set()  # every selector's settings too (two may read one key)
+    for cls in (ValuationSettings, SelectionParams, Guards, *registry.settings_types()):
+        keyed = [f for f in dataclasses.fields(cls) if f.name in SETTINGS_KEYS]
         pairs += [(f"{cls.__name__}.{f.name}", field_default(f), app[SETTINGS_KEYS[f.name]])
-                  for f in dataclasses.fields(cls) if f.name in SETTINGS_KEYS]
+                  for f in keyed]
+        compared.update(f.name for f in keyed)
     pairs += [(f"TrainConfig.{f.name}", f.default, app[f.name.replace("_", "-")])
               for f in dataclasses.fields(TrainConfig)]
     metric = inspect.signature(CoalitionUtility).parameters["metric"].default
@@ -66,7 +70,9 @@ def test_every_library_default_is_the_apps_key_by_key() -> None:
     differ = [(name, lib, key) for name, lib, key in pairs
               if lib != (parse_params(key, "") if name.endswith(".params") else key)]
     assert differ == []
-    assert len(pairs) == len(FEDOWEN_KEYS) + len(SETTINGS_KEYS) + 5 + 1
+    assert compared == set(SETTINGS_KEYS)
+    settings_pairs = sum(name.partition(".")[2] in SETTINGS_KEYS for name, _, _ in pairs)
+    assert len(pairs) - settings_pairs == len(FEDOWEN_KEYS) + 5 + 1
 
 
 def two_rounds(strategy: FedOwen, rounds: list[dict[str, Any]], model: torch.nn.Module
@@ -91,6 +97,7 @@ def test_the_readme_example_runs_the_apps_game_value_for_value() -> None:
     # Assert: the same settings, one by one
     assert library.valuation == app.valuation
     assert library.selection_params == app.selection_params
+    assert library.chooser.settings == app.chooser.settings
     assert library.guards == app.guards
     assert (library.selection, library.norm_cap) == (app.selection, app.norm_cap)
     assert (library.node_wait_timeout, library.query_timeout) == (

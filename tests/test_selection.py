@@ -1,4 +1,5 @@
-"""Algorithm 2: epsilon-greedy bandit selection."""
+"""Algorithm 2: epsilon-greedy bandit selection (the ``adaptive`` selector), and the link
+groups every selector shares (:mod:`fedowen_strategy.selectors.shared`)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,22 @@ import json
 import numpy as np
 import pytest
 
-from fedowen_strategy.bandit import Bandit
 from fedowen_strategy.defences.links import count_links, lasting_groups
-from fedowen_strategy.selection import (
-    SelectionParams,
+from fedowen_strategy.selectors.adaptive import (
+    Adaptive,
+    AdaptiveSettings,
     select_clients,
-    select_uniform,
     selection_probabilities,
     selection_scores,
     unvalued_floor,
 )
+from fedowen_strategy.selectors.base import Seen
+from fedowen_strategy.selectors.shared import Selection, SelectionParams, select_uniform
 
 
 def test_scores_match_hand_computation() -> None:
     # Prepare: t = 3 -> ln 4; client 1 sits below tau, so gain 0 and bonus x 0.1
-    params = SelectionParams(epsilon=0.0, c=0.5, tau=0.05)
+    params = AdaptiveSettings(epsilon=0.0, c=0.5, tau=0.05)
     phi = np.array([0.3, 0.01, 0.05])
     counts = np.array([3, 1, 1])
     # Execute
@@ -41,7 +43,7 @@ def test_probabilities_shift_by_min_and_fall_back_to_uniform() -> None:
 
 def test_epsilon_zero_follows_score_order_in_distribution() -> None:
     # Prepare: 6 clients with clearly ordered contributions, each valued once
-    params = SelectionParams(epsilon=0.0, c=0.01, tau=0.0)
+    params = AdaptiveSettings(epsilon=0.0, c=0.01, tau=0.0)
     phi = np.array([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
     counts = np.ones(6, dtype=np.int64)
     rng = np.random.default_rng(0)
@@ -60,7 +62,7 @@ def test_epsilon_zero_follows_score_order_in_distribution() -> None:
 
 def test_epsilon_one_is_uniform() -> None:
     # Prepare: scores would strongly favour client 0, but epsilon = 1 always explores
-    params = SelectionParams(epsilon=1.0)
+    params = AdaptiveSettings(epsilon=1.0)
     phi = np.array([10.0, 0.0, 0.0, 0.0, 0.0])
     rng = np.random.default_rng(1)
     hits = np.zeros(5)
@@ -73,14 +75,14 @@ def test_epsilon_one_is_uniform() -> None:
 
 
 def test_counters_raise_exploration_bonus_of_rarely_selected() -> None:
-    params = SelectionParams(epsilon=0.0, c=1.0, tau=0.0)
+    params = AdaptiveSettings(epsilon=0.0, c=1.0, tau=0.0)
     s = selection_scores(np.zeros(3), np.array([0, 4, 99]), 10, params)
     assert s[0] > s[1] > s[2]
 
 
 def test_tau_floor_penalises_low_contributors() -> None:
     # Prepare: equal counts, client 1 just below tau, client 0 just above
-    params = SelectionParams(epsilon=0.0, c=1.0, tau=0.1)
+    params = AdaptiveSettings(epsilon=0.0, c=1.0, tau=0.1)
     s = selection_scores(np.array([0.1, 0.0999]), np.array([2, 2]), 4, params)
     bonus = np.sqrt(np.log(5) / 3)
     np.testing.assert_allclose(s, [0.1 + bonus, 0.1 * bonus])
@@ -89,7 +91,7 @@ def test_tau_floor_penalises_low_contributors() -> None:
 def test_a_positive_floor_spares_clients_not_yet_valued_and_catches_null_players() -> None:
     # Prepare: client 0 never valued (phi 0, count 0), client 1 valued at exactly 0 twice
     # (a free rider in the delta game), client 2 valued at 0.2 twice; t = 4 -> ln 5
-    params = SelectionParams(epsilon=0.0, c=1.0, tau=0.01)
+    params = AdaptiveSettings(epsilon=0.0, c=1.0, tau=0.01)
     # Execute
     s = selection_scores(np.array([0.0, 0.0, 0.2]), np.array([0, 2, 2]), 4, params)
     # Assert: the unexplored client keeps its whole bonus, the null player keeps a tenth
@@ -99,7 +101,7 @@ def test_a_positive_floor_spares_clients_not_yet_valued_and_catches_null_players
 
 
 def test_selection_is_seeded_and_distinct() -> None:
-    params = SelectionParams(epsilon=0.3)
+    params = AdaptiveSettings(epsilon=0.3)
     phi = np.linspace(-0.1, 0.4, 20)
     counts = np.arange(20)
     a = [select_clients(phi, counts, t, 5, params, np.random.default_rng(7))[0] for t in (1, 2)]
@@ -111,7 +113,7 @@ def test_selection_is_seeded_and_distinct() -> None:
 
 def test_top_up_when_fewer_positive_probabilities_than_k() -> None:
     # Only one client has a score above the minimum; k = 3 still returns 3 distinct clients
-    params = SelectionParams(epsilon=0.0, c=0.0, tau=0.0)
+    params = AdaptiveSettings(epsilon=0.0, c=0.0, tau=0.0)
     chosen, _ = select_clients(np.array([0.0, 0.0, 0.5, 0.0]), np.zeros(4, np.int64), 1, 3,
                                params, np.random.default_rng(0))
     assert 2 in chosen and len(set(chosen.tolist())) == 3
@@ -121,7 +123,7 @@ def test_top_up_when_fewer_positive_probabilities_than_k() -> None:
                                     {"low_gain_scale": 2.0}])
 def test_bad_params_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
-        SelectionParams(**kwargs)
+        AdaptiveSettings(**kwargs)
 
 
 def test_bad_k_is_refused() -> None:
@@ -131,7 +133,7 @@ def test_bad_k_is_refused() -> None:
 
 def test_a_client_never_valued_keeps_a_chance_when_it_holds_the_minimum() -> None:
     # Prepare: 8 clients, 4 valued once above the floor, 4 never valued (round 2)
-    params = SelectionParams(epsilon=0.0, c=0.1, tau=0.01)
+    params = AdaptiveSettings(epsilon=0.0, c=0.1, tau=0.01)
     phi = np.array([0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0])
     counts = np.array([1, 1, 1, 1, 0, 0, 0, 0])
     scores = selection_scores(phi, counts, 2, params)
@@ -146,7 +148,7 @@ def test_a_client_never_valued_keeps_a_chance_when_it_holds_the_minimum() -> Non
 
 
 def test_the_floor_leaves_algorithm_2_alone_otherwise() -> None:
-    params = SelectionParams(tau=0.01)
+    params = AdaptiveSettings(tau=0.01)
     # a valued client below the floor holds the minimum: unvalued clients keep a chance
     phi = np.array([0.5, -0.2, 0.0, 0.0])
     counts = np.array([1, 1, 0, 0])
@@ -157,21 +159,32 @@ def test_the_floor_leaves_algorithm_2_alone_otherwise() -> None:
     assert unvalued_floor(equal, np.zeros(5, dtype=int), 1, params) == 0.0
 
 
-def sybil_bandit(link_memory: int) -> tuple[Bandit, list[str], list[str]]:
+def adaptive_selection(settings: AdaptiveSettings, params: SelectionParams,
+                       rng: np.random.Generator) -> Selection:
+    """A run's selection by the adaptive selector, no identity cap."""
+    return Selection("adaptive", Adaptive(settings), settings, params, 0.0, rng)
+
+
+def observe(selection: Selection, clients: list[str], phi: list[float]) -> None:
+    selection.observe(Seen(1, tuple(clients), np.asarray(phi, dtype=np.float64)))
+
+
+def sybil_bandit(link_memory: int) -> tuple[Selection, list[str], list[str]]:
     """100 clients: 20 Sybil identities carrying one useful update (phi 0.12 each, valued
     once), linked four at a time in five rounds (the first pair once more); an honest client
     ``top`` as useful, valued four times (so a group of four has its phi and its count); 79
     others with phi spread over [0, 0.1], valued once."""
     sybils = [f"s{i:02d}" for i in range(20)]
     honest = ["top"] + [f"h{i:02d}" for i in range(79)]
-    bandit = Bandit(SelectionParams(epsilon=0.1, link_memory=link_memory),
-                    np.random.default_rng(0))
+    bandit = adaptive_selection(AdaptiveSettings(epsilon=0.1),
+                                SelectionParams(link_memory=link_memory),
+                                np.random.default_rng(0))
     spread = np.random.default_rng(1).uniform(0.0, 0.1, 79)
-    bandit.observe(sybils + honest, [0.12] * 21 + spread.tolist())
-    bandit.observe(["top"] * 3, [0.12] * 3)
+    observe(bandit, sybils + honest, [0.12] * 21 + spread.tolist())
+    observe(bandit, ["top"] * 3, [0.12] * 3)
     for first in range(0, 20, 4):
-        bandit.observe_links([sybils[first:first + 4]])
-    bandit.observe_links([sybils[:2]])
+        bandit.observe(Seen(1, (), None), [sybils[first:first + 4]])
+    bandit.observe(Seen(1, (), None), [sybils[:2]])
     return bandit, sybils, honest
 
 
@@ -186,7 +199,7 @@ def test_lasting_links_make_k_sybil_identities_one_arm_of_the_bandit() -> None:
         group_hits, top_hits, most = 0, 0, 0
         # Execute
         for _ in range(rounds):
-            chosen = {keys[i] for i in bandit.choose(keys, 50, 10)[0]}
+            chosen = {keys[i] for i in bandit.choose(keys, 50, 10).indices}
             in_group = len(chosen & set(sybils[:4]))
             group_hits += in_group > 0
             top_hits += "top" in chosen
@@ -207,11 +220,13 @@ def test_lasting_links_make_k_sybil_identities_one_arm_of_the_bandit() -> None:
 
 def test_link_memory_survives_a_checkpoint_and_is_off_by_default() -> None:
     bandit, sybils, honest = sybil_bandit(1)
-    restored = Bandit(SelectionParams(link_memory=1), np.random.default_rng(5))
+    restored = adaptive_selection(AdaptiveSettings(epsilon=0.1), SelectionParams(link_memory=1),
+                                  np.random.default_rng(5))
     restored.load(json.loads(json.dumps(bandit.state())))
     keys = sybils + honest
     np.testing.assert_array_equal(restored.arms(keys), bandit.arms(keys))
-    np.testing.assert_array_equal(restored.choose(keys, 3, 10)[0], bandit.choose(keys, 3, 10)[0])
+    np.testing.assert_array_equal(restored.choose(keys, 3, 10).indices,
+                                  bandit.choose(keys, 3, 10).indices)
     off, _, _ = sybil_bandit(0)
     assert off.pair_links == {} and off.arms(keys) is None
     with pytest.raises(ValueError, match="link_memory=-1 must be >= 0"):

@@ -10,7 +10,8 @@ client 0 exactly (banned). Each scenario (every selector with its published or d
 settings, plus variants that turn on the identity cap, link memory and the other keys)
 runs 20 rounds; the records' ``selected`` and ``selection`` fields must match the copy in
 ``tests/data/selections.json``, recorded at 7518e93 (before the protocol; 33f049d, the
-last commit before it, selects the same).
+last commit before it, selects the same) by this file as committed in 9bb6e1a, whose
+``strategy_of`` passed every key on the one ``SelectionParams`` of then.
 
 A second check resumes each scenario from the strategy state its run held after round 10
 (as the ServerApp checkpoints it; saved by 7518e93's code, so an old checkpoint's state):
@@ -35,6 +36,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 from fedowen_strategy import FedOwen, Guards, SelectionParams, ValuationSettings
 from fedowen_strategy.replies import record_to_state, state_to_record
+from fedowen_strategy.selectors import SELECTORS
 from fedowen_task.protocol import LOCAL_LOSS_FIELD, LOSS_SQUARES_FIELD
 from sim.inline_grid import InProcessGrid, task_identity
 
@@ -127,10 +129,15 @@ def utility_factory(global_state: Mapping[str, np.ndarray],
 
 
 def strategy_of(name: str, on_round: Any) -> FedOwen:
+    """The scenario's strategy: its shared keys on SelectionParams, the rest on the
+    selector's settings."""
     valuation, selection, params = SCENARIOS[name]
+    shared = {k: v for k, v in params.items() if k in SelectionParams.__dataclass_fields__}
+    own = {k: v for k, v in params.items() if k not in shared}
     return FedOwen(clients_per_round=K, utility_factory=utility_factory,
-                   valuation=ValuationSettings(**valuation), selection=selection,
-                   selection_params=SelectionParams(**params), guards=Guards(), seed=SEED,
+                   valuation=ValuationSettings(**valuation),
+                   selection=SELECTORS[selection].settings(**own),
+                   selection_params=SelectionParams(**shared), guards=Guards(), seed=SEED,
                    on_round=on_round, node_wait_timeout=5.0)
 
 

@@ -1,5 +1,6 @@
-"""The field's selectors (Power-of-Choice, Oort), the posterior selector and the identity cap
-(:mod:`fedowen_strategy.selectors`, :class:`fedowen_strategy.bandit.Bandit`)."""
+"""The field's selectors (Power-of-Choice, Oort), the posterior and screened selectors and the
+identity cap (:mod:`fedowen_strategy.selectors`), each through a run's
+:class:`~fedowen_strategy.selectors.shared.Selection`."""
 
 from __future__ import annotations
 
@@ -8,26 +9,45 @@ import math
 
 import numpy as np
 import pytest
+from flwr.app import MetricRecord, RecordDict
 from scipy.stats import chisquare, norm
 
-from fedowen_strategy.bandit import Bandit
 from fedowen_strategy.defences.guards import Guards
 from fedowen_strategy.round.contribution import ValuationSettings, resolve_auto
-from fedowen_strategy.selection import SelectionParams
-from fedowen_strategy.selectors import (
-    cap_eligible,
-    keep_highest,
+from fedowen_strategy.selectors import registry
+from fedowen_strategy.selectors.base import Seen, SelectorSettings
+from fedowen_strategy.selectors.oort import (
     oort_exploration,
     oort_scores,
     oort_select,
     oort_utility,
+)
+from fedowen_strategy.selectors.posterior import (
+    Posterior,
+    PosteriorSettings,
     posterior,
-    resolved_harmful,
     round_ranks,
 )
+from fedowen_strategy.selectors.power_of_choice import PowerOfChoiceSettings, keep_highest
+from fedowen_strategy.selectors.screened import resolved_harmful
+from fedowen_strategy.selectors.shared import Selection, SelectionParams, cap_eligible
+from fedowen_task.protocol import LOCAL_LOSS_FIELD, LOSS_SQUARES_FIELD
 from tests.test_round_step import delta_game, round_of
 
 KEYS = [str(i) for i in range(100)]
+
+
+def selection_of(mode: str, seed: int, cap: float = -1.0,
+                 settings: SelectorSettings | None = None) -> Selection:
+    """A run's selection by ``mode`` (its default settings unless given), the identity cap
+    ``cap`` resolved as the strategy resolves it."""
+    return registry.selection(mode, settings, SelectionParams(cap=cap),
+                              registry.resolve_cap(mode, cap), np.random.default_rng(seed))
+
+
+def observe(selection: Selection, clients: list[str], phi: np.ndarray, t: int = 1,
+            replies: tuple[RecordDict, ...] = ()) -> None:
+    selection.observe(Seen(t, tuple(clients), np.asarray(phi, dtype=np.float64), replies))
 
 
 def test_power_of_choice_keeps_the_k_highest_loss_candidates() -> None:
@@ -42,21 +62,27 @@ def test_power_of_choice_keeps_the_k_highest_loss_candidates() -> None:
 
 def test_power_of_choice_asks_d_candidates_and_records_their_losses() -> None:
     # Prepare: a client's loss is its index; d = 20 of 100, k = 5
-    bandit = Bandit(SelectionParams(poc_d=20), np.random.default_rng(0), "power-of-choice")
+    bandit = selection_of("power-of-choice", 0, settings=PowerOfChoiceSettings(poc_d=20))
     asked: list[list[int]] = []
 
-    def ask(indices: np.ndarray) -> np.ndarray:
+    def ask(indices: list[int], config: dict[str, object], with_model: bool = True
+            ) -> list[RecordDict | None]:
+        assert config == {LOCAL_LOSS_FIELD: 1} and with_model
         asked.append([int(i) for i in indices])
-        return indices.astype(float)
+        return [RecordDict({"metrics": MetricRecord({LOCAL_LOSS_FIELD: float(i),
+                                                     "num-examples": 10})}) for i in indices]
 
     # Execute
     choice = bandit.choose(KEYS, 1, 5, ask)
-    # Assert: one query to 20 distinct candidates; the 5 with the highest loss kept
+    # Assert: one query to 20 distinct candidates; the 5 with the highest loss kept; the
+    # record names them, their losses and the query's cost
     assert len(asked) == 1 and len(set(asked[0])) == 20
     np.testing.assert_array_equal(choice.indices, sorted(asked[0])[-5:])
-    assert choice.record["candidates"] == asked[0]
+    assert choice.record is not None
+    assert choice.record["candidates"] == [KEYS[i] for i in asked[0]]
     assert choice.record["candidate_losses"] == [float(i) for i in asked[0]]
-    with pytest.raises(ValueError, match="needs ask_losses"):
+    assert (choice.record["query_messages"], choice.record["query_examples"]) == (20, 200)
+    with pytest.raises(ValueError, match="asks clients before it chooses: pass ask"):
         bandit.choose(KEYS, 2, 5)
 
 
@@ -117,13 +143,13 @@ def run_posterior(true_phi: np.ndarray, rounds: int, seed: int, cap: float = 0.0
                   mode: str = "posterior") -> np.ndarray:
     """Selection counts of the posterior (or ``mode``) selector over ``rounds`` rounds of 10
     of 100, each selected client's phi ``true_phi + N(0, 1)``."""
-    bandit = Bandit(SelectionParams(cap=cap), np.random.default_rng(seed), mode)
+    bandit = selection_of(mode, seed, cap)
     noise = np.random.default_rng(seed + 1)
     counts = np.zeros(len(KEYS))
     for t in range(1, rounds + 1):
         chosen = bandit.choose(KEYS, t, 10).indices
         counts[chosen] += 1
-        bandit.observe([KEYS[i] for i in chosen], true_phi[chosen] + noise.normal(size=10))
+        observe(bandit, [KEYS[i] for i in chosen], true_phi[chosen] + noise.normal(size=10))
     return counts
 
 
@@ -176,10 +202,12 @@ def test_screened_selection_drops_a_harmful_client_and_does_not_favour_a_booster
     assert counts[7] <= 3
     assert abs(counts[8] - np.median(counts)) <= 10
     # fewer than k clients left unscreened: the screened fill the round
-    bandit = Bandit(SelectionParams(), np.random.default_rng(0), "screened")
-    bandit.rewards = {key: [5.0, -1.0 if int(key) >= 5 else 1.0, 0.1] for key in KEYS}
+    bandit = selection_of("screened", 0)
+    bandit.selector.load({"rewards": {key: [5.0, -1.0 if int(key) >= 5 else 1.0, 0.1]
+                                      for key in KEYS}})
     choice = bandit.choose(KEYS, 6, 10)
-    assert set(range(5)) <= set(choice.indices.tolist()) and choice.record["screened"] == 95
+    assert set(range(5)) <= set(choice.indices.tolist())
+    assert choice.record is not None and choice.record["screened"] == 95
 
 
 def test_the_identity_cap_holds_for_a_client_every_selector_wants() -> None:
@@ -206,14 +234,14 @@ def test_the_posterior_selector_runs_with_its_own_cap_by_default_and_others_with
     assert resolve_auto("none", "oort", "uniform").cap == 0.0
     assert resolve_auto("owen-antithetic", "posterior", cap=0.0).cap == 0.0
     assert resolve_auto("owen-antithetic", "adaptive", cap=2.0).cap == 2.0
-    # the bandit resolves it the same way: a clearly best client held at 3 x its share
-    bandit = Bandit(SelectionParams(), np.random.default_rng(0), "posterior")
+    # the selection resolves it the same way: a clearly best client held at 3 x its share
+    bandit = selection_of("posterior", 0)
     noise, counts = np.random.default_rng(1), np.zeros(len(KEYS))
     for t in range(1, 201):
         chosen = bandit.choose(KEYS, t, 10).indices
         counts[chosen] += 1
-        bandit.observe([KEYS[i] for i in chosen], (np.arange(100) == 7)[chosen] * 3.0
-                       + noise.normal(size=10))
+        observe(bandit, [KEYS[i] for i in chosen], (np.arange(100) == 7)[chosen] * 3.0
+                + noise.normal(size=10))
     assert 55 <= counts[7] <= 60  # 3 x (200 x 10 / 100)
     with pytest.raises(ValueError, match=r"cap=-0\.5 must be 0 \(off\), -1"):
         SelectionParams(cap=-0.5)
@@ -233,9 +261,11 @@ def test_a_x50_booster_earns_no_more_reward_than_its_honest_step(reward: str) ->
             valuation=ValuationSettings(method="exact", game="delta"),
             guards=Guards(), norm_cap="median", utility_factory=delta_game,
             rng=np.random.default_rng(0), server_round=3)
-        bandit = Bandit(SelectionParams(reward=reward), np.random.default_rng(0), "posterior")
-        bandit.observe([u.client_id for u in out.parsed.updates], out.valuation.phi)
-        rewards[boost] = bandit.rewards["c0"][1]
+        assert out.valuation is not None
+        selector = Posterior(PosteriorSettings(reward=reward))
+        selector.observe(Seen(3, tuple(u.client_id for u in out.parsed.updates),
+                              out.valuation.phi))
+        rewards[boost] = selector.rewards["c0"][1]
     # Assert: the reward (rank or phi) of the boosted update is no larger than the honest one's.
     # (c4 is an exact copy of honest c0 here; with the link guard off, link-cosine 0, the
     # boosted c0 escapes the copy guard and its phi share rises from 0.125 to 0.2, its rank
@@ -244,14 +274,17 @@ def test_a_x50_booster_earns_no_more_reward_than_its_honest_step(reward: str) ->
 
 
 def test_selectors_survive_a_checkpoint_and_need_what_they_rank_by() -> None:
-    # Prepare: a posterior bandit and an Oort bandit after a few rounds
-    for mode in ("posterior", "screened", "oort"):
-        bandit = Bandit(SelectionParams(cap=2.0), np.random.default_rng(3), mode)
+    # Prepare: each selector that remembers after a few rounds (Oort's utilities 1-2)
+    replies = tuple(RecordDict({"metrics": MetricRecord({"num-examples": 1,
+                                                         LOSS_SQUARES_FIELD: u ** 2})})
+                    for u in np.linspace(1, 2, 10))
+    for mode in ("adaptive", "posterior", "screened", "oort"):
+        bandit = selection_of(mode, 3, cap=2.0)
         for t in range(1, 4):
             chosen = bandit.choose(KEYS, t, 10).indices
-            bandit.observe([KEYS[i] for i in chosen], np.linspace(0, 1, 10))
-            bandit.observe_utility([KEYS[i] for i in chosen], np.linspace(1, 2, 10), t)
-        restored = Bandit(SelectionParams(cap=2.0), np.random.default_rng(9), mode)
+            observe(bandit, [KEYS[i] for i in chosen], np.linspace(0, 1, 10), t, replies)
+        assert bandit.selector.state()
+        restored = selection_of(mode, 9, cap=2.0)
         # Execute
         restored.load(json.loads(json.dumps(bandit.state())))
         # Assert: the same next pick

@@ -19,7 +19,8 @@ from fedowen_strategy.defences.guards import Guards
 from fedowen_strategy.replies import record_to_state, state_to_record
 from fedowen_strategy.round.aggregation import example_weights
 from fedowen_strategy.round.contribution import ValuationSettings
-from fedowen_strategy.selection import SelectionParams
+from fedowen_strategy.selectors.adaptive import AdaptiveSettings
+from fedowen_strategy.selectors.shared import SelectionParams
 from fedowen_strategy.strategy import FedOwen
 from server_app.store.records import RunRecorder, read_rounds
 from sim.inline_grid import InProcessGrid
@@ -148,8 +149,9 @@ def test_state_is_keyed_by_client_id_and_counts_only_returns() -> None:
     # Prepare: client 2 crashes every round
     strategy = run_toy("owen", rounds=2, node_extra={"crash-id": 2})
     # Assert: the crashed client is never counted nor valued; others counted twice
-    assert "c2" not in strategy.bandit.counts and "c2" not in strategy.bandit.phi
-    assert all(strategy.bandit.counts[f"c{i}"] == 2 for i in (0, 1, 3, 4, 5))
+    memory = strategy.chooser.selector.state()
+    assert "c2" not in memory["counts"] and "c2" not in memory["phi"]
+    assert all(strategy.chooser.selector.counts[f"c{i}"] == 2 for i in (0, 1, 3, 4, 5))
     # every node named itself before round 1, the crashing one too
     assert set(strategy.client_of_node.values()) == {f"c{i}" for i in range(6)}
 
@@ -158,7 +160,8 @@ def test_silent_client_costs_nothing_but_its_update(tmp_path: Any) -> None:
     strategy = run_toy("owen", rounds=2, tmp_path=tmp_path, node_extra={"silent-id": 3})
     rounds = read_rounds(tmp_path)
     assert all(len(r["returned"]) == 5 and "c3" not in r["returned"] for r in rounds[1:])
-    assert "c3" not in strategy.bandit.counts and "c3" not in strategy.bandit.phi
+    memory = strategy.chooser.selector.state()
+    assert "c3" not in memory["counts"] and "c3" not in memory["phi"]
     # the timed-out client is counted as failed (under the id its node named at the query)
     assert all(list(r["failed"]) == ["c3"] for r in rounds[1:])
     assert "no reply" in rounds[1]["failed"]["c3"]
@@ -206,7 +209,7 @@ def test_no_single_reply_can_end_a_run(kind: str, tmp_path: Any) -> None:
     assert [r["round"] for r in rounds] == [0, 1, 2]
     assert all(len(r["returned"]) == 5 and "c2" not in r["returned"] for r in rounds[1:])
     assert all(len(r["rejected"]) == 1 for r in rounds[1:]), rounds[1]["rejected"]
-    assert "c2" not in strategy.bandit.counts
+    assert "c2" not in strategy.chooser.selector.counts
 
 
 def test_malformed_update_is_rejected_and_round_goes_on(tmp_path: Any) -> None:
@@ -219,19 +222,19 @@ def test_malformed_update_is_rejected_and_round_goes_on(tmp_path: Any) -> None:
 def test_adaptive_selection_prefers_good_clients_over_rounds() -> None:
     # Prepare: 2 of 6 per round, exploitation only, strong scores
     strategy = run_toy(
-        "owen", rounds=12, k=2, selection="adaptive",
-        selection_params=SelectionParams(epsilon=0.0, c=0.05, tau=0.0)
+        "owen", rounds=12, k=2, selection=AdaptiveSettings(epsilon=0.0, c=0.05, tau=0.0)
     )
     # Assert: bad clients (negative phi, below tau) are chosen rarely once valued
-    good = sum(strategy.bandit.counts.get(f"c{i}", 0) for i in range(4))
-    bad = sum(strategy.bandit.counts.get(f"c{i}", 0) for i in BAD)
+    good = sum(strategy.chooser.selector.counts.get(f"c{i}", 0) for i in range(4))
+    bad = sum(strategy.chooser.selector.counts.get(f"c{i}", 0) for i in BAD)
     assert good > 3 * bad
 
 
 def test_same_seed_same_run() -> None:
     a = run_toy("owen", rounds=3, k=3)
     b = run_toy("owen", rounds=3, k=3)
-    assert a.bandit.counts == b.bandit.counts and a.bandit.phi == pytest.approx(b.bandit.phi)
+    assert a.chooser.selector.counts == b.chooser.selector.counts
+    assert a.chooser.selector.phi == pytest.approx(b.chooser.selector.phi)
 
 
 def test_game_valuation_without_utility_fails_at_construction() -> None:
@@ -281,11 +284,9 @@ def test_drop_in_for_fedavg_arguments_metrics_and_logs() -> None:
                for m in messages)
 
 
-def test_links_seen_in_rounds_reach_the_bandit_with_link_memory() -> None:
+def test_links_seen_in_rounds_reach_the_selection_with_link_memory() -> None:
     # Prepare: the four good toy clients step nearly in parallel (cosine > 0.98), and so do
     # the two bad ones
-    from fedowen_strategy.selection import SelectionParams
-
     keys = [f"c{i}" for i in range(6)]
     # Execute
     remembered = run_toy("owen", rounds=2, link_cosine=0.98,
@@ -293,7 +294,7 @@ def test_links_seen_in_rounds_reach_the_bandit_with_link_memory() -> None:
     forgotten = run_toy("owen", rounds=2, link_cosine=0.98)
     # Assert: linked in both rounds, so with link-memory 2 each group is one arm; without it
     # the bandit keeps no links
-    arms = remembered.bandit.arms(keys)
+    arms = remembered.chooser.arms(keys)
     assert arms is not None and arms.tolist() == [0, 0, 0, 0, 1, 1]
-    assert remembered.bandit.pair_links[("c0", "c1")] == 2
-    assert forgotten.bandit.pair_links == {} and forgotten.bandit.arms(keys) is None
+    assert remembered.chooser.pair_links[("c0", "c1")] == 2
+    assert forgotten.chooser.pair_links == {} and forgotten.chooser.arms(keys) is None

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedowen_strategy.round.aggregation import mix_and_cap, round_weights
-from fedowen_strategy.selection import update_memory
+from fedowen_strategy.selectors.adaptive import update_memory
 
 
 def test_cap_moves_the_excess_to_the_others_in_proportion() -> None:

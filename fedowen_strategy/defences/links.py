@@ -102,7 +102,7 @@ def lasting_groups(pair_links: Mapping[Pair, int], rounds: int) -> list[list[str
     Within a round a link splits one player's phi among its members, but across rounds k
     identities carrying one update are still k arms of the bandit, so the update is selected
     about k times as often as one client's would be. Groups that last are one arm
-    (:func:`fedowen_strategy.selection.select_clients` with ``arm_of``)."""
+    (:func:`fedowen_strategy.selectors.shared.link_arms`)."""
     if rounds <= 0:
         return []
     pairs = [p for p, n in pair_links.items() if n >= rounds]

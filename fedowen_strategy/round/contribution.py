@@ -34,12 +34,8 @@ from fedowen_strategy.round.round_valuers import (
     RoundValuation,
     UtilityFactory,
 )
-from fedowen_strategy.selection import (
-    AUTO_CAP,
-    NEEDS_PHI_SELECTIONS,
-    SELECTIONS,
-    resolve_cap,
-)
+from fedowen_strategy.selectors import registry
+from fedowen_strategy.selectors.shared import AUTO_CAP
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 from fedowen_strategy.valuation import ESTIMATORS
 from fedowen_task import declare
@@ -146,9 +142,11 @@ def resolve_auto(method: str, selection: str = "auto", aggregation: str = "auto"
     choices (``adaptive`` selection, ``softmax`` aggregation, the norm cap
     :data:`~fedowen_strategy.defences.bounds.AUTO_NORM_CAP`) for a method that computes
     contributions,
-    FedAvg's (``random``, ``examples``, no norm cap) for the methods in :data:`NO_PHI`; the
-    identity cap :data:`~fedowen_strategy.selection.AUTO_CAP` is the resolved selector's own
-    (:func:`~fedowen_strategy.selection.resolve_cap`); other values are kept.
+    FedAvg's (``random``, ``examples``, no norm cap) for the methods in :data:`NO_PHI` (the
+    selectors: :data:`~fedowen_strategy.selectors.registry.AUTO_WITH_PHI` and
+    ``AUTO_WITHOUT_PHI``); the identity cap :data:`~fedowen_strategy.selectors.shared.AUTO_CAP`
+    is the resolved selector's own (:func:`~fedowen_strategy.selectors.registry.resolve_cap`);
+    other values are kept.
 
     Raises
     ------
@@ -161,21 +159,25 @@ def resolve_auto(method: str, selection: str = "auto", aggregation: str = "auto"
     if found:
         raise ValueError("; ".join(found))
     no_phi = method in NO_PHI
-    auto = (Choices("random", "examples", "none") if no_phi
-            else Choices("adaptive", "softmax", AUTO_NORM_CAP))
+    auto = (Choices(registry.AUTO_WITHOUT_PHI, "examples", "none") if no_phi
+            else Choices(registry.AUTO_WITH_PHI, "softmax", AUTO_NORM_CAP))
     chosen = auto.selection if selection == "auto" else selection
     return Choices(chosen, auto.aggregation if aggregation == "auto" else aggregation,
-                   auto.norm_cap if norm_cap == "auto" else norm_cap, resolve_cap(chosen, cap))
+                   auto.norm_cap if norm_cap == "auto" else norm_cap,
+                   registry.resolve_cap(chosen, cap))
 
 
 def selection_problems(method: str, selection: str, keys: Keys = NO_KEYS) -> list[str]:
-    """What is wrong with ``selection`` (a choice of ``auto`` and :data:`SELECTIONS`) for
-    valuation ``method``."""
-    found = one_of("selection", selection, ("auto", *SELECTIONS))
-    if method in NO_PHI and selection in NEEDS_PHI_SELECTIONS:
+    """What is wrong with ``selection`` (``auto`` or a name in
+    :data:`~fedowen_strategy.selectors.registry.SELECTORS`) for valuation ``method``."""
+    found = one_of("selection", selection, ("auto", *registry.SELECTORS))
+    spec = registry.SELECTORS.get(selection)
+    if method in NO_PHI and spec is not None and spec.needs_phi:
+        names = [repr(n) for n, s in registry.SELECTORS.items() if not s.needs_phi]
+        others = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
         found.append(f"selection={selection!r} ranks clients by phi, which "
                      f"{key(keys, 'method')}={method!r} does not compute: use "
-                     "selection='random', 'power-of-choice' or 'oort' (or 'auto')")
+                     f"selection={others} (or 'auto')")
     return found
 
 

@@ -28,6 +28,9 @@ from fedowen_strategy.round.round_valuers import NO_PHI, RoundValuation
 
 log = logging.getLogger(__name__)
 
+#: ``(client ids, weights) -> weights``: a selector's aggregation weights for the round.
+Reweight = Callable[[Sequence[str], NDArray[np.float64]], NDArray[np.float64]]
+
 
 @dataclass(frozen=True)
 class RoundOutcome:
@@ -54,8 +57,8 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
                     norm_cap: str, utility_factory: UtilityFactory | None,
                     rng: np.random.Generator, server_round: int,
                     extra: Mapping[str, Any] | None = None,
-                    server_update: Callable[[], Mapping[str, NDArray]] | None = None
-                    ) -> RoundOutcome:
+                    server_update: Callable[[], Mapping[str, NDArray]] | None = None,
+                    reweight: Reweight | None = None) -> RoundOutcome:
     """Guard the parsed replies (:func:`~fedowen_strategy.defences.guards.guard_round`), value them
     (:func:`~fedowen_strategy.round.contribution.value_round`) and average them with the valuation's
     weights.
@@ -72,6 +75,10 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
         Fields added to the round record (e.g. ``ray_nodes``).
     server_update : callable, optional
         One server step's state, the reference of ``norm_cap = "server"``.
+    reweight : callable, optional
+        ``(client ids, weights) -> weights`` of the accepted updates: the selector's say on the
+        aggregation (:meth:`fedowen_strategy.selectors.base.Selector.weigh`); the round
+        averages and records the weights it returns (they must sum to 1).
     """
     guarded = guard_round(parsed.updates, global_state, guards, norm_cap=norm_cap,
                           value_players=valuation.method not in NO_PHI,
@@ -88,6 +95,9 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
     # the states to value: the averaged ones, or (value_cap_multiple) the same at a tighter cap
     val = value_round(guarded.valued or states, [u.num_examples for u in parsed.updates],
                       global_state, valuation, utility_factory, rng, guarded.groups)
+    if reweight is not None:
+        val = dataclasses.replace(val, weights=np.asarray(
+            reweight([u.client_id for u in parsed.updates], val.weights), dtype=np.float64))
     log.info("aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
              server_round, len(states), valuation.method, val.seconds, val.n_evals)
     state, robust = guard_aggregate(weighted_average(states, val.weights), states, global_state,

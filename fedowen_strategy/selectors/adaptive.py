@@ -1,4 +1,4 @@
-"""Hybrid epsilon-greedy bandit client selection (FedOwen paper, Algorithm 2).
+"""``adaptive``: hybrid epsilon-greedy bandit client selection (FedOwen paper, Algorithm 2).
 
 With probability ``epsilon`` the server explores: ``k`` clients drawn uniformly without
 replacement. Otherwise it exploits: each client gets the score
@@ -13,8 +13,8 @@ zero) and ``k`` clients are drawn without replacement with those weights.
 returned an update), ``t`` the round. A client never valued (``sigma_i = 0``) has no phi yet
 and is never below the floor: with a positive ``tau`` Algorithm 2 as written would cut the
 bonus of every client not yet explored (their phi starts at 0). Everything here is a pure
-function of its inputs and an explicit ``numpy.random.Generator``; the strategy keeps the
-state.
+function of its inputs and an explicit ``numpy.random.Generator``; :class:`Adaptive` keeps
+each client's remembered phi and count (``bandit-memory``: :func:`update_memory`).
 
 Defaults and their scale: FedOwen feeds ``phi`` on its ``phi-scale``, by default ``l1`` (a
 round's absolute values sum to 1; :mod:`fedowen_strategy.round.contribution` owns the scale), so a
@@ -29,26 +29,25 @@ below it, and keeps its whole bonus.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.selectors import REWARDS
-from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
+from fedowen_strategy.selectors.base import (
+    AskClients,
+    Choice,
+    Pool,
+    Seen,
+    Selector,
+    SelectorSettings,
+)
+from fedowen_strategy.settings import NO_KEYS, Keys, key, one_of
 from fedowen_task import declare
 
-#: Algorithm 2's bandit, uniform sampling (FedAvg's, and the paper's ablation), the field's
-#: selectors and FedOwen's posterior and screened selectors (:mod:`fedowen_strategy.selectors`).
-SELECTIONS = ("adaptive", "random", "posterior", "screened", "power-of-choice", "oort")
-#: Selectors that rank clients by phi, so need a valuation method that computes it.
-NEEDS_PHI_SELECTIONS = ("adaptive", "posterior", "screened")
-#: ``selection-cap``'s default: each selector's own identity cap (:func:`resolve_cap`).
-AUTO_CAP = -1.0
-#: The identity cap a selector runs with by default: the posterior selector was developed and
-#: measured with 3 (conf/selection-dev.toml); every other selector runs as published (off).
-DEFAULT_CAPS = {"posterior": 3.0}
 #: What the bandit exploits: a client's latest phi (Algorithm 2), the running mean of its phi
 #: over the rounds it was valued, or an exponentially discounted mean.
 MEMORIES = ("latest", "mean", "discounted")
@@ -70,8 +69,9 @@ def update_memory(previous: float | None, phi: float, count: int, memory: str = 
     return (1.0 - discount) * previous + discount * phi
 
 
+
 @dataclass(frozen=True)
-class SelectionParams(Settings):
+class AdaptiveSettings(SelectorSettings):
     """Constants of Algorithm 2 and the bandit's memory (defaults: the app's).
 
     Parameters
@@ -84,33 +84,14 @@ class SelectionParams(Settings):
         Contribution floor: clients with phi < tau lose their gain and 90% of their bonus
         (paper: "a small floor"; 0.01 of a round's l1 scale here, docs/defaults.md).
     low_gain_scale : float
-        Factor on the bonus of clients below the floor (paper: 0.1).
+        Factor on the bonus of clients below the floor (paper: 0.1; no run-config key).
     memory, discount : str, float
         What the bandit exploits per client: the running mean of its phi (``mean``, the
         default), its latest phi (``latest``, Algorithm 2) or a discounted mean
         (``discounted``, weight ``discount`` on the newest phi): :func:`update_memory`.
-    link_memory : int
-        Clients whose updates were linked (near-parallel, ``link-cosine``) in at least this
-        many rounds are one arm from then on: at most one of them is selected in a round,
-        with one client's chance between them (0, the default: off). Against colluding
-        Sybils, whose k identities are otherwise selected about k times as often as one.
-    poc_d : int
-        Power-of-Choice's candidates a round (d >= k; more than the clients: all of them).
-    oort_exploration_min : float
-        Oort's floor on its decaying exploration share, in [0, 1].
-    reward : {"rank", "phi"}
-        What the posterior selector learns from (:mod:`~fedowen_strategy.selectors`); the
-        screened selector always learns from phi (0 is its threshold).
-    resolve_level : float
-        The posterior selector exploits only while one-way ANOVA rejects "every client's
-        true reward is the same" at this level; otherwise it draws uniformly. The screened
-        selector's one-sided level for "this client's mean phi is below 0".
-    cap : float
-        Identity cap, any selector: a client (or a lasting link group) selected ``cap`` times
-        its uniform share so far sits a round out (0: off; else >= 1). The default,
-        :data:`AUTO_CAP`, is the selector's own (:func:`resolve_cap`).
     """
 
+    selector: ClassVar[str] = "adaptive"
     epsilon: float = declare.key(0.1, "Algorithm 2's exploration share", name="epsilon")
     c: float = declare.key(0.1, "Algorithm 2's exploration bonus", name="ucb-c")
     tau: float = declare.key(0.01, "the contribution floor of Algorithm 2", name="tau")
@@ -119,18 +100,6 @@ class SelectionParams(Settings):
         "mean", "what the bandit exploits: mean | latest | discounted", name="bandit-memory")
     discount: float = declare.key(
         0.3, "the newest phi's weight (bandit-memory = discounted)", name="bandit-discount")
-    link_memory: int = declare.key(
-        0, "rounds linked before clients are one arm (0: off)", name="link-memory")
-    poc_d: int = declare.key(20, "Power-of-Choice's candidates a round", name="poc-d")
-    oort_exploration_min: float = declare.key(
-        0.3, "Oort's floor on its exploration share", name="oort-exploration-min")
-    reward: str = declare.key(
-        "rank", "the posterior selector's reward: rank | phi", name="selection-reward")
-    resolve_level: float = declare.key(
-        0.01, "the posterior selector's ANOVA level", name="selection-level")
-    cap: float = declare.key(
-        AUTO_CAP, "selections beyond cap x a uniform share sit out (0: off; -1: the selector's "
-        "own)", name="selection-cap")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these constants (:class:`~fedowen_strategy.settings.
@@ -143,30 +112,50 @@ class SelectionParams(Settings):
             (0.0 <= self.low_gain_scale <= 1.0,
              f"{k('low_gain_scale')}={self.low_gain_scale!r} must lie in [0, 1]"),
             (0.0 < self.discount <= 1.0, f"{k('discount')}={self.discount!r} must lie in (0, 1]"),
-            (self.link_memory >= 0,
-             f"{k('link_memory')}={self.link_memory!r} must be >= 0 (rounds; 0 = off)"),
-            (self.poc_d >= 1, f"{k('poc_d')}={self.poc_d!r} must be >= 1 (and >= k)"),
-            (0.0 <= self.oort_exploration_min <= 1.0,
-             f"{k('oort_exploration_min')}={self.oort_exploration_min!r} must lie in [0, 1]"),
-            (0.0 < self.resolve_level <= 1.0,
-             f"{k('resolve_level')}={self.resolve_level!r} must lie in (0, 1]"),
-            (self.cap in (0.0, AUTO_CAP) or 1.0 <= self.cap < math.inf,
-             f"{k('cap')}={self.cap!r} must be 0 (off), {AUTO_CAP:g} (the selector's own) or "
-             "a finite number >= 1"),
         ]
         return ([message for ok, message in checks if not ok]
-                + one_of(k("memory"), self.memory, MEMORIES)
-                + one_of(k("reward"), self.reward, REWARDS))
+                + one_of(k("memory"), self.memory, MEMORIES))
 
 
-def resolve_cap(selection: str, cap: float) -> float:
-    """The identity cap ``selection`` runs with: ``cap``, unless it is :data:`AUTO_CAP`, then
-    the selector's own (:data:`DEFAULT_CAPS`; off for the others)."""
-    return DEFAULT_CAPS.get(selection, 0.0) if cap == AUTO_CAP else cap
+class Adaptive(Selector):
+    """Algorithm 2 over each client's remembered phi and how often it was valued; clients of
+    one lasting link group are one arm (:attr:`~fedowen_strategy.selectors.base.Pool.arms`).
+    Chooses without asking clients; records nothing beyond the round's selection."""
+
+    def __init__(self, settings: AdaptiveSettings) -> None:
+        self.settings = settings
+        self.phi: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
+        """Algorithm 2's draw (:func:`select_clients`)."""
+        phi = np.array([self.phi.get(c, 0.0) for c in pool.keys])
+        counts = np.array([self.counts.get(c, 0) for c in pool.keys])
+        picked, explored = select_clients(phi, counts, pool.server_round, pool.k,
+                                          self.settings, rng, pool.arms)
+        return Choice(picked, "explored" if explored else "exploited")
+
+    def observe(self, seen: Seen) -> None:
+        """Remember each valued client's phi (:func:`update_memory`) and count it."""
+        if seen.phi is None:
+            return
+        for cid, value in zip(seen.clients, np.asarray(seen.phi, np.float64), strict=True):
+            count = self.counts[cid] = self.counts.get(cid, 0) + 1
+            self.phi[cid] = update_memory(self.phi.get(cid), float(value), count,
+                                          self.settings.memory, self.settings.discount)
+
+    def state(self) -> dict[str, Any]:
+        """Each client's remembered phi and count."""
+        return {"phi": dict(self.phi), "counts": dict(self.counts)}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state`."""
+        self.phi = {str(c): float(v) for c, v in state.get("phi", {}).items()}
+        self.counts = {str(c): int(n) for c, n in state.get("counts", {}).items()}
 
 
 def selection_scores(
-    phi: NDArray[np.float64], counts: NDArray[np.int64], t: int, params: SelectionParams
+    phi: NDArray[np.float64], counts: NDArray[np.int64], t: int, params: AdaptiveSettings
 ) -> NDArray[np.float64]:
     """Exploitation scores ``s_i = g_i + u_i`` of Algorithm 2 (before shifting)."""
     phi = np.asarray(phi, dtype=np.float64)
@@ -183,7 +172,7 @@ def selection_scores(
 
 
 def unvalued_floor(scores: NDArray[np.float64], counts: NDArray[np.int64], t: int,
-                   params: SelectionParams) -> float:
+                   params: AdaptiveSettings) -> float:
     """What the shift by the minimum leaves a client never valued: 0 (Algorithm 2 as
     written), unless such a client holds the minimum score, which the shift would give
     probability 0 although nothing is known of it. Then every score keeps one exploration
@@ -215,7 +204,7 @@ def select_clients(
     counts: NDArray[np.int64],
     t: int,
     k: int,
-    params: SelectionParams,
+    params: AdaptiveSettings,
     rng: np.random.Generator,
     arm_of: NDArray[np.int64] | None = None,
 ) -> tuple[NDArray[np.int64], bool]:
@@ -253,7 +242,7 @@ def select_clients(
 
 
 def _select_arms(phi: NDArray[np.float64], counts: NDArray[np.int64], t: int, k: int,
-                 params: SelectionParams, rng: np.random.Generator, arm_of: NDArray[np.int64]
+                 params: AdaptiveSettings, rng: np.random.Generator, arm_of: NDArray[np.int64]
                  ) -> tuple[NDArray[np.int64], bool]:
     """:func:`select_clients` over arms that join several clients (see there; ``k`` checked
     there)."""
@@ -270,18 +259,3 @@ def _select_arms(phi: NDArray[np.float64], counts: NDArray[np.int64], t: int, k:
         picks += [int(i) for i in rng.choice(rest, size=k - len(picks), replace=False)]
     return np.sort(np.array(picks, dtype=np.int64)), explored
 
-
-def round_size(num_clients: int, clients_per_round: int | None, fraction_train: float,
-               min_train: int) -> int:
-    """k for a round with ``num_clients`` selectable clients: ``clients_per_round``, else
-    Flower FedAvg's rule ``max(int(n * fraction_train), min_train)``; never more than n."""
-    if clients_per_round is not None:
-        return min(clients_per_round, num_clients)
-    return min(max(int(num_clients * fraction_train), min_train), num_clients)
-
-
-def select_uniform(n: int, k: int, rng: np.random.Generator) -> NDArray[np.int64]:
-    """Plain uniform selection (FedAvg, and the paper's random-selection ablation)."""
-    if not 1 <= k <= n:
-        raise ValueError(f"cannot select k={k} clients out of {n}; need 1 <= k <= {n}")
-    return np.sort(rng.choice(n, size=k, replace=False))
