@@ -99,9 +99,11 @@ class Seen:
         Their contributions on the valuation's scale; None when the round was not valued
         (no usable update).
     replies : tuple of RecordDict
-        Their reply contents (metrics a selector asked for in :meth:`Selector.train_config`).
+        Their reply contents as sent: the metrics a selector asked for in
+        :meth:`Selector.train_config`, and the arrays before any guard touched them.
     states : tuple of mapping
-        Their models after local training (``state - global_state`` is the update).
+        Their models as the guards left them, i.e. as averaged (``state - global_state`` is
+        the update; a norm cap rescales it).
     global_state : mapping
         The model they trained from.
     record : mapping
