@@ -14,9 +14,9 @@
 # checkout: the protocol commit predates it); (3) the protocol commit's runner runs the rest.
 # Kill it at any time; the same command goes on. Then, from this checkout:
 #   scripts/experiment.sh report conf/confirm/<dataset>.toml --results <results> --archive
-#   python -m sim.confirmation check conf/confirm/<dataset>.toml --results <results>
-#   python -m sim.confirmation check conf/confirm/<dataset>.toml --committed   # what git holds
-#   python -m sim.confirmation report          # docs/confirmation.md from the committed CSVs
+#   python -m studies.confirmation.pages check conf/confirm/<dataset>.toml --results <results>
+#   python -m studies.confirmation.pages check conf/confirm/<dataset>.toml --committed   # what git holds
+#   python -m studies.confirmation.pages report          # docs/confirmation.md from the committed CSVs
 # (with --study second for the second confirmation's check and report)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

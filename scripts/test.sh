@@ -16,7 +16,7 @@ fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 echo "[test] ruff" && "$VENV/bin/ruff" check .
-echo "[test] mypy" && "$VENV/bin/mypy" fedowen_strategy fedowen_task client_app server_app fedowen_deploy sim
+echo "[test] mypy" && "$VENV/bin/mypy" fedowen_strategy fedowen_task client_app server_app fedowen_deploy sim studies
 MARKS=(-m "not slow and not e2e and not docker")
 if [ "${1:-}" = "--full" ]; then
   shift

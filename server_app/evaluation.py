@@ -36,7 +36,8 @@ from server_app.strategies import ServerStrategy
 
 log = logging.getLogger(__name__)
 #: The last rounds measured whatever ``eval-every`` says: the reports read the mean of the last
-#: 5 (``sim.results.LAST_K``) and check the last 10 for a collapse (``sim.attack_costs``).
+#: 5 (``sim.results.LAST_K``) and check the last 10 for a collapse
+#: (``studies.adversarial.attack_costs``).
 EVAL_TAIL = 10
 
 

@@ -15,8 +15,8 @@ naming the CSV and the commit it came from. The runner then counts the cell as d
 report reads its rows back (:func:`sim.results.carried_rounds`) and writes them out again
 unchanged, and the cell archive carries them on. A report's records archive
 (:data:`RECORDS`, in git whatever the size of the full archive) gives each carried cell its
-``config.json`` and ``code.json`` back, so ``sim.confirmation check`` reads them as for a cell
-that ran here. What is lost stays lost and is said (:func:`carried_summary`, in the report's
+``config.json`` and ``code.json`` back, so a protocol's check of its cells reads them as for a
+cell that ran here. What is lost stays lost and is said (:func:`carried_summary`, in the report's
 header): per-client records (attack costs, payouts), accuracy beyond two decimals, and the
 config of a cell whose report kept no records archive (``check`` counts those).
 """
@@ -44,8 +44,8 @@ _CHECKED = RECORDED[:2]  # what a carried cell takes from the records: what `che
 
 def cell_key(grid: Grid, cell: Cell) -> tuple[str, ...]:
     """How a grid's rounds CSV names a cell: (row value, column label, seed) for an ablation
-    grid (``sim.ablation_data.write_rounds_csv``), (row value, column values..., seed) for a tuning
-    grid (``sim.tuning._round_rows``), every part as the CSV writes it."""
+    grid, (row value, column values..., seed) for a tuning grid, every part as the CSV of the
+    kind's report section writes it (the format is the harness's: carry reads it back)."""
     row = str(cell.point.get(grid.rows))
     if grid.kind == "ablation":
         label = point_label({k: cell.point[k] for k in grid.column_keys})

@@ -180,7 +180,8 @@ def write_report(preset: Preset, results: Path, out: Path, command: str | None =
 
     ``source`` is the preset file as the commands should name it (default
     ``conf/<name>.toml``); ``command`` replaces the quoted run command. ``sections``: the
-    studies' sections (default: the table :func:`sim.sections.load_sections` reads)."""
+    sections beyond table and sweep grids (default: the table :func:`sim.sections.load_sections`
+    reads)."""
     sections = load_sections() if sections is None else sections
     writers: dict[str, GridSection | None] = {kind: grid_section for kind in BUILT_IN}
     writers.update(sections.grids)

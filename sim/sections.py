@@ -14,8 +14,8 @@ section is a study's, and ``pyproject.toml`` names it under ``[tool.fedowen.repo
 
 The harness imports what the table names when a report is written (as Flower imports the apps
 ``[tool.flwr.app.components]`` names), so no harness module imports or names a study
-(``tests/test_architecture.py`` and ``tests/test_harness.py`` check it). A section that has
-nothing to say for a preset returns an empty :class:`Part`.
+(``tests/test_architecture.py`` checks it). A section that has nothing to say for a preset
+returns an empty :class:`Part`.
 """
 
 from __future__ import annotations

@@ -214,8 +214,8 @@ def test_auto_choices_are_compared_as_they_resolve_not_as_written() -> None:
 
 def test_rounds_with_non_finite_weights_have_no_largest_weight() -> None:
     # FLTrust's weights are recorded as null once its server update diverged to NaN
-    from sim.ablation_data import max_weights
     from sim.results import CellResult
+    from studies.ablation.data import max_weights
 
     cell = parse_preset(ablation_preset()).cells()[0]
     rounds = [{"round": 0}, {"round": 1, "weights": {"a": 0.25, "b": 0.75}},

@@ -299,8 +299,8 @@ def test_a_backdoor_run_records_its_attack_success_every_round(shared_data_dir: 
 
 def test_the_evaluation_schedule_keeps_round_0_every_nth_and_the_reports_last_rounds() -> None:
     from server_app.evaluation import EVAL_TAIL, evaluated
-    from sim.attack_costs import COLLAPSE_LAST
     from sim.results import LAST_K
+    from studies.adversarial.attack_costs import COLLAPSE_LAST
 
     # Execute
     schedule = [r for r in range(101) if evaluated(r, 100, 5)]

@@ -12,8 +12,12 @@ that closes a circle is still a circle):
 - the strategy library takes only the message protocol and the run-config key declaration
   (pure Python) from the task module;
 - the valuation library imports neither Flower nor torch (numpy only);
-- nothing under ``sim/`` (the experiments) is imported by the product (``fedowen_strategy``,
-  ``fedowen_task``, ``client_app``, ``server_app``, ``fedowen_deploy``) or run by ``docker/``.
+- nothing under ``sim/`` (the experiments' harness) or ``studies/`` (the studies) is imported by
+  the product (``fedowen_strategy``, ``fedowen_task``, ``client_app``, ``server_app``,
+  ``fedowen_deploy``) or run by ``docker/``;
+- ``sim/`` is the harness alone (issue 61): its files are the ones listed here, and none of them
+  imports a study or names one (the report finds the studies' sections by the names
+  ``pyproject.toml`` declares, :mod:`sim.sections`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("fedowen_strategy", "fedowen_task", "client_app", "server_app", "fedowen_deploy")
-ROOMS = (*PRODUCT, "sim")
+EXPERIMENTS = ("sim", "studies")
+ROOMS = (*PRODUCT, *EXPERIMENTS)
+#: The harness (sim/): grids, presets, runner, records, backends, report skeleton, stats. A new
+#: module here is harness or belongs in a study's folder under studies/.
+HARNESS = {
+    "__init__", "archives", "carry", "cell_state", "cluster", "cluster_task", "compact",
+    "experiments", "grid", "inline", "inline_grid", "ledger", "local_cluster", "plots",
+    "presets", "report", "results", "run", "runner", "sections", "stats",
+}
+#: The names the studies' modules had in sim/ before issue 61: no harness file names them again.
+FORMER = ("ablation", "ablation_data", "adversarial", "adversary_stats", "attack_costs",
+          "backdoor", "collapse", "confirm2_picks", "confirmation", "confirmation_sections",
+          "hypotheses", "protocol", "robustness", "selection_dev", "selection_sizes",
+          "sybil_links", "tuning", "writer_coverage")
 
 
 def module_files() -> dict[str, Path]:
@@ -137,10 +154,30 @@ def test_the_apps_share_only_the_task_module() -> None:
 def test_the_product_never_imports_the_experiments() -> None:
     graph = import_graph()
     leaks = sorted(f"{m} -> {d}" for m, deps in graph.items() if room(m) in PRODUCT
-                   for d in deps if room(d) == "sim")
+                   for d in deps if room(d) in EXPERIMENTS)
     assert leaks == []
     docker = " ".join(p.read_text() for p in (ROOT / "docker").iterdir() if p.is_file())
-    assert not re.search(r"\bsim[./]", docker)
+    assert not re.search(r"\b(sim|studies)[./]", docker)
+
+
+def test_sim_is_the_harness_alone_and_names_no_study() -> None:
+    # the harness's files are these (a study's module goes to studies/<study>/), with no
+    # sub-package; none imports a study (also lazily) or names one: not the studies' package,
+    # not a study module's path, not a name a study module had in sim/
+    sim = ROOT / "sim"
+    assert {p.stem for p in sim.glob("*.py")} == HARNESS
+    assert not [p for p in sim.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    graph = import_graph()
+    assert sorted(f"{m} -> {d}" for m, deps in graph.items() if room(m) == "sim"
+                  for d in deps if room(d) == "studies") == []
+    studies = {p.relative_to(ROOT).with_suffix("").as_posix()
+               for p in (ROOT / "studies").rglob("*.py")}
+    named = re.compile(rf"\bstudies\b|\bsim[./]({'|'.join(FORMER)})\b")
+    for path in sim.glob("*.py"):
+        text = path.read_text()
+        found = [m.group(0) for m in named.finditer(text)]
+        found += [s for s in studies if s.replace("/", ".") in text or s + ".py" in text]
+        assert found == [], f"{path.name} names a study: {found}"
 
 
 def test_every_module_compose_runs_is_in_the_image() -> None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from sim.attack_costs import markdown, seed_agreement, seed_rows, summarise
 from sim.grid import Cell
 from sim.results import CellResult
+from studies.adversarial.attack_costs import markdown, seed_agreement, seed_rows, summarise
 
 ROUNDS = 12
 

@@ -1,11 +1,12 @@
-"""The backdoor development rule (sim.backdoor.verdict) on hand-built cell rows."""
+"""The backdoor development rule (studies.backdoor.attack_success.verdict) on hand-built cell
+rows."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from sim.backdoor import verdict
+from studies.backdoor.attack_success import verdict
 
 
 def rows(arm: str, asr: list[float], clean_val: list[float]) -> list[dict[str, Any]]:

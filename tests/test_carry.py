@@ -154,7 +154,7 @@ def test_the_records_archive_brings_back_what_the_check_reads(tmp_path: Path) ->
     carry_rows(preset, committed, tmp_path / "fresh")
     write_report(preset, tmp_path / "fresh", tmp_path / "again")
     # Assert: beside the manifest, the records archive; every carried cell has its own config
-    # and code record back, byte for byte, so `sim.confirmation check` can read them
+    # and code record back, byte for byte, so `studies.confirmation.pages check` can read them
     assert kept.name == archives.MANIFEST and (committed / RECORDS).is_file()
     carried = [c for c in preset.cells() if is_carried(tmp_path / "fresh" / c.cell_id)]
     assert len(carried) == len(preset.cells()) - 1

@@ -1,6 +1,6 @@
-"""What counts as a collapsed run (sim.collapse, issue 60): below 20%, or at or below the
-majority-class rate of the split a score is read on, so a binary dataset's arm that always
-answers its majority class is flagged."""
+"""What counts as a collapsed run (studies.confirmation.collapse, issue 60): below 20%, or at
+or below the majority-class rate of the split a score is read on, so a binary dataset's arm that
+always answers its majority class is flagged."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.collapse import MAJORITY_PERCENT, collapsed, majority_rate
+from studies.confirmation.collapse import MAJORITY_PERCENT, collapsed, majority_rate
 
 
 def test_a_binary_datasets_arm_at_its_majority_rate_is_flagged() -> None:
@@ -25,7 +25,7 @@ def test_a_binary_datasets_arm_at_its_majority_rate_is_flagged() -> None:
 
 
 def test_the_endpoint_table_flags_a_binary_datasets_arm_at_the_majority_rate() -> None:
-    from sim.confirmation import arm_endpoints
+    from studies.confirmation.pages import arm_endpoints
 
     table = {("fedowen", "all"): {200: 80.13, 201: 78.21},
              ("fltrust", "all"): {200: 73.08, 201: 73.08}}

@@ -1,12 +1,13 @@
-"""The second confirmation's picks (sim.confirm2_picks): the rules of its protocol's section 4."""
+"""The second confirmation's picks (studies.confirmation.picks): the rules of its protocol's
+section 4."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from sim.confirm2_picks import SELECTOR_KEY, Pick, gather, setting_picks, write
 from sim.grid import app_config
+from studies.confirmation.picks import SELECTOR_KEY, Pick, gather, setting_picks, write
 
 
 def tuned(**scores: float) -> dict[str, Pick]:
@@ -58,9 +59,9 @@ def test_the_confirm_block_runs_each_settings_own_picks() -> None:
     # Prepare: MNIST picks that differ by alpha for the tuned baseline and Power-of-Choice
     import tomllib
 
-    from sim.confirm2_picks import confirm_block
     from sim.presets import load_preset, parse_preset
-    from sim.protocol import SECOND_CONFIRMATION_SEEDS
+    from studies.confirmation.picks import confirm_block
+    from studies.confirmation.protocol import SECOND_CONFIRMATION_SEEDS
 
     root = Path(__file__).resolve().parents[1]
     preset = load_preset(root / "conf" / "confirm2" / "mnist.toml")
@@ -99,9 +100,9 @@ def test_the_confirm_block_runs_each_settings_own_picks() -> None:
 def test_selection_devs_tuned_peers_become_the_selector_picks_where_it_covered() -> None:
     # Prepare: selection-dev's MNIST alpha=0.1 peers on seeds 0-4 (d = 50 and floor 0.1 best on
     # validation); every other cell unfinished
-    from sim.confirm2_picks import selection_picks
     from sim.presets import load_preset
     from sim.results import CellResult
+    from studies.confirmation.picks import selection_picks
 
     dev = load_preset(Path(__file__).resolve().parents[1] / "conf" / "selection-dev.toml")
     val = {"poc-d20": 0.80, "poc-d50": 0.82, "oort-x0.3": 0.78, "oort-x0.1": 0.79}

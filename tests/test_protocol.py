@@ -1,5 +1,5 @@
-"""The confirmations' fixed points (sim.protocol): fresh seeds, arm hashes that name what each
-cell ran, and the check that reads them from committed files alone."""
+"""The confirmations' fixed points (studies.confirmation.protocol): fresh seeds, arm hashes that
+name what each cell ran, and the check that reads them from committed files alone."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_no_earlier_result_or_preset_used_the_tuning_or_confirmation_seeds() -> 
     import tomllib
 
     from sim.archives import MANIFEST, archived_files
-    from sim.protocol import (
+    from studies.confirmation.protocol import (
         CONFIRMATION_SEEDS,
         PRESET_PREFIX,
         SECOND_PRESET_PREFIX,
@@ -75,7 +75,7 @@ def test_no_result_or_preset_but_the_second_confirmation_uses_its_seeds() -> Non
     import tomllib
 
     from sim.archives import MANIFEST, archived_files
-    from sim.protocol import SECOND_CONFIRMATION_SEEDS, SECOND_PRESET_PREFIX
+    from studies.confirmation.protocol import SECOND_CONFIRMATION_SEEDS, SECOND_PRESET_PREFIX
 
     root = Path(__file__).resolve().parents[1]
     used: set[int] = set()
@@ -107,7 +107,12 @@ def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
     from server_app.app import run
     from server_app.config import parse_run_config
     from sim.inline_grid import InProcessGrid
-    from sim.protocol import ADDED_AFTER_PROTOCOL, check_cells, config_hash, protocol_arms
+    from studies.confirmation.protocol import (
+        ADDED_AFTER_PROTOCOL,
+        check_cells,
+        config_hash,
+        protocol_arms,
+    )
 
     raw = {"preset": {"name": f"{study}-unit", "num-supernodes": 6, "backend": "inline"},
            "base": {"dataset": "mnist", "num-server-rounds": 1, "clients-per-round": 4,
@@ -162,9 +167,9 @@ def test_a_cell_records_the_config_hash_of_its_arm_in_the_protocol(
 def test_the_committed_protocol_hashes_are_what_the_presets_resolve_to_today(
         folder: str, presets: str) -> None:
     # A key the app gains after a protocol commit must not move the hash that names an arm
-    # (sim.protocol.added_after); any other change to what an arm runs must.
+    # (studies.confirmation.protocol.added_after); any other change to what an arm runs must.
     from sim.presets import load_preset
-    from sim.protocol import protocol_arms
+    from studies.confirmation.protocol import protocol_arms
 
     root = Path(__file__).resolve().parents[1]
     committed = {(a["preset"], a["arm"], a["setting"]): a["hash"] for a in json.loads(
@@ -180,7 +185,7 @@ def test_check_from_committed_files_counts_what_it_checked(
         study: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # A fresh clone's check restores the committed archive and rows itself; an empty results
     # folder is not a pass in silence: the count says nothing was found
-    from sim.confirmation import main
+    from studies.confirmation.pages import main
 
     preset = f"conf/{'confirm' if study == 'first' else 'confirm2'}/breastmnist.toml"
     # Execute

@@ -11,10 +11,15 @@ from pathlib import Path
 import pytest
 
 from fedowen_task.adversary.keys import adversary_ids
-from sim.adversary_stats import ledger_stats, moving_average, rank_percentiles, round_stats
 from sim.presets import parse_preset
 from sim.report import write_report
 from sim.results import Stat
+from studies.adversarial.adversary_stats import (
+    ledger_stats,
+    moving_average,
+    rank_percentiles,
+    round_stats,
+)
 from tests.fake_runner import FakeFlwr, make_runner, small_preset, write_rounds
 
 # ---------------------------------------------------------------- reports

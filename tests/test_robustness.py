@@ -1,5 +1,6 @@
-"""Robustness of the confirmations' decisions (sim.robustness, issue 60): each seed left out in
-turn, reported beside the decision; and how many seeds an exact rank test needs under Holm."""
+"""Robustness of the confirmations' decisions (studies.confirmation.robustness, issue 60): each
+seed left out in turn, reported beside the decision; and how many seeds an exact rank test needs
+under Holm."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from sim.protocol import CONFIRMATION_SEEDS
 from sim.stats import paired_test, seeds_for_holm, smallest_exact_p
+from studies.confirmation.protocol import CONFIRMATION_SEEDS
 
 #: FedOwen minus equal-weight FedAvg per seed 100-107: p (t) 0.022 with all eight; without
 #: seed 103 (0.9) it is 0.054, without any other seed below 0.05 (computed by hand below).
@@ -40,7 +41,7 @@ def write_rounds(path: Path) -> None:
 def test_a_seed_that_flips_a_decision_is_named_in_the_robustness_column(
         tmp_path: Path) -> None:
     # Prepare: the t-test's p by hand, with all seeds and without each one
-    from sim.confirmation import write_confirmation
+    from studies.confirmation.pages import write_confirmation
 
     assert stats.ttest_1samp(DIFFS, 0).pvalue < 0.05
     without = {seed: stats.ttest_1samp([d for j, d in enumerate(DIFFS) if j != i], 0).pvalue

@@ -1,4 +1,4 @@
-"""The selection development grid's rule (sim.selection_dev) on hand-built scores."""
+"""The selection development grid's rule (studies.selection.development) on hand-built scores."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sim.selection_dev import CONTENDERS, VAL, Setting, verdict
+from studies.selection.development import CONTENDERS, VAL, Setting, verdict
 
 
 def setting(name: str, means: dict[str, float], spread: float = 0.5) -> Setting:
@@ -47,7 +47,7 @@ def test_a_setting_is_read_from_the_device_only_when_all_its_cells_finished_ther
 
     from sim.presets import load_preset
     from sim.results import CellResult
-    from sim.selection_dev import merge_machines, setting_key
+    from studies.selection.development import merge_machines, setting_key
 
     # Prepare: the real grid; the CPU has every cell, the device every MNIST alpha 0.01 cell
     # (clean) and all but one MNIST alpha 0.1 cell
@@ -75,7 +75,7 @@ def test_a_setting_is_read_from_the_device_only_when_all_its_cells_finished_ther
 
 def test_top_share_is_the_most_selected_clients_count_over_a_uniform_draws() -> None:
     from sim.results import CellResult
-    from sim.selection_dev import distinct_share, top_share
+    from studies.selection.development import distinct_share, top_share
 
     # Prepare: 4 clients, 3 rounds of 2; client 0 every round (3 of 6 selections)
     rounds = [{"round": 0}, {"round": 1, "selected": [0, 1]}, {"round": 2, "selected": [0, 2]},
@@ -90,7 +90,7 @@ def test_when_none_is_eligible_the_fewest_failures_then_the_higher_mean_is_adopt
     # Prepare: in setting b every contender is below random selection and the best peer (two
     # failures each; random itself is below the best peer in both settings); in a, Algorithm 2
     # leads posterior-phi by 0.1, so their means differ by 0.05
-    from sim.selection_dev import mean_vals
+    from studies.selection.development import mean_vals
 
     base = {"poc-d20": 80.5, "poc-d50": 80.0, "oort-x0.3": 79.0, "oort-x0.1": 78.0,
             "fedowen-random": 79.5}

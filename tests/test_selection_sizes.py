@@ -1,4 +1,4 @@
-"""sim.selection_sizes: does a sweep's selection favour clients with more examples?"""
+"""studies.ablation.selection_sizes: does a sweep's selection favour clients with more examples?"""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.selection_sizes import selection_counts, size_bias
+from studies.ablation.selection_sizes import selection_counts, size_bias
 
 
 def test_size_bias_by_hand() -> None:

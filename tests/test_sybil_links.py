@@ -1,8 +1,8 @@
-"""Sybil links measured from round records (sim.sybil_links)."""
+"""Sybil links measured from round records (studies.adversarial.sybil_links)."""
 
 from __future__ import annotations
 
-from sim.sybil_links import link_counts, pair_cosines
+from studies.adversarial.sybil_links import link_counts, pair_cosines
 
 ADV = frozenset({"7", "8"})
 # returned 1, 7, 2, 8: pairs (1,7) (1,2) (1,8) (7,2) (7,8) (2,8)

@@ -1,5 +1,5 @@
-"""The confirmation's tuning (sim.confirmation): picked by validation accuracy, never test;
-its table on the confirmation page per setting."""
+"""The confirmation's tuning (studies.confirmation.tuning, studies.confirmation.pages): picked
+by validation accuracy, never test; its table on the confirmation page per setting."""
 
 from __future__ import annotations
 
@@ -132,10 +132,10 @@ def test_the_second_confirmations_tuning_is_what_its_protocol_says() -> None:
     # candidates each on seeds 50-51 and the validation split; the selectors tuned per family
     # exactly where the selection development grid did not cover the setting
     from server_app.evaluation import evaluated
-    from sim.hypotheses import ENDPOINT_ROUNDS
     from sim.presets import load_preset
-    from sim.protocol import SECOND_PRESET_PREFIX, TUNING_SEEDS
-    from sim.tuning import BETTER_OF
+    from studies.confirmation.hypotheses import ENDPOINT_ROUNDS
+    from studies.confirmation.protocol import SECOND_PRESET_PREFIX, TUNING_SEEDS
+    from studies.confirmation.tuning import BETTER_OF
 
     root = Path(__file__).resolve().parents[1]
     dev = load_preset(root / "conf" / "selection-dev.toml")
@@ -198,7 +198,7 @@ def test_the_confirmation_arms_carry_the_committed_tuning_picks() -> None:
 
 def test_the_tuning_table_picks_per_setting(tmp_path: Path) -> None:
     # Prepare: a second-study tuning CSV with two settings whose picks differ
-    from sim.confirmation import tuning_summary
+    from studies.confirmation.pages import tuning_summary
 
     folder = tmp_path / "confirm2-mnist"
     folder.mkdir()

@@ -1,4 +1,5 @@
-"""sim.writer_coverage: the favoured / neglected writers and the accuracy per group."""
+"""studies.selection.writer_coverage: the favoured / neglected writers and the accuracy per
+group."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import numpy as np
 
-from sim.writer_coverage import group_accuracy, quartile_writers
+from studies.selection.writer_coverage import group_accuracy, quartile_writers
 
 
 def test_quartile_writers_take_the_most_and_least_selected_clients() -> None:

@@ -10,7 +10,8 @@ paired against the reference arm's clean runs. The development presets' rule
 points in every dataset; of those, the one of the higher mean clean validation accuracy goes
 on. Test accuracy is reported, never used.
 
-    python -m sim.backdoor conf/backdoor-dev.toml --results RESULTS --out DIR [--reference fedowen]
+    python -m studies.backdoor.attack_success conf/backdoor-dev.toml --results RESULTS \\
+        --out DIR [--reference fedowen]
 
 writes ``attack-success.md``, ``attack-success-cells.csv`` (one row per finished cell),
 ``attack-success-rounds.csv.gz`` (ASR and test accuracy per round of every attacked cell) and
@@ -29,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from sim.attack_costs import attack_name, attacked
 from sim.compact import open_csv, save_png
 from sim.grid import Preset
 from sim.presets import load_preset
 from sim.results import LAST_K, CellResult, load_results
 from sim.sections import Part
 from sim.stats import Interval, mean_interval, paired_interval
+from studies.adversarial.attack_costs import attack_name, attacked
 
 ASR_BAR, COST_BAR = 5.0, -2.0
 
@@ -210,7 +211,7 @@ def attack_success_section(preset: Preset, res: dict[str, CellResult], out: Path
     files = write_cells(preset, res, out, reference)
     return Part(["## Attack success", "", "Backdoor cells: attack success per seed and clean "
                  f"cost against `{reference}` in [attack-success.md](attack-success.md) "
-                 "(`python -m sim.backdoor`).", ""], files=files)
+                 "(`python -m studies.backdoor.attack_success`).", ""], files=files)
 
 
 def write(preset_path: Path, results: Path, out: Path, reference: str) -> list[Path]:

@@ -7,7 +7,7 @@ aggregation weight per round. Plots: accuracy vs round (mean, light 95% CI band)
 weight vs round, one panel per column point. ``<grid>-rounds.csv.gz`` holds every cell's per-round
 data so the plots can be redrawn without the raw results; ``<grid>-summary.csv`` the numbers of
 the tables (per variant, column and metric: seeds' values, mean and CI, paired difference and
-CI). The cells' data and those files are :mod:`sim.ablation_data`'s; the tables, close calls and
+CI). The cells' data and those files are :mod:`studies.ablation.data`'s; the tables, close calls and
 the report's sections are here.
 """
 
@@ -18,7 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from sim.ablation_data import (
+from sim.compact import ROUNDS_SUFFIX
+from sim.grid import Grid, Preset
+from sim.results import LAST_K, CellResult, paper_value, point_label
+from sim.sections import Part
+from sim.stats import Interval
+from studies.ablation.data import (
     AblationData,
     max_weights,
     plot_ablation,
@@ -26,11 +31,6 @@ from sim.ablation_data import (
     write_rounds_csv,
     write_summary_csv,
 )
-from sim.compact import ROUNDS_SUFFIX
-from sim.grid import Grid, Preset
-from sim.results import LAST_K, CellResult, paper_value, point_label
-from sim.sections import Part
-from sim.stats import Interval
 
 #: Two rows whose mean final accuracies lie this close (points) are a close call, which
 #: deserves :data:`CLOSE_SEEDS` seeds (issue 17: "5 where two defences are within 2 points").

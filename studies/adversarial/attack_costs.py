@@ -17,7 +17,7 @@ defence, attack), over seeds:
   ``overpaid`` counts the seeds whose attacker was paid above an honest client (ratio > 1),
   ``attack_paid`` those of them paid above what the same identities earn honestly.
 
-    python -m sim.attack_costs conf/arena2-mnist.toml --results RESULTS [--out DIR]
+    python -m studies.adversarial.attack_costs conf/arena2-mnist.toml --results RESULTS [--out DIR]
 
 writes ``attack-costs.csv`` (one row per seed and cell), ``attack-costs.md`` and
 ``attack-costs.png`` (the loss with its interval, one panel per setting).
@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from sim.adversary_stats import cell_adversaries, ledger_stats
 from sim.compact import save_png
 from sim.grid import app_config
 from sim.presets import load_preset
 from sim.results import CellResult, load_results
 from sim.stats import Interval, mean_interval
+from studies.adversarial.adversary_stats import cell_adversaries, ledger_stats
 
 ADVERSARY_KEYS = ("adversary-kind", "adversary-fraction", "krum-malicious")
 #: Keys that name a setting (a panel): everything else but the seed and the defence.

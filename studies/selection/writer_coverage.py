@@ -14,8 +14,9 @@ the grid's endpoint the mean of rounds 96-100, so the two differ by a round's no
 the cells' ``final_model.pt``, which the committed archives do not hold (they keep configs,
 code records and per-round rows): from a fresh clone, rerun the grid's cells first.
 
-    python -m sim.writer_coverage conf/selection-dev.toml --results results/selection-dev \\
-        --grid femnist --reference posterior-phi --out docs/results/selection-dev
+    python -m studies.selection.writer_coverage conf/selection-dev.toml \\
+        --results results/selection-dev --grid femnist --reference posterior-phi \\
+        --out docs/results/selection-dev
 
 writes ``writer-coverage-<reference>.csv`` (one row per cell) and ``.md`` (per arm: mean and
 paired 95% CI against random selection, per group).
@@ -35,8 +36,8 @@ from numpy.typing import NDArray
 
 from sim.presets import load_preset
 from sim.results import CellResult, load_results
-from sim.selection_dev import RANDOM, selections
 from sim.stats import paired_interval
+from studies.selection.development import RANDOM, selections
 
 GROUPS = ("all", "federation", "others", "favoured", "neglected")
 
@@ -128,7 +129,8 @@ def markdown(rows: Sequence[dict[str, Any]], grid: str, reference: str) -> str:
         for g in GROUPS:
             by_arm.setdefault(row["arm"], {}).setdefault(g, {})[row["seed"]] = row[g]
     lines = [f"# Writer coverage: {grid}, groups by {reference}'s selection counts",
-             "", "Final-model test accuracy (%) per group of writers (sim/writer_coverage.py; "
+             "", "Final-model test accuracy (%) per group of writers "
+             "(studies/selection/writer_coverage.py; "
              "exploratory, read after the fact). `favoured` / `neglected`: writers of the "
              f"clients in the top / bottom quartile of {reference}'s selection counts in the "
              "same seed; every arm on the same images. Each cell: mean, then the paired "
@@ -147,7 +149,8 @@ def markdown(rows: Sequence[dict[str, Any]], grid: str, reference: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim.writer_coverage", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m studies.selection.writer_coverage",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("preset", type=Path)
     parser.add_argument("--results", type=Path, required=True)

@@ -14,7 +14,8 @@ upper triangle in the order of ``returned``) and the groups it linked at ``link-
 * the catch rate: adversary client-rounds linked, over those in rounds where two or more
   adversaries returned.
 
-    python -m sim.sybil_links conf/defaults-dev-mnist.toml --results RESULTS [--out DIR]
+    python -m studies.adversarial.sybil_links conf/defaults-dev-mnist.toml --results RESULTS \\
+        [--out DIR]
 
 writes ``sybil-links.csv`` (one row per cell), ``sybil-links.md`` and ``sybil-links.png``
 (the pooled honest and adversarial cosines, the thresholds in force).
@@ -33,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from fedowen_strategy.payouts import client_values, payouts
-from sim.adversary_stats import cell_adversaries
 from sim.compact import save_png
 from sim.presets import load_preset
 from sim.results import CellResult, load_results
+from studies.adversarial.adversary_stats import cell_adversaries
 
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 THRESHOLDS = (0.9, 0.95, 0.97, 0.98, 0.99)

@@ -1,7 +1,7 @@
 """The confirmations' fixed points: their seeds, preset prefixes and the protocol's arms.
 
 A protocol names every arm x setting by the hash of its full resolved run config
-(``docs/<study>/arms.json``, written by ``python -m sim.confirmation arms``); every cell
+(``docs/<study>/arms.json``, written by ``python -m studies.confirmation.pages arms``); every cell
 records its config and the commit it ran, and :func:`check_cells` compares the two
 (:func:`check_presets`: over the cells of a results folder, or those a fresh clone holds).
 """
@@ -151,7 +151,7 @@ def check_cells(arms: list[dict[str, Any]], preset: Preset, results: Path) -> li
 
 def check_presets(presets: list[Any], arms: list[dict[str, Any]], root: Path,
                   results: Path | None, committed: bool) -> tuple[list[str], dict[str, int]]:
-    """:func:`sim.protocol.check_cells` over each preset's confirmation cells: those under
+    """:func:`check_cells` over each preset's confirmation cells: those under
     ``results`` (default ``results/<preset>``), or with ``committed`` those a fresh clone
     holds (``archives/<preset>/`` restored and ``docs/results/<preset>/``'s rows carried into
     a temporary folder); and how many cells were checked, carried without records, absent."""

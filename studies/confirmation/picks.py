@@ -6,12 +6,12 @@ FedAvgM and FedProx (``fedavg-tuned``), and the better selector, which comes fro
 development grid where it covered the setting (its tuned peers and best peer, seeds 0-4) and from
 the preset's ``tune-poc`` / ``tune-oort`` grids elsewhere. Test accuracy is never read.
 
-    python -m sim.confirm2_picks --tuning-results ../runs --selection-results \\
+    python -m studies.confirmation.picks --tuning-results ../runs --selection-results \\
         ../runs/sel-da280a4/results/selection-dev --out docs/confirmation2
 
 reads ``<tuning-results>/confirm2-<dataset>/`` and writes ``picks.md`` (every pick with its
-score and source); once every setting has every pick, ``picks.json`` (what
-``python -m sim.confirmation report --study second`` reads); and for each dataset whose picks
+score and source); once every setting has every pick, ``picks.json`` (what ``python -m
+studies.confirmation.pages report --study second`` reads); and for each dataset whose picks
 are complete ``confirm-<dataset>.toml``: its arms and ``confirm`` grid (per-setting picks as the
 grid's ``overrides``) to append to ``conf/confirm2/<dataset>.toml`` in the protocol commit.
 """
@@ -24,17 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.attack_costs import attacked
 from sim.grid import Preset
 from sim.presets import load_preset
-from sim.protocol import SECOND_PRESET_PREFIX
 from sim.results import CellResult, grid_points, load_results, point_label
-from sim.selection_dev import PEERS, setting_key, settings
-from sim.tuning import BETTER_OF, family_pick
+from studies.adversarial.attack_costs import attacked
+from studies.confirmation.protocol import SECOND_PRESET_PREFIX
+from studies.confirmation.tuning import BETTER_OF, family_pick
+from studies.selection.development import PEERS, setting_key, settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The confirm grid's arm each tuned selector family's pick becomes (selection-dev's PEERS use
-#: the arm names), and the selector group's key in picks.json (sim.hypotheses.SECOND).
+#: the arm names), and the selector group's key in picks.json
+#: (studies.confirmation.hypotheses.SECOND).
 FAMILY_ARM = {"tune-poc": "power-of-choice", "tune-oort": "oort"}
 SELECTOR_KEY = "power-of-choice+oort"
 
@@ -77,7 +78,7 @@ def selection_picks(dev_preset: Preset, res: dict[str, CellResult]
 
 
 def _dev_setting(name: str) -> tuple[str, str]:
-    """A selection-dev setting name (:func:`sim.selection_dev.setting_key`, ``mnist
+    """A selection-dev setting name (:func:`studies.selection.development.setting_key`, ``mnist
     alpha=0.01`` or ``femnist``) as ``(dataset, confirm grid column label)``."""
     dataset, _, alpha = name.partition(" ")
     return dataset, alpha or "all"
@@ -140,7 +141,8 @@ def write(picks: dict[str, dict[str, dict[str, Any]]], out: Path) -> list[Path]:
     md = ["# The second confirmation's picks", "",
           "Each family's pick on the validation split (mean of rounds 96-100 over its seeds), "
           "where it comes from, and the arm it becomes (docs/confirmation2/PROTOCOL.md "
-          "section 4). Written by `python -m sim.confirm2_picks`; test accuracy is not read.",
+          "section 4). Written by `python -m studies.confirmation.picks`; test accuracy is not "
+          "read.",
           "", "| dataset | setting | arm | pick | validation (%) | from |",
           "|---|---|---|---|---|---|"]
     complete = True
@@ -211,7 +213,8 @@ def confirm_block(preset: Preset, by_setting: dict[str, dict[str, Any]], seeds: 
         return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
 
     lines = [f"# The second confirmation's arms and grid for {preset.name}, written by",
-             "# python -m sim.confirm2_picks from the picks in docs/confirmation2/picks.md.", ""]
+             "# python -m studies.confirmation.picks from the picks in "
+             "docs/confirmation2/picks.md.", ""]
     shipped = {"selection": defaults.choices().selection}
     for arm in ARMS:
         keys = FIXED_ARMS.get(arm) if arm in FIXED_ARMS else full(chosen[arm][0], arm)
@@ -244,7 +247,7 @@ def confirm_block(preset: Preset, by_setting: dict[str, dict[str, Any]], seeds: 
 def write_blocks(picks: dict[str, dict[str, dict[str, Any]]], out: Path) -> list[Path]:
     """``confirm-<dataset>.toml`` (:func:`confirm_block`) for every dataset whose settings all
     have every pick."""
-    from sim.protocol import SECOND_CONFIRMATION_SEEDS
+    from studies.confirmation.protocol import SECOND_CONFIRMATION_SEEDS
 
     dev = load_preset(ROOT / "conf" / "selection-dev.toml")
     paths = []

@@ -1,5 +1,5 @@
-"""``python -m sim.selection_sizes RESULTS_DIR [--out CSV]``: do a sweep's selections favour
-clients with more (or fewer) examples?
+"""``python -m studies.ablation.selection_sizes RESULTS_DIR [--out CSV]``: do a sweep's
+selections favour clients with more (or fewer) examples?
 
 A selection rule that prefers data-rich clients could explain an accuracy gain without any
 valuation (sampling by size needs none), so the ablation reports this beside accuracy. Per
@@ -101,7 +101,8 @@ def sweep_bias(results: Path, num_clients: int, data_dir: str | None = None) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim.selection_sizes", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m studies.ablation.selection_sizes",
+                                 description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path, help="a sweep's results dir (one subdir per run)")
     ap.add_argument("--num-clients", type=int, default=100)

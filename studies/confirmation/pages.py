@@ -2,11 +2,12 @@
 
 The confirmation itself is an ``ablation`` grid called ``confirm`` in each dataset's preset
 (reference: ``fedowen``); its report's ``confirm-rounds.csv.gz`` is committed, and
-``python -m sim.confirmation report [--study second]`` reads those CSVs alone to write
+``python -m studies.confirmation.pages report [--study second]`` reads those CSVs alone to write
 ``docs/confirmation.md`` (``docs/confirmation2.md``): every primary and secondary hypothesis
-(:mod:`sim.hypotheses`: paired t and Wilcoxon over the confirmation seeds, Holm within each
-family, the decision), the per-dataset verdicts, every arm's endpoint and the tuning tables
-(:mod:`sim.tuning`). The protocol's arms and the cells' check are :mod:`sim.protocol`'s.
+(:mod:`studies.confirmation.hypotheses`: paired t and Wilcoxon over the confirmation seeds, Holm
+within each family, the decision), the per-dataset verdicts, every arm's endpoint and the tuning
+tables (:mod:`studies.confirmation.tuning`). The protocol's arms and the cells' check are
+:mod:`studies.confirmation.protocol`'s.
 """
 
 from __future__ import annotations
@@ -18,13 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.compact import rounds_file
-from sim.confirmation_sections import (
-    arm_endpoints,
-    dataset_verdicts,
-    deviations,
-    tuning_summary,
-)
-from sim.hypotheses import (
+from studies.confirmation.hypotheses import (
     ENDPOINT_ROUNDS,
     FIRST,
     HYPOTHESIS_FIELDS,
@@ -36,8 +31,8 @@ from sim.hypotheses import (
     hypothesis_rows,
     read_endpoints,
 )
-from sim.protocol import CONFIRM_GRID, PRESET_PREFIX, check_presets, protocol_arms
-from sim.robustness import (
+from studies.confirmation.protocol import CONFIRM_GRID, PRESET_PREFIX, check_presets, protocol_arms
+from studies.confirmation.robustness import (
     Key,
     keyed,
     nonparametric_note,
@@ -45,7 +40,13 @@ from sim.robustness import (
     robustness_text,
     seed_flips,
 )
-from sim.tuning import _write_csv
+from studies.confirmation.tables import (
+    arm_endpoints,
+    dataset_verdicts,
+    deviations,
+    tuning_summary,
+)
+from studies.confirmation.tuning import _write_csv
 
 #: Departures from the protocol, by hand, beside it (docs/confirmation/deviations.md).
 DEVIATIONS = "deviations.md"
@@ -147,7 +148,7 @@ def write_confirmation(results_root: Path, out_md: Path, out_csv: Path,
     md = [f"# {study.title}", "",
           "The protocol, committed before the first confirmation cell: "
           f"[{study.folder}/PROTOCOL.md]({study.folder}/PROTOCOL.md). Regenerate this page from "
-          "the committed per-round CSVs with `python -m sim.confirmation report"
+          "the committed per-round CSVs with `python -m studies.confirmation.pages report"
           + ("" if study is FIRST else f" --study {_name(study)}") + "`.", "",
           hypotheses_md, *deviations(folder / DEVIATIONS),
           *tuning_summary(results_root, study.prefix), "## Accuracy per round", ""]
@@ -166,9 +167,9 @@ def _name(study: Study) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m sim.confirmation``."""
+    """The command line of ``python -m studies.confirmation.pages``."""
     parser = argparse.ArgumentParser(
-        prog="python -m sim.confirmation",
+        prog="python -m studies.confirmation.pages",
         description="report: regenerate docs/confirmation.md (hypotheses with Holm's "
                     "correction, tuning tables, plots) from the committed per-round CSVs. "
                     "arms: write every arm's full resolved run config and hash (the "
@@ -197,7 +198,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from sim.presets import PresetError, load_preset
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     parser = _parser()
     args = parser.parse_intermixed_args(argv)  # options before or after the presets
     study = STUDIES[args.study]

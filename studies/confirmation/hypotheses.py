@@ -5,7 +5,7 @@ hypotheses (:class:`Against`: one arm, or one of a group by the protocol's rule)
 presets' prefix. :func:`read_endpoints` reads each arm's endpoint per seed from a committed
 per-round CSV; :func:`compare` tests every hypothesis (paired t and Wilcoxon over the seeds,
 Holm within each family) into :class:`Comparison` rows with their decision; :func:`verdict`
-is one dataset's. The page that shows them is :mod:`sim.confirmation`'s.
+is one dataset's. The page that shows them is :mod:`studies.confirmation.pages`'s.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from sim.compact import open_csv
-from sim.protocol import (
+from sim.stats import PairedTest, holm, paired_test
+from studies.confirmation.protocol import (
     CONFIRMATION_SEEDS,
     PRESET_PREFIX,
     SECOND_CONFIRMATION_SEEDS,
     SECOND_PRESET_PREFIX,
 )
-from sim.stats import PairedTest, holm, paired_test
 
 #: The arm every hypothesis is about.
 REFERENCE = "fedowen"
@@ -176,7 +176,7 @@ def _mean(values: dict[int, float]) -> float:
 
 def hypothesis_rows(comparisons: list[Comparison]) -> list[dict[str, Any]]:
     """The comparisons as CSV rows (4 decimals: the report's own precision); the robustness
-    fields are :mod:`sim.robustness`'s."""
+    fields are :mod:`studies.confirmation.robustness`'s."""
     def num(x: float) -> str:
         return "" if math.isnan(x) else f"{x:.4f}"
 

@@ -8,8 +8,8 @@ picked on validation accuracy, each contender's eligibility (never below random 
 the best peer beyond the paired interval, no attacked run collapsed), and the contender it
 adopts. Test accuracy is reported, never used.
 
-    python -m sim.selection_dev conf/selection-dev.toml --results results/selection-dev \\
-        --out docs/results/selection-dev
+    python -m studies.selection.development conf/selection-dev.toml \\
+        --results results/selection-dev --out docs/results/selection-dev
 
 writes ``selection.md``, ``selection-arms.csv`` (one row per setting and arm),
 ``selection-seeds.csv`` (one row per finished cell) and ``selection-val.png``. With
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.attack_costs import attacked, collapsed
 from sim.grid import Cell, Preset
 from sim.presets import load_preset
 from sim.results import LAST_K, CellResult, load_results
 from sim.stats import Interval, mean_interval, paired_interval
+from studies.adversarial.attack_costs import attacked, collapsed
 
 #: The peers' tuning candidates, by family (equal weights).
 PEERS = {"power-of-choice": ("poc-d20", "poc-d50"), "oort": ("oort-x0.3", "oort-x0.1")}

@@ -24,14 +24,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from sim.collapse import collapsed, floor_text
 from sim.compact import ROUNDS_SUFFIX, open_csv, save_png
 from sim.grid import Grid, Preset, expand_grid
 from sim.plots import mean_curve
-from sim.protocol import SECOND_PRESET_PREFIX
 from sim.results import LAST_K, CellResult, grid_points, matches_point
 from sim.sections import Part
 from sim.stats import Interval, mean_interval
+from studies.confirmation.collapse import collapsed, floor_text
+from studies.confirmation.protocol import SECOND_PRESET_PREFIX
 
 VAL = "val_accuracy"
 

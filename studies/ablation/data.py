@@ -4,7 +4,7 @@
 rounds, largest weight, round costs); the report's files are drawn from it: accuracy and
 largest-weight plots (one panel per column point), ``<grid>-rounds.csv.gz`` (every cell's
 per-round data, so the plots can be redrawn without the raw results) and ``<grid>-summary.csv``
-(the tables' numbers). The tables themselves are :mod:`sim.ablation`'s.
+(the tables' numbers). The tables themselves are :mod:`studies.ablation.report`'s.
 """
 
 from __future__ import annotations

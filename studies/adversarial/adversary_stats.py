@@ -4,7 +4,8 @@ of aggregation weight per round, and what the payout ledger pays them.
 Which partitions are adversarial is a pure function of (num-supernodes, adversary-fraction,
 seed) (:meth:`fedowen_task.adversary.keys.AdversaryConfig.ids`), so everything here is
 computed from a cell's ``rounds.jsonl``: per round, ``returned`` (partition ids that trained),
-``phi`` and ``weights``. :mod:`sim.adversarial` turns these into the report's tables and plots.
+``phi`` and ``weights``. :mod:`studies.adversarial.report` turns these into the report's tables
+and plots.
 """
 
 from __future__ import annotations

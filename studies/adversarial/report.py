@@ -1,6 +1,6 @@
 """Report of ``adversarial`` grids: accuracy under attack, and how FedOwen treats adversaries.
 
-From the statistics of :mod:`sim.adversary_stats`, per FedOwen cell we report
+From the statistics of :mod:`studies.adversarial.adversary_stats`, per FedOwen cell we report
 
 - the adversaries' mean *rank percentile* of phi within their round (0 = highest phi of the
   round, 1 = lowest) beside the honest clients' (0.5 = indistinguishable);
@@ -28,11 +28,16 @@ import numpy as np
 
 from fedowen_strategy.round.round_valuers import NO_PHI
 from fedowen_task.config import TaskConfig
-from sim.adversary_stats import SERIES_KEYS, cell_series, ledger_stats, moving_average
 from sim.compact import open_csv, save_png
 from sim.grid import Preset, app_config, expand_grid
 from sim.results import CellResult, Stat, markdown_table
 from sim.sections import Part
+from studies.adversarial.adversary_stats import (
+    SERIES_KEYS,
+    cell_series,
+    ledger_stats,
+    moving_average,
+)
 
 COLS = ("adversary-kind", "adversary-fraction")
 DEFAULTS = {"adversary-kind": TaskConfig.adversary_kind,

@@ -2,18 +2,18 @@
 
 Reported beside the decisions, never deciding (the verdict rule is the protocol's). For every
 seed of the study, :func:`seed_flips` drops that seed from every arm of every dataset, tests
-every hypothesis again with Holm over the same family (:func:`sim.hypotheses.compare`) and
-notes where a decision changes; :func:`robustness_text` is the page's cell. The note of
-:func:`nonparametric_note` says why no exact rank test can pass the strictest Holm step with
-the study's seeds.
+every hypothesis again with Holm over the same family
+(:func:`studies.confirmation.hypotheses.compare`) and notes where a decision changes;
+:func:`robustness_text` is the page's cell. The note of :func:`nonparametric_note` says why no
+exact rank test can pass the strictest Holm step with the study's seeds.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sim.hypotheses import LEVEL, Comparison, Endpoints, Study, compare
 from sim.stats import seeds_for_holm, smallest_exact_p
+from studies.confirmation.hypotheses import LEVEL, Comparison, Endpoints, Study, compare
 
 #: A hypothesis's place: family, dataset, setting and its index among that setting's family.
 Key = tuple[str, str, str, int]

@@ -1,6 +1,6 @@
 """The confirmation pages' tables beside the hypotheses (issues 28, 46 and 60): the verdict per
 dataset, every arm's endpoint with its collapsed seeds marked, the tuning candidates and the
-deviations. :mod:`sim.confirmation` assembles the page from them.
+deviations. :mod:`studies.confirmation.pages` assembles the page from them.
 """
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from sim.collapse import collapsed, floor_text
-from sim.hypotheses import FIRST, Comparison, Study, verdict
-from sim.protocol import PRESET_PREFIX
 from sim.results import point_label
+from studies.confirmation.collapse import collapsed, floor_text
+from studies.confirmation.hypotheses import FIRST, Comparison, Study, verdict
+from studies.confirmation.protocol import PRESET_PREFIX
 
 
 def dataset_verdicts(comparisons: list[Comparison], expected: set[tuple[str, str]],
@@ -44,7 +44,8 @@ def dataset_verdicts(comparisons: list[Comparison], expected: set[tuple[str, str
 def arm_endpoints(endpoints: dict[str, dict[tuple[str, str], dict[int, float]]],
                   study: Study | None = None) -> list[str]:
     """The every-arm section: per dataset and setting, each arm's mean endpoint over the seeds
-    present and its lowest seed, in bold where a seed collapsed (:func:`sim.collapse.collapsed`:
+    present and its lowest seed, in bold where a seed collapsed
+    (:func:`studies.confirmation.collapse.collapsed`:
     below 20% or at the test split's majority-class rate), so a hypothesis won against a
     broken baseline is seen as one."""
     arms = (study or FIRST).arms()
