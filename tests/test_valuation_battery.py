@@ -239,6 +239,7 @@ def test_too_small_budget_is_a_clear_error(method: str) -> None:
         ("owen", {"sampler": "flip", "eta": 0.1}, "sampler='walk' only"),
         ("owen-paper", {"levels": 0}, "levels"),
         ("gtg-shapley", {"eps": -1.0}, "eps must be"),
+        ("gtg-greedyfed", {"eps": -1.0}, "eps must be"),
         ("weighted-shap", {"alpha": 0.0}, "alpha and beta"),
         ("svarm", {"proposal": "cubic"}, "proposal must be one of"),
         ("kernel-shap", {"proposal": "cubic"}, "proposal must be one of"),
@@ -267,8 +268,8 @@ def test_seed_must_be_int_or_generator() -> None:
 def test_registered_names_are_exactly_the_contract() -> None:
     assert set(ESTIMATORS) == {
         "exact", "owen", "owen-antithetic", "owen-paper", "mc-shapley", "gtg-shapley",
-        "banzhaf", "weighted-shap", "loo", "svarm", "kernel-shap", "leverage-shap", "kadd-shap",
-        "first-order",
+        "gtg-greedyfed", "banzhaf", "weighted-shap", "loo", "svarm", "kernel-shap",
+        "leverage-shap", "kadd-shap", "first-order",
     }
     assert [m for m, spec in ESTIMATORS.items() if spec.uses_first_order] == ["first-order"]
 

@@ -31,6 +31,7 @@ owen-antithetic Shapley value, antithetic walks exact [1]    expect.   exact    
 owen-paper      Paper's Alg. 1 (fixed q grid)   no           expect.   exact        no
 mc-shapley      Shapley value (permutations)    exact        expect.   exact        yes
 gtg-shapley     Shapley value, truncated        ~ [3]        expect.   exact        no [3]
+gtg-greedyfed   the same, GreedyFed's stopping  ~ [3]        expect.   exact [10]   no [3]
 banzhaf         Banzhaf value (MSR)             no           expect.   expect.      yes [4]
 weighted-shap   Beta(alpha, beta) semivalue     no [5]       expect.   exact        yes [4]
 loo             leave-one-out                   no           exact     exact        (exact)
@@ -63,13 +64,17 @@ first-order     first-order terms (1 gradient)  no           [9]       exact    
     games whose smooth extension is quadratic; biased by the third and higher order terms.
     Symmetric players get equal values when the extension is symmetric in them too (equal
     weighted updates in the delta game).
+[10] ``gtg-greedyfed`` (:mod:`~fedowen_strategy.valuation.gtg`): GTG-Shapley's sweeps, both
+    truncations at ``eps = 1e-4`` and GreedyFed's convergence rule (about 20 permutations);
+    a round whose gain ``|nu(N) - nu(empty)|`` is below ``eps`` is not valued and every player,
+    a null player too, gets ``1e-9``.
 
 References: Owen (1972); Okhrati and Lipani (2021); Castro et al. (2009); Liu et al. (2022,
-GTG-Shapley); Wang and Jia (2023, Data Banzhaf); Kwon and Zou (2022, Beta Shapley /
-WeightedSHAP); Kolpaczki et al. (2024, Stratified SVARM); Lundberg and Lee (2017) and Covert
-and Lee (2021, KernelSHAP); Musco and Witter (2025, Leverage SHAP); Pelegrina et al. (2023,
-kADD-SHAP). See docs/valuation.md for the benchmarks (docs/valuation-reference.md for the
-reference games).
+GTG-Shapley); Singhal et al. (2024, GreedyFed); Wang and Jia (2023, Data Banzhaf); Kwon and
+Zou (2022, Beta Shapley / WeightedSHAP); Kolpaczki et al. (2024, Stratified SVARM); Lundberg
+and Lee (2017) and Covert and Lee (2021, KernelSHAP); Musco and Witter (2025, Leverage SHAP);
+Pelegrina et al. (2023, kADD-SHAP). See docs/valuation.md for the benchmarks
+(docs/valuation-reference.md for the reference games).
 """
 
 from __future__ import annotations

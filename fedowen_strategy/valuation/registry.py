@@ -14,6 +14,7 @@ from fedowen_strategy.valuation._base import CachedGame, FloatArray, Utility, Va
 from fedowen_strategy.valuation.banzhaf import banzhaf
 from fedowen_strategy.valuation.exact import MAX_PLAYERS, exact
 from fedowen_strategy.valuation.first_order import first_order
+from fedowen_strategy.valuation.gtg import gtg_greedyfed
 from fedowen_strategy.valuation.owen import antithetic_min_budget, owen, owen_antithetic
 from fedowen_strategy.valuation.owen_paper import owen_paper
 from fedowen_strategy.valuation.permutation import gtg_shapley, loo, mc_shapley, weighted_shap
@@ -68,6 +69,8 @@ ESTIMATORS: Mapping[str, EstimatorSpec] = MappingProxyType(
             EstimatorSpec("owen-paper", owen_paper, lambda n: 2, "nu(empty) and nu(N)"),
             EstimatorSpec("mc-shapley", mc_shapley, _walk_min, "nu(empty), nu(N), one walk"),
             EstimatorSpec("gtg-shapley", gtg_shapley, _walk_min, "nu(empty), nu(N), one walk"),
+            EstimatorSpec("gtg-greedyfed", gtg_greedyfed, _walk_min,
+                          "nu(empty), nu(N), one walk"),
             EstimatorSpec("banzhaf", banzhaf, lambda n: 4, "nu(empty), nu(N) and two subsets"),
             EstimatorSpec("weighted-shap", weighted_shap, _walk_min, "nu(empty), nu(N), one walk"),
             EstimatorSpec("loo", loo, _loo_min, "nu(empty), nu(N) and the n leave-one-out "
@@ -144,8 +147,9 @@ def estimate(
     ----------
     method : str
         One of ``ESTIMATORS`` (``exact``, ``owen``, ``owen-antithetic``, ``owen-paper``,
-        ``mc-shapley``, ``gtg-shapley``, ``banzhaf``, ``weighted-shap``, ``loo``, ``svarm``,
-        ``kernel-shap``, ``leverage-shap``, ``kadd-shap``, ``first-order``).
+        ``mc-shapley``, ``gtg-shapley``, ``gtg-greedyfed``, ``banzhaf``, ``weighted-shap``,
+        ``loo``, ``svarm``, ``kernel-shap``, ``leverage-shap``, ``kadd-shap``,
+        ``first-order``).
     utility : callable
         ``utility(masks) -> values`` with ``masks`` a boolean ``(k, n)`` array and ``values``
         ``k`` floats. Called with batches; never with a coalition already evaluated in this call.
