@@ -19,6 +19,7 @@ import numpy as np
 
 from fedowen_strategy.selectors.adaptive import Adaptive, AdaptiveSettings
 from fedowen_strategy.selectors.base import Selector, SelectorSettings
+from fedowen_strategy.selectors.greedyfed import GreedyFed, GreedyFedSettings
 from fedowen_strategy.selectors.oort import Oort, OortSettings
 from fedowen_strategy.selectors.posterior import Posterior, PosteriorSettings
 from fedowen_strategy.selectors.power_of_choice import PowerOfChoice, PowerOfChoiceSettings
@@ -53,6 +54,7 @@ SELECTORS = MappingProxyType({spec.name: spec for spec in (
     SelectorSpec("screened", Screened, ScreenedSettings, needs_phi=True),
     SelectorSpec("power-of-choice", PowerOfChoice, PowerOfChoiceSettings),
     SelectorSpec("oort", Oort, OortSettings),
+    SelectorSpec("greedyfed", GreedyFed, GreedyFedSettings, needs_phi=True),
 )})
 #: What ``selection = "auto"`` means: Algorithm 2 when the valuation computes phi, FedAvg's
 #: uniform selection when it does not.
