@@ -67,7 +67,9 @@ class GreedyFedSettings(SelectorSettings):
 
 class GreedyFed(Selector):
     """Round-robin until every client of the pool has a value, then the ``k`` of highest
-    cumulative value; records its phase and its own seconds."""
+    cumulative value. Its round record (``selection``): ``how`` (the phase), ``unvalued``
+    (the pool's never-valued clients), ``choose_seconds`` and ``observe_seconds`` (its own
+    compute: this choice, and the observation of the round before)."""
 
     def __init__(self, settings: GreedyFedSettings) -> None:
         self.settings = settings
