@@ -7,7 +7,8 @@ data; default: the run config's ``data-dir``, else the rule of
 :func:`fedowen_task.data.resolve_data_dir`) and ``device`` (where it trains; default: the run
 config's ``device``, ``auto``: its GPU where it has one). The reply carries the trained weights,
 ``num-examples``, ``train-loss`` and the client id (in ConfigRecord ``client``, with the id of
-the Ray node that ran the call when it ran in a Ray simulation).
+the Ray node that ran the call when it ran in a Ray simulation), and what a selector asked for
+in the train config (Oort's ``loss-squares``; DELTA's ``grad-variance`` with ``step-scale``).
 
 The ClientApp reads only its own run-config keys (:class:`fedowen_task.config.TaskConfig`)
 and ignores the rest, and trains with FedProx's proximal term when the server's train config
@@ -37,9 +38,11 @@ from fedowen_task.partition import federated_split
 from fedowen_task.protocol import (
     CLIENT_ID_FIELD,
     CLIENT_RECORD_KEY,
+    GRAD_VARIANCE_FIELD,
     LOCAL_LOSS_FIELD,
     LOSS_SQUARES_FIELD,
     RAY_NODE_FIELD,
+    STEP_SCALE_FIELD,
     UNIT_WEIGHT_FIELD,
 )
 from fedowen_task.training import evaluate, train
@@ -185,6 +188,7 @@ def train_handler(msg: Message, context: Context) -> Message:
     seed = _seed(cfg.seed, server_round, seed_name)
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     squares = bool(train_config.get(LOSS_SQUARES_FIELD, 0))  # Oort asks
+    variance = bool(train_config.get(GRAD_VARIANCE_FIELD, 0))  # DELTA asks
     stats = {"loss": float("nan"), "loss_squares": 0.0}
     ds = _dataset(cfg, context)
     turn = ClientTurn(cfg.adversary(), server_round, seed,
@@ -194,7 +198,8 @@ def train_handler(msg: Message, context: Context) -> Message:
         if attack is not None and attack.data is not None:  # the model's classes: the data's
             x, y = attack.data(x, y, turn)
         stats = train(model, x, y, **cfg.train_config().train_kwargs(), proximal_mu=float(mu),
-                      seed=seed, loss_squares=squares, device=_device(cfg, context))
+                      seed=seed, loss_squares=squares, grad_variance=variance,
+                      device=_device(cfg, context))
     # back on the CPU whatever device trained: the reply's arrays (and an attack's) are numpy
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if attack is not None:
@@ -203,6 +208,9 @@ def train_handler(msg: Message, context: Context) -> Message:
                             UNIT_WEIGHT_FIELD: 1})
     if squares:
         metrics[LOSS_SQUARES_FIELD] = float(stats["loss_squares"])
+    if variance and "grad_variance" in stats:  # an idle attacker trained nothing: no estimate
+        metrics[GRAD_VARIANCE_FIELD] = float(stats["grad_variance"])
+        metrics[STEP_SCALE_FIELD] = float(stats["step_scale"])
     content = RecordDict({"arrays": ArrayRecord(state), "metrics": metrics})
     return Message(content=_named(content, client_id), reply_to=msg)
 

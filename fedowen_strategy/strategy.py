@@ -237,7 +237,7 @@ class FedOwen(FedAvg):
             rng=self.value_rng, server_round=server_round,
             extra=extra,
             server_update=None if step is None else lambda: step(global_state, server_round),
-            reweight=self.chooser.weigh)
+            reweight=self.chooser.weigh, step=self.chooser.step_weights())
         self.linked.update(c for g in out.copies for c in g)
         updates = out.parsed.updates
         self.chooser.observe(Seen(

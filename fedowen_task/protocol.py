@@ -21,6 +21,14 @@ LOCAL_LOSS_FIELD = "local-loss"
 #: Train-config field asking a client to report the sum of its squared per-sample training
 #: losses (Oort's statistical utility), and the reply's metric holding it.
 LOSS_SQUARES_FIELD = "loss-squares"
+#: Train-config field asking a client to report the variance of its stochastic gradients along
+#: its local steps (DELTA's local variance sigma^2: the mean squared norm of the per-step
+#: gradients minus the squared norm of their mean), and the reply's metric holding it.
+GRAD_VARIANCE_FIELD = "grad-variance"
+#: Train-reply metric sent with :data:`GRAD_VARIANCE_FIELD`: how far one unit of mean gradient
+#: moved the client's model, ``lr * steps / (1 - momentum)`` (the server divides the update by
+#: it to estimate the client's mean gradient).
+STEP_SCALE_FIELD = "step-scale"
 #: Train-reply metric that is 1 for every client: Flower's strategies weight by it
 #: (``strategy-params = "weighted_by_key=unit-weight"``) to average with equal weights instead
 #: of sample counts (``num-examples``, their default).

@@ -53,6 +53,7 @@ def train(
     proximal_mu: float = 0.0,
     device: torch.device | str | None = None,
     loss_squares: bool = False,
+    grad_variance: bool = False,
 ) -> dict[str, float]:
     """Train ``model`` in place with SGD on cross-entropy (plus FedProx's proximal term).
 
@@ -74,12 +75,19 @@ def train(
     loss_squares : bool
         Also sum the squared per-sample losses of every sample seen (Oort's statistical
         utility), from the same logits, outside the graph: training is unchanged.
+    grad_variance : bool
+        Also measure the variance of the per-step gradients (DELTA's local variance,
+        :class:`GradientMoments`) from the gradients each step computes anyway, outside the
+        graph: training is unchanged; it costs one parameter-sized buffer and one pass over
+        the gradients per step.
 
     Returns
     -------
     dict
         ``loss``: mean training loss over all samples seen (every epoch);
-        ``num_examples``: ``N``; with ``loss_squares`` also ``loss_squares``.
+        ``num_examples``: ``N``; with ``loss_squares`` also ``loss_squares``; with
+        ``grad_variance`` also ``grad_variance`` and ``step_scale`` (``lr * steps /
+        (1 - momentum)``: how far one unit of mean gradient moved the model).
     """
     TrainConfig(lr, momentum, batch_size, epochs, weight_decay)  # validates
     if not proximal_mu >= 0:
@@ -95,6 +103,7 @@ def train(
     generator = torch.Generator().manual_seed(seed)
     loss_fn = nn.CrossEntropyLoss()
     total, seen, squares = 0.0, 0, 0.0
+    moments = GradientMoments(model) if grad_variance else None
     fork_devices = [dev.index or 0] if dev.type == "cuda" else []
     with torch.random.fork_rng(devices=fork_devices):
         torch.manual_seed(seed)
@@ -110,11 +119,55 @@ def train(
                         squares += float((per.double() ** 2).sum())
                 objective = loss + _proximal(model, start, proximal_mu) if start else loss
                 objective.backward()
+                if moments is not None:
+                    moments.add()
                 optimizer.step()
                 total += float(loss.detach()) * len(idx)
                 seen += len(idx)
-    stats = {"loss": total / seen, "num_examples": len(x)}
-    return {**stats, "loss_squares": squares} if loss_squares else stats
+    stats: dict[str, float] = {"loss": total / seen, "num_examples": len(x)}
+    if loss_squares:
+        stats["loss_squares"] = squares
+    if moments is not None:
+        stats["grad_variance"] = moments.variance()
+        stats["step_scale"] = lr * moments.steps / (1.0 - momentum)
+    return stats
+
+
+class GradientMoments:
+    """Running moments of a model's per-step gradients (DELTA's local variance).
+
+    :meth:`add` after each ``backward``: the gradients' running sum (one buffer the size of
+    the parameters) and the running sum of their squared norms. :meth:`variance` is
+    ``mean_b ||g_b||^2 - ||mean_b g_b||^2`` over the ``steps`` added, i.e. the mean squared
+    distance of a step's gradient from the mean gradient of the local trajectory (summed over
+    the parameters; the gradient of the training objective, FedProx's term included when it
+    is on). Read outside the graph: training is unchanged.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.sums = [torch.zeros_like(p) for p in self.params]
+        self.squares, self.steps = 0.0, 0
+
+    @torch.no_grad()
+    def add(self) -> None:
+        """Add the gradients the last ``backward`` left (a parameter without one: zero)."""
+        norms = []
+        for total, p in zip(self.sums, self.params, strict=True):
+            if p.grad is not None:
+                total.add_(p.grad)
+                norms.append(p.grad.pow(2).sum())
+        if norms:
+            self.squares += float(torch.stack(norms).sum())
+        self.steps += 1
+
+    @torch.no_grad()
+    def variance(self) -> float:
+        """``mean ||g_b||^2 - ||mean g_b||^2`` (0 before two steps; never below 0)."""
+        if self.steps == 0:
+            return 0.0
+        mean_sq = sum(float((t / self.steps).pow(2).sum()) for t in self.sums)
+        return max(self.squares / self.steps - mean_sq, 0.0)
 
 
 def _proximal(model: nn.Module, start: list[torch.Tensor], mu: float) -> torch.Tensor:

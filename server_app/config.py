@@ -37,6 +37,7 @@ from fedowen_strategy.round.round_valuers import GAME_METHODS, round_budget
 from fedowen_strategy.selectors import registry
 from fedowen_strategy.selectors.adaptive import AdaptiveSettings
 from fedowen_strategy.selectors.base import SelectorSettings
+from fedowen_strategy.selectors.delta import DeltaSettings
 from fedowen_strategy.selectors.greedyfed import GreedyFedSettings
 from fedowen_strategy.selectors.oort import OortSettings
 from fedowen_strategy.selectors.posterior import PosteriorSettings
@@ -136,6 +137,9 @@ class RunConfig(TaskConfig):
     poc_d: int = owned(PowerOfChoiceSettings, "poc_d")
     oort_exploration_min: float = owned(OortSettings, "oort_exploration_min")
     greedyfed_memory: str = owned(GreedyFedSettings, "greedyfed_memory")
+    delta_estimator: str = owned(DeltaSettings, "delta_estimator")
+    delta_floor: float = owned(DeltaSettings, "delta_floor")
+    delta_sigma_weight: float = owned(DeltaSettings, "delta_sigma_weight")
     selection_reward: str = owned(PosteriorSettings, "reward")
     selection_level: float = owned(PosteriorSettings, "resolve_level")
     selection_cap: float = owned(SelectionParams, "cap")

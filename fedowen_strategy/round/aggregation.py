@@ -125,3 +125,32 @@ def weighted_average(states: Sequence[State], weights: NDArray[np.float64]) -> d
             acc += w * state[key]
         out[key] = acc.astype(np.asarray(first).dtype)
     return out
+
+
+def step_average(states: Sequence[State], weights: NDArray[np.float64], reference: State
+                 ) -> dict[str, NDArray]:
+    """``reference + sum_i w_i (states[i] - reference)`` key by key: the weights need not sum
+    to 1 (the reference keeps ``1 - sum w``), as an unbiased importance-weighted estimator of
+    the average update asks (DELTA's). Equal to :func:`weighted_average` when they sum to 1.
+
+    Buffers follow the buffer rule of :mod:`fedowen_strategy.updates` (the weights normalised
+    to sum 1, counters rounded; the reference's own where they sum to 0); every other array
+    keeps its dtype and shape.
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    if len(states) != weights.size or weights.size == 0:
+        raise ValueError(f"got {len(states)} states but {weights.size} weights")
+    if not np.all(np.isfinite(weights)):
+        raise ValueError(f"step weights must be finite, got {weights}")
+    buffers = average_buffers(states, weights, reference)
+    out: dict[str, NDArray] = {}
+    for key, ref in reference.items():
+        if key in buffers:
+            out[key] = buffers[key]
+            continue
+        base = np.asarray(ref, dtype=np.float64)
+        acc = base.copy()
+        for w, state in zip(weights, states, strict=True):
+            acc += w * (np.asarray(state[key], np.float64) - base)
+        out[key] = acc.astype(np.asarray(ref).dtype)
+    return out

@@ -22,7 +22,7 @@ from fedowen_strategy.defences.guards import Guards, guard_round
 from fedowen_strategy.defences.robust_lr import guard_aggregate
 from fedowen_strategy.replies import ParsedReplies
 from fedowen_strategy.round import round_record
-from fedowen_strategy.round.aggregation import weighted_average
+from fedowen_strategy.round.aggregation import step_average, weighted_average
 from fedowen_strategy.round.contribution import UtilityFactory, ValuationSettings, value_round
 from fedowen_strategy.round.round_valuers import NO_PHI, RoundValuation
 
@@ -58,7 +58,7 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
                     rng: np.random.Generator, server_round: int,
                     extra: Mapping[str, Any] | None = None,
                     server_update: Callable[[], Mapping[str, NDArray]] | None = None,
-                    reweight: Reweight | None = None) -> RoundOutcome:
+                    reweight: Reweight | None = None, step: bool = False) -> RoundOutcome:
     """Guard the parsed replies (:func:`~fedowen_strategy.defences.guards.guard_round`), value them
     (:func:`~fedowen_strategy.round.contribution.value_round`) and average them with the valuation's
     weights.
@@ -78,7 +78,12 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
     reweight : callable, optional
         ``(client ids, weights) -> weights`` of the accepted updates: the selector's say on the
         aggregation (:meth:`fedowen_strategy.selectors.base.Selector.weigh`); the round
-        averages and records the weights it returns (they must sum to 1).
+        averages and records the weights it returns (they must sum to 1, unless ``step``).
+    step : bool
+        The weights are a step from the global model (:func:`~fedowen_strategy.round.
+        aggregation.step_average`: ``global + sum_i w_i delta_i``, the global model keeping
+        ``1 - sum w``; the record's ``global_weight``), as the selector says
+        (:meth:`fedowen_strategy.selectors.base.Selector.step_weights`). Default: an average.
     """
     guarded = guard_round(parsed.updates, global_state, guards, norm_cap=norm_cap,
                           value_players=valuation.method not in NO_PHI,
@@ -100,7 +105,12 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
             reweight([u.client_id for u in parsed.updates], val.weights), dtype=np.float64))
     log.info("aggregate_train: round %d, %d updates valued by %s in %.2fs (%d evals)",
              server_round, len(states), valuation.method, val.seconds, val.n_evals)
-    state, robust = guard_aggregate(weighted_average(states, val.weights), states, global_state,
+    if step:
+        combined = step_average(states, val.weights, global_state)
+        fields["global_weight"] = 1.0 - float(np.sum(val.weights))
+    else:
+        combined = weighted_average(states, val.weights)
+    state, robust = guard_aggregate(combined, states, global_state,
                                     robust_lr_threshold=guards.robust_lr_threshold,
                                     aggregate_noise=guards.aggregate_noise, rng=rng)
     record = round_record.round_record(selected, parsed, valuation.method, guarded.copies,

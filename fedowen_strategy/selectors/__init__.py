@@ -8,7 +8,7 @@
   one handle).
 - :mod:`~fedowen_strategy.selectors.registry`: :data:`SELECTORS`, one row per selector.
 - one module per selector: ``adaptive`` (Algorithm 2), ``random``, ``posterior``,
-  ``screened``, ``power_of_choice``, ``oort``.
+  ``screened``, ``power_of_choice``, ``oort``, ``delta``.
 
 docs/selection.md describes each selector and how to add one.
 """

@@ -11,7 +11,8 @@ keys) with an empty memory, it
 - **observes** the round that followed (:class:`Seen`: the accepted replies, their updates,
   their phi when the round was valued, the round record);
 - may **weigh** the round's replies in the aggregation (:meth:`Selector.weigh`: importance
-  weights for an unbiased sampler);
+  weights for an unbiased sampler, as an average or, :meth:`Selector.step_weights`, as a step
+  from the global model);
 - **saves and loads** its memory for checkpoints (:meth:`Selector.state`, JSON-able).
 
 The identity cap and the link groups are not a selector's business: the run's
@@ -141,8 +142,16 @@ class Selector(Protocol):
     def weigh(self, clients: Sequence[str], weights: NDArray[np.float64]
               ) -> NDArray[np.float64]:
         """The aggregation weights of the round's accepted updates (``clients``, aligned),
-        given the valuation's; they must sum to 1. Default: the valuation's."""
+        given the valuation's; they must sum to 1 unless :meth:`step_weights`. Default: the
+        valuation's."""
         return weights
+
+    def step_weights(self) -> bool:
+        """Whether :meth:`weigh`'s weights are a step from the global model: the round's
+        model is then ``global + sum_i w_i (state_i - global)`` and the weights need not sum
+        to 1 (the global model keeps the rest: an unbiased importance-weighted estimator).
+        Default: False, an average."""
+        return False
 
     def state(self) -> dict[str, Any]:
         """The selector's memory, JSON-able, for a checkpoint."""

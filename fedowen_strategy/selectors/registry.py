@@ -19,6 +19,7 @@ import numpy as np
 
 from fedowen_strategy.selectors.adaptive import Adaptive, AdaptiveSettings
 from fedowen_strategy.selectors.base import Selector, SelectorSettings
+from fedowen_strategy.selectors.delta import Delta, DeltaSettings
 from fedowen_strategy.selectors.greedyfed import GreedyFed, GreedyFedSettings
 from fedowen_strategy.selectors.oort import Oort, OortSettings
 from fedowen_strategy.selectors.posterior import Posterior, PosteriorSettings
@@ -55,6 +56,7 @@ SELECTORS = MappingProxyType({spec.name: spec for spec in (
     SelectorSpec("power-of-choice", PowerOfChoice, PowerOfChoiceSettings),
     SelectorSpec("oort", Oort, OortSettings),
     SelectorSpec("greedyfed", GreedyFed, GreedyFedSettings, needs_phi=True),
+    SelectorSpec("delta", Delta, DeltaSettings),
 )})
 #: What ``selection = "auto"`` means: Algorithm 2 when the valuation computes phi, FedAvg's
 #: uniform selection when it does not.

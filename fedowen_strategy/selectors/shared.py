@@ -203,6 +203,10 @@ class Selection:
         """The selector's aggregation weights (:meth:`Selector.weigh`)."""
         return self.selector.weigh(clients, weights)
 
+    def step_weights(self) -> bool:
+        """Whether the selector's weights are a step (:meth:`Selector.step_weights`)."""
+        return self.selector.step_weights()
+
     def state(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint: the selector's memory and the shared parts."""
         return {"selector": self.name, "state": self.selector.state(),

@@ -1,0 +1,258 @@
+"""``delta``: DELTA (Wang, Xu, Wang, Ye; NeurIPS 2023, arXiv 2205.13925), the paper's form.
+
+Unbiased client sampling with the variance-optimal probabilities of the paper,
+
+    p_i = sqrt(a1 zeta_i^2 + a2 sigma_i^2) / sum_j sqrt(a1 zeta_j^2 + a2 sigma_j^2),
+
+``zeta_i = ||g_i - g_bar||`` a client's gradient diversity and ``sigma_i^2`` the variance of its
+stochastic gradients; ``k`` clients drawn **with replacement** from them (a client drawn twice
+trains once and counts twice) and the round's updates importance-weighted,
+``global + sum_draws lambda_i delta_i / (k q_i)``: an unbiased estimate of the average update
+over the whole pool.
+
+The estimates, as the paper's practical DELTA makes them:
+
+- ``g_i`` is the mean gradient of client i's local steps, read off its update on the server:
+  ``g_i = -delta_i / h_i``, ``h_i = lr * steps / (1 - momentum)`` reported by the client
+  (``step-scale``; missing: the round's median, else 1); ``g_bar`` the participants' mean;
+- ``sigma_i^2`` is reported by the client when the train config asks (``grad-variance``: the
+  mean squared norm of its per-step gradients minus the squared norm of their mean, from the
+  gradients training computes anyway; missing: 0);
+- only the participants' probabilities are updated, rescaled so that they keep the mass they
+  had: ``P_i <- s_i / sum_S s * sum_S P_old`` (the reference code's rule); the others keep
+  theirs, stale. A client never seen has mass 1, the mean mass (the rescale keeps the total,
+  so the masses always average 1). The draw mixes in a uniform share (``delta-floor``):
+  ``q = (1 - eps) P / sum P + eps / N`` over the pool, so no weight ``1 / q`` explodes.
+
+Equal weights (``aggregation = "uniform"``) is the paper's objective, ``lambda_i = 1 / N``; any
+other base weight ``w_i`` of the round's ``m`` accepted updates (FedOwen's softmax(phi), or
+num-examples) enters as the tilt ``lambda_i = w_i m / N`` relative to an equal share, so that
+uniform ``q`` gives the base aggregation exactly. ``delta-estimator = "normalised"`` divides
+the weights by their sum (the reference code's ratio estimator: lower variance, biased
+``O(1/k)``). Simplified from the paper: ``a1 = 1`` and ``a2 = delta-sigma-weight`` (the paper's
+constants depend on the step sizes and local steps); the reference code (L3030/DELTA_FL) mixes
+``(1 - beta) ||g_i|| + beta ||g_i - g_bar||`` linearly, has no variance term, draws without
+replacement and adds server momentum: none of that is here (docs/selection.md).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedowen_strategy.selectors.base import (
+    AskClients,
+    Choice,
+    ConfigValue,
+    Pool,
+    Seen,
+    Selector,
+    SelectorSettings,
+    metric_of,
+)
+from fedowen_strategy.settings import NO_KEYS, Keys, key, one_of
+from fedowen_strategy.updates import State, update_keys
+from fedowen_task import declare
+from fedowen_task.protocol import GRAD_VARIANCE_FIELD, STEP_SCALE_FIELD
+
+#: How the importance weights aggregate: a step from the global model (unbiased) or divided
+#: by their sum (an average: the ratio estimator).
+DELTA_ESTIMATORS = ("unbiased", "normalised")
+
+
+@dataclass(frozen=True)
+class DeltaSettings(SelectorSettings):
+    """DELTA's keys: the estimator, the uniform share of the draw, the weight of the local
+    variance against the gradient diversity (``a2 / a1``)."""
+
+    selector: ClassVar[str] = "delta"
+    delta_estimator: str = declare.key(
+        "unbiased", "DELTA's aggregation: unbiased (a step, weights need not sum to 1) | "
+        "normalised", name="delta-estimator")
+    delta_floor: float = declare.key(
+        0.05, "DELTA's uniform share of the draw", name="delta-floor")
+    delta_sigma_weight: float = declare.key(
+        1.0, "DELTA's weight of the local variance (a2 / a1)", name="delta-sigma-weight")
+
+    def problems(self, keys: Keys = NO_KEYS) -> list[str]:
+        """Everything wrong with these settings."""
+        found = one_of(key(keys, "delta_estimator"), self.delta_estimator, DELTA_ESTIMATORS)
+        if not 0.0 <= self.delta_floor <= 1.0:
+            found.append(f"{key(keys, 'delta_floor')}={self.delta_floor!r} must lie in [0, 1] "
+                         "(1: uniform draws)")
+        if not (self.delta_sigma_weight >= 0 and math.isfinite(self.delta_sigma_weight)):
+            found.append(f"{key(keys, 'delta_sigma_weight')}={self.delta_sigma_weight!r} must "
+                         "be a finite number >= 0")
+        return found
+
+
+class Delta(Selector):
+    """DELTA's draw from each client's probability mass, its importance weights, and the
+    masses' update from the round's updates and reported variances (module docstring)."""
+
+    def __init__(self, settings: DeltaSettings) -> None:
+        self.settings = settings
+        self.mass: dict[str, float] = {}  # client -> probability mass (unseen: 1)
+        self.draw: dict[str, Any] = {}  # this round's: counts and q per drawn id, k, n
+        self.last: dict[str, dict[str, float]] = {}  # the last round's zeta and sigma per id
+        self.seconds = 0.0  # server time since the last record
+
+    def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
+        """``k`` draws with replacement from :func:`draw_probabilities`; the distinct
+        clients drawn train (k or fewer)."""
+        start = time.perf_counter()
+        masses = np.array([self.mass.get(c, 1.0) for c in pool.keys])
+        q = draw_probabilities(masses, self.settings.delta_floor)
+        picked, counts = draw_with_replacement(q, pool.k, rng)
+        ids = [pool.keys[i] for i in picked.tolist()]
+        self.draw = {"counts": dict(zip(ids, counts.tolist(), strict=True)),
+                     "q": dict(zip(ids, q[picked].tolist(), strict=True)),
+                     "k": pool.k, "n": len(pool.keys)}
+        seconds, self.seconds = self.seconds + time.perf_counter() - start, 0.0
+        return Choice(picked, "delta", {
+            "draws": self.draw["counts"], "q": self.draw["q"],
+            "unseen": int(sum(c not in self.mass for c in pool.keys)),
+            "estimates": self.last, "server_seconds": seconds})
+
+    def train_config(self) -> dict[str, ConfigValue]:
+        """Each trained client reports its gradient variance and step scale."""
+        return {GRAD_VARIANCE_FIELD: 1}
+
+    def weigh(self, clients: Sequence[str], weights: NDArray[np.float64]
+              ) -> NDArray[np.float64]:
+        """:func:`importance_weights` of this round's draw, the base ``weights`` as the
+        tilt ``lambda_i = w_i m / N``."""
+        start = time.perf_counter()
+        missing = [c for c in clients if c not in self.draw.get("counts", {})]
+        if missing:
+            raise ValueError(f"DELTA weighs only the clients it drew this round; {missing} "
+                             "were not drawn")
+        base = np.asarray(weights, dtype=np.float64)
+        lam = base * len(clients) / self.draw["n"]
+        counts = np.array([self.draw["counts"][c] for c in clients], dtype=np.float64)
+        q = np.array([self.draw["q"][c] for c in clients])
+        out = importance_weights(lam, counts, q, self.draw["k"])
+        if not self.step_weights():
+            out = out / out.sum() if out.sum() > 0 else np.full(out.size, 1.0 / out.size)
+        self.seconds += time.perf_counter() - start
+        return out
+
+    def step_weights(self) -> bool:
+        """The unbiased estimator is a step from the global model."""
+        return self.settings.delta_estimator == "unbiased"
+
+    def observe(self, seen: Seen) -> None:
+        """The participants' new masses (:func:`rescale_masses` of :func:`delta_scores`)."""
+        start = time.perf_counter()
+        if seen.clients and seen.global_state is not None:
+            scales = [metric_of(r, STEP_SCALE_FIELD) for r in seen.replies]
+            variances = [metric_of(r, GRAD_VARIANCE_FIELD) for r in seen.replies]
+            zeta = gradient_diversity(seen.states, seen.global_state, step_scales(scales))
+            sigma_sq = np.array([v if math.isfinite(v) and v >= 0 else 0.0 for v in variances])
+            scores = delta_scores(zeta, sigma_sq, self.settings.delta_sigma_weight)
+            old = np.array([self.mass.get(c, 1.0) for c in seen.clients])
+            new = rescale_masses(old, scores)
+            self.mass.update(zip(seen.clients, new.tolist(), strict=True))
+            self.last = {c: {"zeta": float(z), "sigma": float(math.sqrt(s2))}
+                         for c, z, s2 in zip(seen.clients, zeta, sigma_sq, strict=True)}
+        self.seconds += time.perf_counter() - start
+
+    def state(self) -> dict[str, Any]:
+        """The masses, this round's draw, the last estimates and the pending seconds."""
+        return {"mass": dict(self.mass), "draw": dict(self.draw), "last": dict(self.last),
+                "seconds": self.seconds}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state`."""
+        self.mass = {str(c): float(m) for c, m in state.get("mass", {}).items()}
+        draw = state.get("draw", {})
+        self.draw = {} if not draw else {
+            "counts": {str(c): int(n) for c, n in draw["counts"].items()},
+            "q": {str(c): float(v) for c, v in draw["q"].items()},
+            "k": int(draw["k"]), "n": int(draw["n"])}
+        self.last = {str(c): {n: float(v) for n, v in e.items()}
+                     for c, e in state.get("last", {}).items()}
+        self.seconds = float(state.get("seconds", 0.0))
+
+
+def delta_probabilities(zeta: NDArray[np.float64], sigma: NDArray[np.float64],
+                        a1: float = 1.0, a2: float = 1.0) -> NDArray[np.float64]:
+    """The paper's optimal unbiased probabilities ``sqrt(a1 zeta^2 + a2 sigma^2)``, normalised
+    (uniform when every term is 0)."""
+    score = delta_scores(np.asarray(zeta), np.asarray(sigma, dtype=np.float64) ** 2, a2 / a1)
+    total = score.sum()
+    return score / total if total > 0 else np.full(score.size, 1.0 / score.size)
+
+
+def delta_scores(zeta: NDArray[np.float64], sigma_sq: NDArray[np.float64],
+                 sigma_weight: float) -> NDArray[np.float64]:
+    """``sqrt(zeta^2 + sigma_weight sigma^2)`` (``a1 = 1``, ``sigma_weight = a2 / a1``)."""
+    zeta = np.asarray(zeta, dtype=np.float64)
+    return np.sqrt(zeta ** 2 + sigma_weight * np.asarray(sigma_sq, dtype=np.float64))
+
+
+def step_scales(reported: Sequence[float]) -> NDArray[np.float64]:
+    """Each client's step scale ``h_i`` as reported; a missing or non-positive one is the
+    round's median of the valid ones (1 when there is none)."""
+    h = np.asarray(reported, dtype=np.float64)
+    ok = np.isfinite(h) & (h > 0)
+    fill = float(np.median(h[ok])) if ok.any() else 1.0
+    return np.where(ok, h, fill)
+
+
+def gradient_diversity(states: Sequence[State], global_state: State,
+                       scales: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``zeta_i = ||g_i - mean_j g_j||`` with ``g_i = -(states[i] - global) / scales[i]`` over
+    the update keys, array by array (no flat copy of the updates is held)."""
+    squares = np.zeros(len(states))
+    for name in update_keys(global_state):
+        ref = np.asarray(global_state[name], np.float64)
+        g = np.stack([(ref - np.asarray(s[name], np.float64)).ravel() / h
+                      for s, h in zip(states, scales, strict=True)])
+        squares += ((g - g.mean(axis=0)) ** 2).sum(axis=1)
+    return np.sqrt(squares)
+
+
+def rescale_masses(old: NDArray[np.float64], scores: NDArray[np.float64]
+                   ) -> NDArray[np.float64]:
+    """The participants' new masses: ``scores`` scaled to the total of their ``old`` masses
+    (the old masses when every score is 0)."""
+    old, scores = np.asarray(old, dtype=np.float64), np.asarray(scores, dtype=np.float64)
+    total = scores.sum()
+    return scores / total * old.sum() if total > 0 else old.copy()
+
+
+def draw_probabilities(masses: NDArray[np.float64], floor: float) -> NDArray[np.float64]:
+    """``q = (1 - floor) masses / sum masses + floor / N`` (uniform when the masses sum
+    to 0)."""
+    masses = np.asarray(masses, dtype=np.float64)
+    n = masses.size
+    total = masses.sum()
+    share = masses / total if total > 0 else np.full(n, 1.0 / n)
+    return (1.0 - floor) * share + floor / n
+
+
+def draw_with_replacement(q: NDArray[np.float64], k: int, rng: np.random.Generator
+                          ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """``k`` i.i.d. draws from ``q``: the distinct indices drawn (sorted) and how often each
+    was."""
+    if not 1 <= k:
+        raise ValueError(f"cannot draw k={k} clients; need k >= 1")
+    draws = rng.choice(q.size, size=k, replace=True, p=q)
+    picked, counts = np.unique(draws, return_counts=True)
+    return picked.astype(np.int64), counts.astype(np.int64)
+
+
+def importance_weights(lam: NDArray[np.float64], counts: NDArray[np.float64],
+                       q: NDArray[np.float64], k: int) -> NDArray[np.float64]:
+    """The unbiased estimator's weights ``c_i lambda_i / (k q_i)``: ``sum_i w_i delta_i``
+    over the distinct clients drawn, each drawn ``c_i`` of ``k`` times with probability
+    ``q_i``, has expectation ``sum_j lambda_j delta_j`` over the whole pool."""
+    return (np.asarray(counts, dtype=np.float64) * np.asarray(lam, dtype=np.float64)
+            / (k * np.asarray(q, dtype=np.float64)))
