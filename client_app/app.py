@@ -8,7 +8,8 @@ data; default: the run config's ``data-dir``, else the rule of
 config's ``device``, ``auto``: its GPU where it has one). The reply carries the trained weights,
 ``num-examples``, ``train-loss`` and the client id (in ConfigRecord ``client``, with the id of
 the Ray node that ran the call when it ran in a Ray simulation), and what a selector asked for
-in the train config (Oort's ``loss-squares``; DELTA's ``grad-variance`` with ``step-scale``).
+in the train config (Oort's ``loss-squares``; DELTA's ``grad-variance`` with ``step-scale``;
+``step-scale`` alone).
 
 The ClientApp reads only its own run-config keys (:class:`fedowen_task.config.TaskConfig`)
 and ignores the rest, and trains with FedProx's proximal term when the server's train config
@@ -189,6 +190,7 @@ def train_handler(msg: Message, context: Context) -> Message:
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     squares = bool(train_config.get(LOSS_SQUARES_FIELD, 0))  # Oort asks
     variance = bool(train_config.get(GRAD_VARIANCE_FIELD, 0))  # DELTA asks
+    scale = variance or bool(train_config.get(STEP_SCALE_FIELD, 0))  # (and HiCS-FL)
     stats = {"loss": float("nan"), "loss_squares": 0.0}
     ds = _dataset(cfg, context)
     turn = ClientTurn(cfg.adversary(), server_round, seed,
@@ -210,6 +212,7 @@ def train_handler(msg: Message, context: Context) -> Message:
         metrics[LOSS_SQUARES_FIELD] = float(stats["loss_squares"])
     if variance and "grad_variance" in stats:  # an idle attacker trained nothing: no estimate
         metrics[GRAD_VARIANCE_FIELD] = float(stats["grad_variance"])
+    if scale and "step_scale" in stats:
         metrics[STEP_SCALE_FIELD] = float(stats["step_scale"])
     content = RecordDict({"arrays": ArrayRecord(state), "metrics": metrics})
     return Message(content=_named(content, client_id), reply_to=msg)

@@ -25,9 +25,10 @@ LOSS_SQUARES_FIELD = "loss-squares"
 #: its local steps (DELTA's local variance sigma^2: the mean squared norm of the per-step
 #: gradients minus the squared norm of their mean), and the reply's metric holding it.
 GRAD_VARIANCE_FIELD = "grad-variance"
-#: Train-reply metric sent with :data:`GRAD_VARIANCE_FIELD`: how far one unit of mean gradient
-#: moved the client's model, ``lr * steps / (1 - momentum)`` (the server divides the update by
-#: it to estimate the client's mean gradient).
+#: Train-config field asking a client for its step scale (sent with :data:`GRAD_VARIANCE_FIELD`
+#: too), and the reply's metric holding it: how far a constant unit gradient would have moved
+#: the client's model, ``lr * steps / (1 - momentum)`` (the server divides an update by it to
+#: estimate the client's mean gradient).
 STEP_SCALE_FIELD = "step-scale"
 #: Train-reply metric that is 1 for every client: Flower's strategies weight by it
 #: (``strategy-params = "weighted_by_key=unit-weight"``) to average with equal weights instead

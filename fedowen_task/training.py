@@ -85,9 +85,9 @@ def train(
     -------
     dict
         ``loss``: mean training loss over all samples seen (every epoch);
-        ``num_examples``: ``N``; with ``loss_squares`` also ``loss_squares``; with
-        ``grad_variance`` also ``grad_variance`` and ``step_scale`` (``lr * steps /
-        (1 - momentum)``: how far one unit of mean gradient moved the model).
+        ``num_examples``: ``N``; ``step_scale``: ``lr * steps / (1 - momentum)``, how far a
+        constant unit gradient would have moved the model; with ``loss_squares`` also
+        ``loss_squares``, with ``grad_variance`` also ``grad_variance``.
     """
     TrainConfig(lr, momentum, batch_size, epochs, weight_decay)  # validates
     if not proximal_mu >= 0:
@@ -102,7 +102,7 @@ def train(
     start = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
     generator = torch.Generator().manual_seed(seed)
     loss_fn = nn.CrossEntropyLoss()
-    total, seen, squares = 0.0, 0, 0.0
+    total, seen, squares, steps = 0.0, 0, 0.0, 0
     moments = GradientMoments(model) if grad_variance else None
     fork_devices = [dev.index or 0] if dev.type == "cuda" else []
     with torch.random.fork_rng(devices=fork_devices):
@@ -124,12 +124,13 @@ def train(
                 optimizer.step()
                 total += float(loss.detach()) * len(idx)
                 seen += len(idx)
-    stats: dict[str, float] = {"loss": total / seen, "num_examples": len(x)}
+                steps += 1
+    stats: dict[str, float] = {"loss": total / seen, "num_examples": len(x),
+                               "step_scale": lr * steps / (1.0 - momentum)}
     if loss_squares:
         stats["loss_squares"] = squares
     if moments is not None:
         stats["grad_variance"] = moments.variance()
-        stats["step_scale"] = lr * moments.steps / (1.0 - momentum)
     return stats
 
 

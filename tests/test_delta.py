@@ -226,6 +226,7 @@ def test_train_reports_the_variance_of_its_hand_computed_steps() -> None:
     assert stats["step_scale"] == pytest.approx(lr * 2)
     # training is unchanged
     assert torch.equal(models[0].weight, models[1].weight) and "grad_variance" not in plain
+    assert plain["step_scale"] == pytest.approx(lr * 2)  # reported without the variance too
 
 
 def with_variance(msg: Message, ctx: Context) -> Message:
