@@ -50,6 +50,47 @@ def test_duplicate_groups_and_shared_weight_by_hand() -> None:
     np.testing.assert_allclose(val.weights, [1 / 6, 1 / 6, 1 / 3, 1 / 6, 1 / 6])
 
 
+def _every_pair(states: list[dict[str, Any]], ref: dict[str, Any],
+                tolerance: float) -> list[tuple[int, int]]:
+    """The rule measured on every pair's flat deltas (what the Gram screen must agree with)."""
+    d = [np.concatenate([(np.asarray(s[k], np.float64) - ref[k]).ravel() for k in ref])
+         for s in states]
+    n = [np.linalg.norm(x) for x in d]
+    return [(i, j) for i in range(len(d)) for j in range(i + 1, len(d)) if n[i] > 0
+            and n[j] > 0 and np.linalg.norm(d[i] - d[j]) <= tolerance * max(n[i], n[j])]
+
+
+@pytest.mark.parametrize("tolerance", [1e-6, 1e-3, 0.05])
+def test_duplicate_screen_decides_pairs_at_the_tolerance_as_measuring_every_pair(
+        tolerance: float) -> None:
+    # Prepare: pairs just inside and just outside the tolerance (relative 1 -/+ 1e-3), in a
+    # model of two arrays of 20k entries, so the Gram's rounding is far above eps
+    rng = np.random.default_rng(3)
+    ref = {"a": rng.normal(size=(100, 100)).astype(np.float32),
+           "b": rng.normal(size=10_000).astype(np.float32)}
+    base = {k: rng.normal(size=v.shape) for k, v in ref.items()}
+    unit = {k: rng.normal(size=v.shape) for k, v in ref.items()}
+    dot = sum(np.sum(base[k] * unit[k]) for k in ref)
+    norm_sq = sum(np.sum(v ** 2) for v in base.values())
+    unit = {k: unit[k] - dot / norm_sq * base[k] for k in ref}  # orthogonal to base
+    scale = np.sqrt(norm_sq / sum(np.sum(v ** 2) for v in unit.values()))
+
+    def at(t: float) -> dict[str, Any]:
+        """base + an orthogonal step: distance t x the larger norm (r / sqrt(1 + r^2) = t)."""
+        r = t / np.sqrt(1 - t ** 2)
+        return {k: ref[k] + base[k] + unit[k] * r * scale for k in ref}
+
+    states = [at(0.0), at(tolerance * (1 - 1e-3)), at(tolerance * (1 + 1e-3)),
+              {k: ref[k] + rng.normal(size=v.shape) for k, v in ref.items()}, dict(ref)]
+    # Execute
+    groups = duplicate_groups(states, ref, tolerance)
+    # Assert: the inside pair is a copy, the outside one and the unchanged model are not, as
+    # the rule measured on every pair says
+    exact = _every_pair(states, ref, tolerance)
+    assert (0, 1) in exact and (0, 2) not in exact
+    assert groups == [[0, 1]] or groups == [[0, 1, 2]] and (1, 2) in exact
+
+
 def impostor_handler(msg: Message, ctx: Context) -> Message:
     """The toy client, except that node 5 names itself ``c0`` (another node's id)."""
     pid = int(ctx.node_config["partition-id"])

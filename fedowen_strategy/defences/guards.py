@@ -58,7 +58,7 @@ from fedowen_strategy.defences.server_direction import filter_server_direction
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate, norm_ratio_limit
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
-from fedowen_strategy.updates import cosine_matrix, update_norm
+from fedowen_strategy.updates import cosine_matrix, gram_matrix, update_norm
 from fedowen_task import declare
 
 log = logging.getLogger(__name__)
@@ -340,11 +340,12 @@ def _groups(out: GuardedRound, global_state: Mapping[str, NDArray], guards: Guar
     """Copies merged with near-parallel updates; fills ``copies``, ``cosines``, ``links``."""
     states = [u.state for u in out.updates]
     ids = [u.client_id for u in out.updates]
-    copies = duplicate_groups(states, global_state, guards.duplicate_tolerance)
+    gram = gram_matrix(states, global_state)  # once: the copy screen and the cosines
+    copies = duplicate_groups(states, global_state, guards.duplicate_tolerance, gram)
     out.copies = [[ids[i] for i in g] for g in copies]
     if not value_players or len(states) < 2:
         return copies
-    cosines = cosine_matrix(states, global_state)
+    cosines = cosine_matrix(states, global_state, gram)
     if len(states) <= RECORD_COSINES_UP_TO:  # the honest pairs' distribution (links)
         out.record["cosines"] = upper_triangle(cosines)
     near = link_groups(cosines, guards.link_cosine)

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import State, flat_deltas
+from fedowen_strategy.updates import State, flat_delta, gram_matrix, update_keys
 
 
 def components(n: int, edges: Sequence[tuple[int, int]]) -> list[list[int]]:
@@ -139,20 +139,36 @@ def split_among(values: NDArray[np.float64], players: Sequence[Sequence[int]]
     return out
 
 
-def duplicate_groups(states: Sequence[State], reference: State,
-                     tolerance: float) -> list[list[int]]:
+def duplicate_groups(states: Sequence[State], reference: State, tolerance: float,
+                     gram: NDArray[np.float64] | None = None) -> list[list[int]]:
     """Groups (of two or more) of near-duplicate updates: ``i`` and ``j`` are near-duplicates
     when ``||d_i - d_j|| <= tolerance * max(||d_i||, ||d_j||)`` for their deltas ``d`` to
     ``reference``; groups are connected components. An unchanged model (``d = 0``) is no one's
     copy: honest clients return one when the model already fits their data exactly (measured:
     one-class clients of a collapsed model, docs/results/duplicates/), and it is a null player
-    in the delta game anyway."""
+    in the delta game anyway.
+
+    The pairs are screened on the updates' Gram matrix (:func:`~fedowen_strategy.updates.
+    gram_matrix`, computed unless given): ``||d_i - d_j||^2 = G_ii + G_jj - 2 G_ij`` up to a
+    rounding error below ``4 D eps max(G_ii, G_jj)`` for ``D`` entries, so only the pairs within
+    the tolerance plus twice that margin are measured on their flat deltas, as every pair was
+    before (the same decisions; on ResNet-18's 11M entries the flat copies of every update
+    were most of a round's server time: benchmarks/bench_server_numpy.py)."""
     if tolerance <= 0 or len(states) < 2:
         return []
-    deltas = flat_deltas(states, reference)
-    norms = np.linalg.norm(deltas, axis=1)
+    gram = gram_matrix(states, reference) if gram is None else gram
+    keys = update_keys(reference)
+    entries = sum(np.asarray(reference[k]).size for k in keys)
+    screen = tolerance ** 2 + 8 * entries * float(np.finfo(np.float64).eps)
+    sq = np.diag(gram)
     n = len(states)
-    return components(n, [(i, j) for i in range(n) for j in range(i + 1, n)
-                          if norms[i] > 0 and norms[j] > 0
+    near = [(i, j) for i in range(n) for j in range(i + 1, n) if sq[i] > 0 and sq[j] > 0
+            and sq[i] + sq[j] - 2 * gram[i, j] <= screen * max(sq[i], sq[j])]
+    deltas: dict[int, NDArray[np.float64]] = {}
+    norms: dict[int, float] = {}
+    for i in sorted({i for pair in near for i in pair}):
+        deltas[i] = flat_delta(states[i], reference, keys)
+        norms[i] = float(np.linalg.norm(deltas[i][None, :], axis=1)[0])
+    return components(n, [(i, j) for i, j in near if norms[i] > 0 and norms[j] > 0
                           and np.linalg.norm(deltas[i] - deltas[j])
                           <= tolerance * max(norms[i], norms[j])])
