@@ -90,6 +90,7 @@ ONE_MISTAKE = {
     "temperature": 0.0, "uniform-mix": 2.0, "weight-cap": 0.0, "epsilon": 2.0, "ucb-c": -1.0,
     "tau": math.nan, "bandit-memory": "last", "bandit-discount": 0.0, "poc-d": 0,
     "oort-exploration-min": 2.0, "selection-reward": "value", "selection-level": 0.0,
+    "greedyfed-memory": "latest",
     "delta-estimator": "biased", "delta-floor": 2.0, "delta-sigma-weight": -1.0,
     "selection-cap": 0.5, "max-norm-ratio": -1.0, "update-bound": "median",
     "update-bound-multiple": 1.0, "norm-cap": "mean", "norm-cap-multiple": 0.0,
