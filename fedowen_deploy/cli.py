@@ -143,15 +143,18 @@ def resume_hint(argv: list[str], out: str) -> str:
 
 
 def check_model(run_config: RunConfig, ds: Any) -> None:
-    """The model the run config names, built and run on two of the dataset's test inputs, as
-    the ServerApp will before its first round: a user's network for another input size or
-    class count fails here in seconds, not after the SuperLink has started."""
+    """The model the run config names, built and run on two of the dataset's test inputs, and
+    checked against the selector (a layer it reads), as the ServerApp will before its first
+    round: a user's network for another input size or class count fails here in seconds, not
+    after the SuperLink has started."""
     from fedowen_task.data import to_tensor
-    from fedowen_task.models import build_model, check_model_input
+    from fedowen_task.models import build_model, check_model_input, state_to_numpy
 
     name = run_config.model_name()
     model = build_model(name, ds.in_channels, ds.num_classes, seed=run_config.seed)
     check_model_input(model, name, to_tensor(ds.x_test[:2], ds.name), ds.num_classes)
+    if bad := run_config.model_problems(state_to_numpy(model), ds.num_classes):
+        raise ValueError("; ".join(bad))
 
 
 def main(argv: list[str] | None = None) -> int:

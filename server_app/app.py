@@ -27,7 +27,7 @@ from fedowen_strategy.nodes import wait_for_nodes
 from fedowen_strategy.torch_utility.batched import resolve_device
 from fedowen_task.adversary.attacks import adversaries_record, attack_of
 from fedowen_task.data import load_dataset, resolve_data_dir
-from fedowen_task.models import build_model, check_model_input
+from fedowen_task.models import build_model, check_model_input, state_to_numpy
 from server_app.byzantine import ByzantineGrid
 from server_app.config import RunConfig, parse_run_config
 from server_app.evaluation import CentralEvaluation, ServerParts, server_sets
@@ -77,6 +77,8 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     sets = server_sets(cfg, ds)
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes, seed=cfg.seed)
     check_model_input(model, cfg.model_name(), sets.x_test, ds.num_classes)
+    if bad := cfg.model_problems(state_to_numpy(model), ds.num_classes):  # the selector's
+        raise ValueError("; ".join(bad))
     parts = ServerParts(model, sets, resolve_device(cfg.torch_device()), recorder)
     strategy = make_strategy(cfg, len(nodes), parts)
     done = resume(cfg, recorder, strategy, model)

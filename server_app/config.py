@@ -39,6 +39,7 @@ from fedowen_strategy.selectors.adaptive import AdaptiveSettings
 from fedowen_strategy.selectors.base import SelectorSettings
 from fedowen_strategy.selectors.delta import DeltaSettings
 from fedowen_strategy.selectors.greedyfed import GreedyFedSettings
+from fedowen_strategy.selectors.hics import HicsSettings
 from fedowen_strategy.selectors.oort import OortSettings
 from fedowen_strategy.selectors.posterior import PosteriorSettings
 from fedowen_strategy.selectors.power_of_choice import PowerOfChoiceSettings
@@ -140,6 +141,11 @@ class RunConfig(TaskConfig):
     delta_estimator: str = owned(DeltaSettings, "delta_estimator")
     delta_floor: float = owned(DeltaSettings, "delta_floor")
     delta_sigma_weight: float = owned(DeltaSettings, "delta_sigma_weight")
+    hics_temperature: float = owned(HicsSettings, "hics_temperature")
+    hics_lambda: float = owned(HicsSettings, "hics_lambda")
+    hics_gamma: float = owned(HicsSettings, "hics_gamma")
+    hics_clusters: int = owned(HicsSettings, "hics_clusters")
+    hics_rounds: int = owned(HicsSettings, "hics_rounds")
     selection_reward: str = owned(PosteriorSettings, "reward")
     selection_level: float = owned(PosteriorSettings, "resolve_level")
     selection_cap: float = owned(SelectionParams, "cap")
@@ -248,6 +254,17 @@ class RunConfig(TaskConfig):
             bad += spec.settings(**self.settings_values(spec.settings)).round_problems(
                 self.clients_per_round, {**SETTINGS_KEYS, "clients_per_round": "clients-per-round"})
         return bad + _strategy_problems(self)
+
+    def model_problems(self, state: Mapping[str, Any], num_classes: int) -> list[str]:
+        """The selector's problems with the run's model (its arrays by name, in order) on
+        ``num_classes`` classes, checked before the first round (:meth:`~fedowen_strategy.
+        selectors.base.SelectorSettings.model_problems`); none for a strategy that does not
+        select."""
+        spec = registry.SELECTORS.get(self.selection)
+        if self.strategy != "fedowen" or spec is None:
+            return []
+        return spec.settings(**self.settings_values(spec.settings)).model_problems(
+            state, num_classes, SETTINGS_KEYS)
 
     def _server_problems(self) -> list[str]:
         """The cross-key rules of the keys no library settings type owns (each key's own rule

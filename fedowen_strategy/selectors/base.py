@@ -178,6 +178,14 @@ class SelectorSettings(Settings):
         """Problems of these settings with ``k`` clients a round (none by default)."""
         return []
 
+    def model_problems(self, state: Mapping[str, NDArray[Any]], num_classes: int,
+                       keys: Keys = NO_KEYS) -> list[str]:
+        """Problems of these settings with the run's model, checked before the first round:
+        ``state`` its arrays by name (in the model's order), ``num_classes`` the dataset's
+        classes (none by default; a selector that reads a layer of the model checks it is
+        there)."""
+        return []
+
 
 def metric_of(content: RecordDict, name: str) -> float:
     """A reply's float metric ``name`` (NaN when missing or not a number): how a selector

@@ -21,6 +21,7 @@ from fedowen_strategy.selectors.adaptive import Adaptive, AdaptiveSettings
 from fedowen_strategy.selectors.base import Selector, SelectorSettings
 from fedowen_strategy.selectors.delta import Delta, DeltaSettings
 from fedowen_strategy.selectors.greedyfed import GreedyFed, GreedyFedSettings
+from fedowen_strategy.selectors.hics import Hics, HicsSettings
 from fedowen_strategy.selectors.oort import Oort, OortSettings
 from fedowen_strategy.selectors.posterior import Posterior, PosteriorSettings
 from fedowen_strategy.selectors.power_of_choice import PowerOfChoice, PowerOfChoiceSettings
@@ -57,6 +58,7 @@ SELECTORS = MappingProxyType({spec.name: spec for spec in (
     SelectorSpec("oort", Oort, OortSettings),
     SelectorSpec("greedyfed", GreedyFed, GreedyFedSettings, needs_phi=True),
     SelectorSpec("delta", Delta, DeltaSettings),
+    SelectorSpec("hics-fl", Hics, HicsSettings),
 )})
 #: What ``selection = "auto"`` means: Algorithm 2 when the valuation computes phi, FedAvg's
 #: uniform selection when it does not.
