@@ -107,7 +107,8 @@ class HicsSettings(SelectorSettings):
             return [f"selection={self.selector!r} reads the last linear layer's bias as the "
                     f"output layer's; the model's ({name!r}) has {len(state[name])} entries, "
                     f"the dataset {num_classes} classes: make the output layer the model's "
-                    "last linear layer, or choose another selection"]
+                    "last linear layer, with a bias (torch: nn.Linear(d, num_classes, "
+                    "bias=True)), or choose another selection"]
         return []
 
 
