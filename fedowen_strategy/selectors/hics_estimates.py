@@ -114,15 +114,15 @@ def draw_cluster_counts(probs: NDArray[np.float64], capacity: NDArray[np.int64],
     return counts
 
 
-def hics_pick(updates: NDArray[np.float64], available: NDArray[np.bool_], k: int, m: int,
-              gamma: float, temperature: float, lam: float, rng: np.random.Generator
-              ) -> tuple[NDArray[np.int64], dict[str, Any]]:
-    """HiCS-FL's ``k`` of the ``available`` rows of ``updates`` (one row per client the server
-    has an estimate of): clusters of all rows, each cluster's mean entropy over all its
-    members, clusters drawn among those with an available member (at most as often as they
-    have), clients uniformly within. Returns the rows, sorted, and what the round record keeps:
-    the clusters' count, the drawn clusters' probabilities and mean entropies, and the
-    entropies' spread."""
+def cluster_slots(updates: NDArray[np.float64], available: NDArray[np.bool_], k: int, m: int,
+                  gamma: float, temperature: float, lam: float, rng: np.random.Generator
+                  ) -> tuple[NDArray[np.int64], NDArray[np.int64], dict[str, Any]]:
+    """HiCS-FL's allocation of ``k`` slots to clusters of the rows of ``updates`` (one row per
+    client the server has an estimate of): clusters of all rows, each cluster's mean entropy
+    over all its members, clusters drawn among those with an ``available`` member (at most as
+    often as they have). Returns each row's cluster, each cluster's slots (0 for one without an
+    available member) and what the round record keeps: the clusters' count, the live clusters'
+    probabilities and mean entropies, and the entropies' spread."""
     available = np.asarray(available, dtype=bool)
     if not 1 <= k <= available.sum():
         raise ValueError(f"cannot select k={k} of {available.sum()} available clients")
@@ -133,14 +133,25 @@ def hics_pick(updates: NDArray[np.float64], available: NDArray[np.bool_], k: int
     live = np.flatnonzero(np.bincount(labels[available], minlength=size.size) > 0)
     probs = cluster_probabilities(mean[live], gamma)
     capacity = np.bincount(labels[available], minlength=size.size)[live]
-    counts = draw_cluster_counts(probs, capacity, k, rng)
-    picks: list[int] = []
-    for cluster, count in zip(live.tolist(), counts.tolist(), strict=True):
-        if count:
-            members = np.flatnonzero((labels == cluster) & available)
-            picks += rng.choice(members, size=count, replace=False).tolist()
+    slots = np.zeros(size.size, dtype=np.int64)
+    slots[live] = draw_cluster_counts(probs, capacity, k, rng)
     info = {"clusters": int(size.size),
             "cluster_p": [round(float(p), 4) for p in probs],
             "cluster_entropy": [round(float(h), 4) for h in mean[live]],
             "entropy": [round(float(f(entropy)), 4) for f in (np.min, np.mean, np.max)]}
+    return labels, slots, info
+
+
+def hics_pick(updates: NDArray[np.float64], available: NDArray[np.bool_], k: int, m: int,
+              gamma: float, temperature: float, lam: float, rng: np.random.Generator
+              ) -> tuple[NDArray[np.int64], dict[str, Any]]:
+    """HiCS-FL's ``k`` of the ``available`` rows of ``updates``: :func:`cluster_slots`, then
+    each cluster's slots filled uniformly from its available members. Returns the rows,
+    sorted, and :func:`cluster_slots`' record."""
+    available = np.asarray(available, dtype=bool)
+    labels, slots, info = cluster_slots(updates, available, k, m, gamma, temperature, lam, rng)
+    picks: list[int] = []
+    for cluster in np.flatnonzero(slots).tolist():
+        members = np.flatnonzero((labels == cluster) & available)
+        picks += rng.choice(members, size=int(slots[cluster]), replace=False).tolist()
     return np.sort(np.asarray(picks, dtype=np.int64)), info
