@@ -88,7 +88,7 @@ def test_duplicate_screen_decides_pairs_at_the_tolerance_as_measuring_every_pair
     # the rule measured on every pair says
     exact = _every_pair(states, ref, tolerance)
     assert (0, 1) in exact and (0, 2) not in exact
-    assert groups == [[0, 1]] or groups == [[0, 1, 2]] and (1, 2) in exact
+    assert groups == [[0, 1]] or (groups == [[0, 1, 2]] and (1, 2) in exact)
 
 
 def impostor_handler(msg: Message, ctx: Context) -> Message:
