@@ -38,6 +38,7 @@ from fedowen_strategy.selectors import registry
 from fedowen_strategy.selectors.adaptive import AdaptiveSettings
 from fedowen_strategy.selectors.base import SelectorSettings
 from fedowen_strategy.selectors.delta import DeltaSettings
+from fedowen_strategy.selectors.delta_phi import DeltaPhiSettings
 from fedowen_strategy.selectors.greedyfed import GreedyFedSettings
 from fedowen_strategy.selectors.hics import HicsSettings
 from fedowen_strategy.selectors.oort import OortSettings
@@ -146,6 +147,7 @@ class RunConfig(TaskConfig):
     hics_gamma: float = owned(HicsSettings, "hics_gamma")
     hics_clusters: int = owned(HicsSettings, "hics_clusters")
     hics_rounds: int = owned(HicsSettings, "hics_rounds")
+    delta_phi_floor: float = owned(DeltaPhiSettings, "delta_phi_floor")
     selection_reward: str = owned(PosteriorSettings, "reward")
     selection_level: float = owned(PosteriorSettings, "resolve_level")
     selection_cap: float = owned(SelectionParams, "cap")

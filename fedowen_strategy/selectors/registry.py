@@ -20,8 +20,10 @@ import numpy as np
 from fedowen_strategy.selectors.adaptive import Adaptive, AdaptiveSettings
 from fedowen_strategy.selectors.base import Selector, SelectorSettings
 from fedowen_strategy.selectors.delta import Delta, DeltaSettings
+from fedowen_strategy.selectors.delta_phi import DeltaPhi, DeltaPhiSettings
 from fedowen_strategy.selectors.greedyfed import GreedyFed, GreedyFedSettings
 from fedowen_strategy.selectors.hics import Hics, HicsSettings
+from fedowen_strategy.selectors.hics_phi import HicsPhi, HicsPhiSettings
 from fedowen_strategy.selectors.oort import Oort, OortSettings
 from fedowen_strategy.selectors.posterior import Posterior, PosteriorSettings
 from fedowen_strategy.selectors.power_of_choice import PowerOfChoice, PowerOfChoiceSettings
@@ -59,6 +61,9 @@ SELECTORS = MappingProxyType({spec.name: spec for spec in (
     SelectorSpec("greedyfed", GreedyFed, GreedyFedSettings, needs_phi=True),
     SelectorSpec("delta", Delta, DeltaSettings),
     SelectorSpec("hics-fl", Hics, HicsSettings),
+    # FedOwen candidates that learn from the peers (issue 62, deliver 3)
+    SelectorSpec("hics-phi", HicsPhi, HicsPhiSettings, needs_phi=True),
+    SelectorSpec("delta-phi", DeltaPhi, DeltaPhiSettings, needs_phi=True),
 )})
 #: What ``selection = "auto"`` means: Algorithm 2 when the valuation computes phi, FedAvg's
 #: uniform selection when it does not.

@@ -1,0 +1,158 @@
+"""``hics-phi``: FedOwen's phi exploited within HiCS-FL's label-skew clusters (a candidate,
+issue 62 deliver 3).
+
+Every FedOwen selector tried so far is below random selection on FEMNIST's writers
+(docs/selection.md): Algorithm 2 concentrates the rounds on the clients of highest phi, which
+narrows the population the model learns from. This candidate keeps phi's exploitation but
+spreads it: each round's ``k`` slots are first allocated to clusters of clients with alike
+label skew, as HiCS-FL allocates them (Chen & Vikalo, NeurIPS 2024:
+:func:`~fedowen_strategy.selectors.hics_estimates.cluster_slots`, clusters of each client's
+output-bias update and its entropy, drawn with ``softmax(gamma_t * mean entropy)`` annealed to
+uniform over ``hics-rounds``), so a cluster of clients with rare labels keeps its share of the
+slots however low its phi; then each cluster's slots go to its members by FedOwen's
+Algorithm 2 (:func:`~fedowen_strategy.selectors.adaptive.select_clients`: epsilon-greedy on the
+cumulative phi, ``bandit-memory``) instead of HiCS-FL's uniform draw.
+
+It reads HiCS-FL's keys (``hics-temperature``, ``hics-lambda``, ``hics-gamma``,
+``hics-clusters``, ``hics-rounds``) and Algorithm 2's (``epsilon``, ``ucb-c``, ``tau``,
+``bandit-memory``, ``bandit-discount``) and declares none of its own: its settings are both
+types' (:class:`HicsPhiSettings`). Its memory is both selectors': HiCS-FL's estimates (a
+client never selected first, stale estimates for absent clients) and Algorithm 2's remembered
+phi and counts. The aggregation is the strategy's (FedOwen's softmax of phi by default).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedowen_strategy.selectors.adaptive import Adaptive, AdaptiveSettings, select_clients
+from fedowen_strategy.selectors.base import (
+    AskClients,
+    Choice,
+    ConfigValue,
+    Pool,
+    Seen,
+    Selector,
+)
+from fedowen_strategy.selectors.hics import Hics, HicsSettings
+from fedowen_strategy.selectors.hics_estimates import annealed_gamma, cluster_slots
+from fedowen_strategy.settings import NO_KEYS, Keys
+
+
+@dataclass(frozen=True)
+class HicsPhiSettings(HicsSettings, AdaptiveSettings):
+    """HiCS-FL's keys (the clusters and their draw) and Algorithm 2's (the choice within a
+    cluster), each read from its owner's declaration; no key of its own."""
+
+    selector: ClassVar[str] = "hics-phi"
+
+    def problems(self, keys: Keys = NO_KEYS) -> list[str]:
+        """HiCS-FL's problems, then Algorithm 2's."""
+        return HicsSettings.problems(self, keys) + AdaptiveSettings.problems(self, keys)
+
+
+class HicsPhi(Selector):
+    """HiCS-FL's cluster slots filled by Algorithm 2 on phi (module docstring). Asks the
+    trained clients for their step scale (HiCS-FL's); its round record: ``warmup`` (clients
+    never selected, taken first), ``gamma``, HiCS-FL's cluster record, ``slots`` (the slots of
+    each cluster drawn), ``explored`` (the clusters whose slots Algorithm 2 drew uniformly),
+    ``server_seconds`` and ``extra_messages`` (0)."""
+
+    def __init__(self, settings: HicsPhiSettings) -> None:
+        self.settings = settings
+        self.estimates = Hics(settings)  # the bias estimates and the clients ever selected
+        self.bandit = Adaptive(settings)  # each client's remembered phi and count
+        self.pending = 0.0  # seconds observe took, recorded with the next choice
+
+    def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
+        """The never-selected clients first (uniformly, HiCS-FL's warm-up), the rest by
+        :func:`fill_slots` over the clients with an estimate."""
+        start = time.perf_counter()
+        tried = self.estimates.tried
+        fresh = [i for i, c in enumerate(pool.keys) if c not in tried]
+        picked = [int(i) for i in rng.choice(fresh, size=min(len(fresh), pool.k),
+                                             replace=False)] if fresh else []
+        gamma = annealed_gamma(self.settings.hics_gamma, pool.server_round,
+                               self.settings.hics_rounds)
+        record: dict[str, Any] = {"warmup": len(picked), "gamma": round(gamma, 6)}
+        if len(picked) < pool.k:
+            more, info = self.fill_slots(pool, picked, gamma, rng)
+            picked += more
+            record.update(info)
+        self.estimates.tried.update(pool.keys[i] for i in picked)
+        record["server_seconds"] = round(self.pending + time.perf_counter() - start, 6)
+        record["extra_messages"] = 0
+        self.pending = 0.0
+        how = "warm-up" if record["warmup"] == pool.k else "hics-phi"
+        return Choice(np.sort(np.asarray(picked, dtype=np.int64)), how, record)
+
+    def fill_slots(self, pool: Pool, picked: list[int], gamma: float,
+                   rng: np.random.Generator) -> tuple[list[int], dict[str, Any]]:
+        """``pool.k - len(picked)`` more of the pool (indices), not in ``picked``: HiCS-FL's
+        slots per cluster (:func:`~fedowen_strategy.selectors.hics_estimates.cluster_slots`),
+        each cluster's filled by Algorithm 2 among its available members; uniformly while no
+        client has an estimate."""
+        rows, matrix = self.estimates.known()
+        index = {c: i for i, c in enumerate(pool.keys)}
+        taken = set(picked)
+        available = np.array([c in index and index[c] not in taken for c in rows], bool)
+        need = pool.k - len(picked)
+        if matrix is None:
+            drawn = rng.choice(np.flatnonzero(available), size=need, replace=False)
+            return [index[rows[i]] for i in drawn.tolist()], {}
+        s = self.settings
+        labels, slots, info = cluster_slots(matrix, available, need,
+                                            s.hics_clusters or pool.k, gamma,
+                                            s.hics_temperature, s.hics_lambda, rng)
+        phi = np.array([self.bandit.phi.get(c, 0.0) for c in pool.keys])
+        counts = np.array([self.bandit.counts.get(c, 0) for c in pool.keys])
+        more: list[int] = []
+        explored = 0
+        for cluster in np.flatnonzero(slots).tolist():
+            members = np.array([index[rows[r]] for r in
+                                np.flatnonzero((labels == cluster) & available).tolist()])
+            chosen, uniform = within_cluster(members, int(slots[cluster]), phi, counts,
+                                             pool, s, rng)
+            more += chosen
+            explored += uniform
+        info["slots"] = [int(n) for n in slots[slots > 0]]
+        info["explored"] = explored
+        return more, info
+
+    def train_config(self) -> dict[str, ConfigValue]:
+        """HiCS-FL's: each trained client reports its step scale."""
+        return self.estimates.train_config()
+
+    def observe(self, seen: Seen) -> None:
+        """HiCS-FL's estimates from the replies, Algorithm 2's memory from phi."""
+        start = time.perf_counter()
+        self.estimates.observe(seen)
+        self.bandit.observe(seen)
+        self.pending += time.perf_counter() - start
+
+    def state(self) -> dict[str, Any]:
+        """Both memories."""
+        return {"estimates": self.estimates.state(), "bandit": self.bandit.state()}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state`."""
+        self.estimates.load(state.get("estimates", {}))
+        self.bandit.load(state.get("bandit", {}))
+
+
+def within_cluster(members: NDArray[np.int64], slots: int, phi: NDArray[np.float64],
+                   counts: NDArray[np.int64], pool: Pool, settings: AdaptiveSettings,
+                   rng: np.random.Generator) -> tuple[list[int], bool]:
+    """``slots`` of a cluster's available ``members`` (indices into the pool) by Algorithm 2
+    on their remembered ``phi`` and ``counts`` (the pool's, aligned with its keys), the
+    cluster's link groups as arms; and whether Algorithm 2 explored (drew uniformly)."""
+    arms = None if pool.arms is None else pool.arms[members]
+    chosen, explored = select_clients(phi[members], counts[members], pool.server_round,
+                                      slots, settings, rng, arms)
+    return members[chosen].tolist(), explored
