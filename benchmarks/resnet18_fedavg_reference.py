@@ -1,13 +1,23 @@
 """Plain-torch FedAvg of ResNet-18 on CIFAR-10, outside the app: is a round's lack of progress
 the app's or the model's?
 
-Ten clients a round, each with 100 images drawn at random from the whole training set (IID),
-one local epoch of the client recipe (SGD, momentum 0.5, batch 10) at ``--lr``, every entry of
-the state (BatchNorm's statistics and counters included) averaged with equal weights; the test
-loss and accuracy of the global model on 1,000 random test images after every round. No Flower,
-no valuation, no guards: what the app's ResNet-18 rounds should be compared with.
+Ten clients a round, each with 100 images, one local epoch of the client recipe (SGD, momentum
+0.5, batch 10) at ``--lr``; no Flower, no valuation, no guards: what the app's ResNet-18 rounds
+should be compared with. Two data settings:
+
+- ``--split iid`` (default): each client's images drawn at random from the whole training set;
+  every entry of the state averaged with equal weights; the global model's loss and accuracy
+  on 1,000 random test images after every round.
+- ``--split app``: the app's own split (:func:`fedowen_task.partition.federated_split`: 100
+  clients, long-tailed with ``--imbalance-factor``, per-class Dirichlet ``--alpha``, validation
+  5% of the pool, ``--seed``), 10 clients drawn uniformly a round, each capped at 100 images as
+  ``client-max-samples = 100`` does; parameters and BatchNorm statistics averaged with the
+  clients' example counts (FedAvg), counters kept; the loss and accuracy on 1,000 validation
+  images (where choices are made), and on 1,000 test images, after every round.
 
     python -m benchmarks.resnet18_fedavg_reference --lr 0.05 --out /tmp/ref-0.05.json
+    python -m benchmarks.resnet18_fedavg_reference --split app --lr 0.01 --rounds 12 \\
+        --out /tmp/ref-app-0.01.json
 
 Measured 2026-11-28 on this project's 2-core CPU (docs/results/gpu-resnet18/README.md).
 """
@@ -23,29 +33,42 @@ import numpy as np
 import torch
 
 from benchmarks._common import machine_info
-from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
+from fedowen_task.data import DatasetArrays, load_dataset, resolve_data_dir, to_tensor
 from fedowen_task.models import build_model
+from fedowen_task.partition import federated_split
 from fedowen_task.training import evaluate, train
+
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--clients", type=int, default=10)
-    p.add_argument("--samples", type=int, default=100, help="images per client")
+    p.add_argument("--clients", type=int, default=10, help="clients a round")
+    p.add_argument("--samples", type=int, default=100, help="images per client (at most)")
+    p.add_argument("--split", choices=("iid", "app"), default="iid")
+    p.add_argument("--alpha", type=float, default=0.1, help="--split app: Dirichlet alpha")
+    p.add_argument("--imbalance-factor", type=float, default=0.01, help="--split app")
+    p.add_argument("--seed", type=int, default=0, help="--split app: the split's seed")
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--out", type=Path, required=True, help="JSON of the rounds")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     ds = load_dataset("cifar10", resolve_data_dir(args.data_dir))
+    run = _app_rounds if args.split == "app" else _iid_rounds
+    rows = run(ds, args)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                    "machine": machine_info(), "rounds": rows}, indent=1))
+    return 0
+
+
+def _iid_rounds(ds: DatasetArrays, args: argparse.Namespace) -> list[dict[str, float]]:
     rng = np.random.default_rng(0)
     test = np.random.default_rng(9).choice(len(ds.y_test), 1000, replace=False)
     x_test, y_test = to_tensor(ds.x_test[test], ds.name), torch.as_tensor(ds.y_test[test])
     model = build_model("resnet18", 3, 10, seed=0)
-    loss, acc = evaluate(model, x_test, y_test)
-    rows = [{"round": 0, "test_loss": loss, "test_accuracy": acc}]
-    print(f"round 0: test loss {loss:.4f}, accuracy {acc:.3f}", flush=True)
+    rows = [_row(0, model, {"test": (x_test, y_test)})]
     for rnd in range(1, args.rounds + 1):
         states = []
         for c in range(args.clients):
@@ -56,12 +79,50 @@ def main(argv: list[str] | None = None) -> int:
             states.append(local.state_dict())
         model.load_state_dict({k: (sum(s[k].double() for s in states) / len(states)).to(
             states[0][k].dtype) for k in states[0]})
-        loss, acc = evaluate(model, x_test, y_test)
-        rows.append({"round": rnd, "test_loss": loss, "test_accuracy": acc})
-        print(f"round {rnd}: test loss {loss:.4f}, accuracy {acc:.3f}", flush=True)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                    "machine": machine_info(), "rounds": rows}, indent=1))
-    return 0
+        rows.append(_row(rnd, model, {"test": (x_test, y_test)}))
+    return rows
+
+
+def _app_rounds(ds: DatasetArrays, args: argparse.Namespace) -> list[dict[str, float]]:
+    split = federated_split(ds, num_clients=100, alpha=args.alpha,
+                            imbalance_factor=args.imbalance_factor, seed=args.seed,
+                            validation_fraction=0.05)
+    rng = np.random.default_rng(args.seed + 1000)
+    val = rng.choice(split.val_idx, min(1000, len(split.val_idx)), replace=False)
+    test = np.random.default_rng(9).choice(len(ds.y_test), 1000, replace=False)
+    sets = {"val": (to_tensor(ds.x_train[val], ds.name), torch.as_tensor(ds.y_train[val])),
+            "test": (to_tensor(ds.x_test[test], ds.name), torch.as_tensor(ds.y_test[test]))}
+    model = build_model("resnet18", 3, 10, seed=args.seed)
+    rows = [_row(0, model, sets)]
+    for rnd in range(1, args.rounds + 1):
+        states, counts, losses = [], [], []
+        for c in rng.choice(split.num_clients, args.clients, replace=False):
+            idx = split.client_idx[c]
+            if len(idx) > args.samples:
+                idx = np.sort(rng.choice(idx, args.samples, replace=False))
+            local = copy.deepcopy(model)
+            fit = train(local, to_tensor(ds.x_train[idx], ds.name),
+                        torch.as_tensor(ds.y_train[idx]), epochs=1, lr=args.lr, momentum=0.5,
+                        batch_size=10, seed=rnd * 1000 + int(c))
+            states.append(local.state_dict())
+            counts.append(len(idx))
+            losses.append(fit["loss"])
+        w = np.asarray(counts, np.float64) / sum(counts)
+        model.load_state_dict({k: v if k.endswith("num_batches_tracked") else sum(
+            float(wi) * s[k].double() for wi, s in zip(w, states, strict=True)).to(v.dtype)
+            for k, v in states[0].items()})
+        rows.append({**_row(rnd, model, sets), "train_loss": float(np.mean(losses)),
+                     "examples": counts})
+    return rows
+
+
+def _row(rnd: int, model: torch.nn.Module, sets: dict[str, Batch]) -> dict[str, float]:
+    row: dict[str, float] = {"round": rnd}
+    for name, (x, y) in sets.items():
+        row[f"{name}_loss"], row[f"{name}_accuracy"] = evaluate(model, x, y)
+    print(f"round {rnd}: " + ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "round"),
+          flush=True)
+    return row
 
 
 if __name__ == "__main__":
