@@ -16,7 +16,7 @@ from fedowen_strategy.replies import state_to_record
 from fedowen_strategy.round.contribution import ValuationSettings
 from fedowen_strategy.selectors.adaptive import Adaptive
 from fedowen_strategy.selectors.base import Pool
-from fedowen_strategy.selectors.hics_phi import HicsPhi, HicsPhiSettings
+from fedowen_strategy.selectors.hics_phi import HicsPhi, HicsPhiSettings, draw_within
 from fedowen_strategy.strategy import FedOwen
 from fedowen_task.config import ConfigError
 from server_app.config import parse_run_config
@@ -50,14 +50,14 @@ def test_a_rare_label_cluster_keeps_its_slots_while_phi_concentrates_elsewhere()
     alone.load({"phi": PHI, "counts": dict.fromkeys(KEYS, 1)})
     rng, rounds = np.random.default_rng(0), 4000
     rare, bandit_rare, within = 0, 0, np.zeros(4)
-    # Execute
-    for t in range(rounds):
-        choice = selector.choose(Pool(KEYS, 2, 200 + t), rng, never)
+    # Execute: round 200 each time (Algorithm 2's bonus depends on the round)
+    for _ in range(rounds):
+        choice = selector.choose(Pool(KEYS, 2, 200), rng, never)
         picks = set(choice.indices.tolist())
         rare += len(picks & {0, 1})
         if len(picks & {0, 1}) == 1:  # one slot each: Algorithm 2's pick among c2..c5
             within[min(picks - {0, 1}) - 2] += 1
-        bandit_rare += len(set(alone.choose(Pool(KEYS, 2, 200 + t), rng, never).indices.tolist())
+        bandit_rare += len(set(alone.choose(Pool(KEYS, 2, 200), rng, never).indices.tolist())
                            & {0, 1})
     # Assert: the one-label cluster keeps half the slots (1 a round, se 0.011); Algorithm 2
     # over the pool never gives it one (its phi is the lowest: probability 0 once shifted)
@@ -65,11 +65,25 @@ def test_a_rare_label_cluster_keeps_its_slots_while_phi_concentrates_elsewhere()
     assert bandit_rare == 0
     assert choice.record is not None and choice.record["clusters"] == 2
     assert choice.record["cluster_p"] == [0.5, 0.5] and choice.how == "hics-phi"
-    # within the balanced cluster Algorithm 2's exploitation: phi + one bonus, shifted by the
-    # minimum: (0.3, 0.2, 0.1, 0) / 0.6; the lowest never
+    # within the balanced cluster, Algorithm 2's probabilities over the pool restricted to it:
+    # phi + the bonus b = 0.1 sqrt(ln 201 / 2), less the pool's minimum, the one-label
+    # clients' 0.1 b (below tau): (0.4, 0.3, 0.2, 0.1) + 0.9 b, normalised
+    b = 0.1 * np.sqrt(np.log(201) / 2)
+    expected = np.array([0.4, 0.3, 0.2, 0.1]) + 0.9 * b
+    expected /= expected.sum()  # (0.3445, 0.2815, 0.2185, 0.1555)
     share = within / within.sum()
-    se = np.sqrt(np.array([1 / 2, 1 / 3, 1 / 6]) * np.array([1 / 2, 2 / 3, 5 / 6]) / within.sum())
-    assert np.all(np.abs(share[:3] - [1 / 2, 1 / 3, 1 / 6]) < 4 * se) and share[3] == 0
+    se = np.sqrt(expected * (1 - expected) / within.sum())
+    assert np.all(np.abs(share - expected) < 4 * se)
+
+
+def test_too_few_positive_members_are_topped_up_uniformly() -> None:
+    # Prepare: one member of three with a positive probability, two slots
+    probs, members = np.array([0.0, 1.0, 0.0, 0.0]), np.array([0, 1, 3])
+    rng = np.random.default_rng(5)
+    # Execute
+    draws = {tuple(sorted(draw_within(probs, members, 2, False, rng))) for _ in range(200)}
+    # Assert: client 1 always, the other slot either of {0, 3}
+    assert draws == {(0, 1), (1, 3)}
 
 
 def test_early_rounds_prefer_balanced_clusters_as_hics_fl() -> None:
