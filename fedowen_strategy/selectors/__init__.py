@@ -7,8 +7,8 @@
   the link groups (:class:`SelectionParams`), and a run's :class:`Selection` (the strategy's
   one handle).
 - :mod:`~fedowen_strategy.selectors.registry`: :data:`SELECTORS`, one row per selector.
-- one module per selector: ``adaptive`` (Algorithm 2), ``random``, ``posterior``,
-  ``screened``, ``power_of_choice``, ``oort``, ``delta``.
+- one module per selector (Algorithm 2's ``adaptive``, the field's peers, FedOwen's
+  candidates): the table's rows name them.
 
 docs/selection.md describes each selector and how to add one.
 """
