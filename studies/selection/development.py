@@ -21,9 +21,7 @@ cells differ in float rounding, so no setting mixes machines); ``selection.md`` 
 from __future__ import annotations
 
 import argparse
-import csv
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +32,21 @@ from sim.presets import load_preset
 from sim.results import LAST_K, CellResult, load_results
 from sim.stats import Interval, mean_interval, paired_interval
 from studies.adversarial.attack_costs import attacked, collapsed
+from studies.selection.cells import (
+    TEST,
+    VAL,
+    cell_scores,
+    distinct_share,
+    setting_key,
+    top_share,
+    write_csv,
+)
 
 #: The peers' tuning candidates, by family (equal weights).
 PEERS = {"power-of-choice": ("poc-d20", "poc-d50"), "oort": ("oort-x0.3", "oort-x0.1")}
 #: Who may become the default selection, and the arm every comparison is paired against.
 CONTENDERS = ("fedowen", "fedowen-random", "posterior-rank", "posterior-phi")
 RANDOM = "fedowen-random"
-VAL, TEST = "val_accuracy", "test_accuracy"
 
 
 @dataclass(frozen=True)
@@ -69,26 +75,6 @@ class Setting:
                                self.scores.get(reference, {}).get(metric, {}))
 
 
-def selections(result: CellResult) -> Counter[Any]:
-    """How many training rounds selected each client over the run."""
-    return Counter(c for r in result.rounds if r.get("round", 0) > 0
-                   for c in r.get("selected", []))
-
-
-def distinct_share(result: CellResult, clients: int) -> float:
-    """Share of the federation's clients selected at least once over the run."""
-    return len(selections(result)) / clients
-
-
-def top_share(result: CellResult, clients: int) -> float:
-    """How often the most selected client was selected over the run, in units of the mean
-    count (uniform draws give about 2 over 100 rounds of 10 from 100: the maximum of 100
-    binomials; an identity cap c keeps it near c at most)."""
-    counts = selections(result)
-    total = sum(counts.values())
-    return max(counts.values()) * clients / total if total else math.nan
-
-
 def settings(preset: Preset, res: Mapping[str, CellResult]) -> list[Setting]:
     """The clean settings (ablation grids without attackers), in preset order."""
     out: dict[str, Setting] = {}
@@ -99,22 +85,12 @@ def settings(preset: Preset, res: Mapping[str, CellResult]) -> list[Setting]:
         name = setting_key(cell)
         setting = out.setdefault(name, Setting(name, {}, {}))
         arm, seed = cell.point["variant"], cell.config.seed
-        for metric in (VAL, TEST):
-            value = result.last_k_accuracy(LAST_K, key=metric)
-            if value is not None:
-                setting.scores.setdefault(arm, {}).setdefault(metric, {})[seed] = value
+        for metric, value in cell_scores(result).items():
+            setting.scores.setdefault(arm, {}).setdefault(metric, {})[seed] = value
         setting.distinct.setdefault(arm, {})[seed] = distinct_share(result,
                                                                    preset.num_supernodes)
         setting.top.setdefault(arm, {})[seed] = top_share(result, preset.num_supernodes)
     return list(out.values())
-
-
-def setting_key(cell: Cell) -> str:
-    """The setting a cell belongs to: its dataset and alpha (FEMNIST: its dataset), attacked
-    or clean."""
-    cfg = cell.config
-    name = cfg.dataset if cfg.dataset == "femnist" else f"{cfg.dataset} alpha={cfg.alpha:g}"
-    return f"{name}, attacked" if attacked(cell.run_config) else name
 
 
 def merge_machines(preset: Preset, cpu: Mapping[str, CellResult],
@@ -277,25 +253,15 @@ def write(preset_path: Path, results: Path, out: Path, device: Path | None = Non
              out / "selection-val.png"]
     paths[0].write_text(markdown(found, rows, adopted, failures, done, len(res),
                                  machine if device is not None else None))
-    _write_csv(paths[1], rows)
+    write_csv(paths[1], rows)
     seeds = [{"setting": s.name, "arm": arm, "seed": seed,
               "val": s.scores[arm].get(VAL, {}).get(seed),
               "test": s.scores[arm].get(TEST, {}).get(seed),
               "distinct": s.distinct[arm].get(seed), "top": s.top[arm].get(seed)}
              for s in found for arm in s.scores for seed in sorted(s.distinct[arm])]
-    _write_csv(paths[2], seeds)
+    write_csv(paths[2], seeds)
     plot(found, paths[3])
     return paths
-
-
-def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as fh:
-        if rows:
-            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({k: f"{v:.4f}" if isinstance(v, float) else v
-                                 for k, v in row.items()})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,8 @@ from numpy.typing import NDArray
 from sim.presets import load_preset
 from sim.results import CellResult, load_results
 from sim.stats import paired_interval
-from studies.selection.development import RANDOM, selections
+from studies.selection.cells import selections
+from studies.selection.development import RANDOM
 
 GROUPS = ("all", "federation", "others", "favoured", "neglected")
 
