@@ -248,3 +248,22 @@ def test_a_partial_grid_reads_only_its_complete_settings(tmp_path: Path) -> None
     arms = (tmp_path / "selection-arms.csv").read_text().splitlines()
     assert arms[0].startswith("setting,arm,source,n,best_peer,val,val_half")
     assert not any(math.isnan(float(x)) for x in arms[1].split(",")[5:7])
+
+
+def test_an_arm_row_shows_each_difference_over_the_seeds_it_pairs() -> None:
+    from studies.selection.peers_markdown import arm_table
+
+    # Prepare: an arm of 5 seeds paired with one seed of random so far, no best peer yet
+    row: dict[str, Any] = {"arm": "fedowen", "source": "selection-dev", "n": 5, "val": 79.0,
+                           "val_half": 0.7, "test": 79.5, "test_half": 0.6, "distinct": 1.0,
+                           "n_evals": 33.8, "valuation_seconds": 0.76, "selector_seconds": None,
+                           "extra_messages": None, "round_seconds": 1.29}
+    for metric in ("val", "test"):
+        row.update({f"{metric}_vs_random": -0.64, f"{metric}_vs_random_half": math.nan,
+                    f"{metric}_vs_random_n": 1, f"{metric}_vs_peer": math.nan,
+                    f"{metric}_vs_peer_half": math.nan, f"{metric}_vs_peer_n": 0})
+    # Execute
+    line = arm_table([row])[2]
+    # Assert
+    assert line == ("| fedowen | selection-dev | 5 | 79.00 ± 0.70 | 79.50 ± 0.60 | -0.64 (n=1) | "
+                    "-0.64 (n=1) | - | - | 1.00 | 33.8 | 0.760 | - | - | 1.29 |")

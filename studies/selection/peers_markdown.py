@@ -148,8 +148,7 @@ def arm_table(rows: Sequence[dict[str, Any]]) -> list[str]:
         cells = [Interval(r["val"], r["val_half"], r["n"]).text(),
                  Interval(r["test"], r["test_half"], r["n"]).text()]
         for key in ("val_vs_random", "test_vs_random", "val_vs_peer", "test_vs_peer"):
-            n = 0 if math.isnan(r[key]) else r["n"]
-            cells.append(Interval(r[key], r[f"{key}_half"], n).text(signed=True))
+            cells.append(Interval(r[key], r[f"{key}_half"], r[f"{key}_n"]).text(signed=True))
         distinct = "-" if math.isnan(r["distinct"]) else f"{r['distinct']:.2f}"
         costs = ["-" if r[key] is None else fmt.format(r[key]) for key, _, fmt in COST_COLUMNS]
         out.append(f"| {r['arm']} | {r['source']} | {r['n']} | " + " | ".join(cells)

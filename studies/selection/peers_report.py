@@ -58,8 +58,8 @@ def mean_costs(results: Mapping[int, CellResult]) -> dict[str, float | None]:
 
 def arm_rows(found: Sequence[SettingData], reading: Reading) -> list[dict[str, Any]]:
     """One row per setting and arm shown: accuracies with their intervals, paired differences
-    against fedowen-random and the best peer (read settings only), distinct and top shares,
-    costs a round."""
+    against fedowen-random and the best peer (read settings only; ``_n``: the seeds paired),
+    distinct and top shares, costs a round."""
     rows = []
     for d in found:
         s, peer = d.setting, best_of(d, reading)
@@ -73,6 +73,7 @@ def arm_rows(found: Sequence[SettingData], reading: Reading) -> list[dict[str, A
                 for ref, name in ((RANDOM, "random"), (peer, "peer")):
                     diff = s.diff(arm, ref, metric) if ref else Interval(math.nan, math.nan, 0)
                     row[f"{tag}_vs_{name}"], row[f"{tag}_vs_{name}_half"] = diff.mean, diff.half
+                    row[f"{tag}_vs_{name}_n"] = diff.n
             row["distinct"] = mean_interval(list(s.distinct.get(arm, {}).values())).mean
             row["top"] = mean_interval(list(s.top.get(arm, {}).values())).mean
             row.update(mean_costs(d.results[arm]))
@@ -136,7 +137,8 @@ def _pct(value: float | None) -> str:
 
 def plot(d: SettingData, path: Path, title: str) -> Path:
     """Validation accuracy over rounds, one line per arm (mean over its seeds with records):
-    the contenders thicker, the arms reused from selection-dev dashed."""
+    every round, and the second half closer; the contenders thicker, the arms reused from
+    selection-dev dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -145,18 +147,23 @@ def plot(d: SettingData, path: Path, title: str) -> Path:
     from sim.compact import save_png
     from sim.plots import mean_curve
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), layout="constrained")
     colours = plt.get_cmap("tab20")
+    rounds = max(r.total_rounds for by_seed in d.results.values() for r in by_seed.values())
     for i, (arm, by_seed) in enumerate(d.results.items()):
         x, mean, _ = mean_curve(list(by_seed.values()), key=VAL)
+        style = {"color": colours(i % 20), "lw": 2.0 if arm in CONTENDERS else 1.1,
+                 "ls": "--" if d.sources[arm] == THERE else "-"}
         if len(x):
-            ax.plot(x, mean, color=colours(i % 20), label=f"{arm} (n={len(by_seed)})",
-                    lw=2.0 if arm in CONTENDERS else 1.1,
-                    ls="--" if d.sources[arm] == THERE else "-")
-    ax.set(title=f"{title} / {d.name}: validation accuracy (mean over seeds)",
-           xlabel="round", ylabel="validation accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right", ncol=2)
+            axes[0].plot(x, mean, label=f"{arm} (n={len(by_seed)})", **style)
+            half = x >= rounds / 2
+            axes[1].plot(x[half], mean[half], **style)
+    axes[0].set(title="every round", xlabel="round", ylabel="validation accuracy (%)")
+    axes[1].set(title="second half", xlabel="round")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower right", ncol=2)
+    fig.suptitle(f"{title} / {d.name}: validation accuracy (mean over seeds)")
     save_png(fig, path, dpi=90)
     plt.close(fig)
     return path
