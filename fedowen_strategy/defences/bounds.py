@@ -153,7 +153,8 @@ def lower_median(values: Sequence[float]) -> float | None:
 
 
 def cap_norms(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArray],
-              cap: float | None, exactly: bool = False) -> BoundedRound:
+              cap: float | None, exactly: bool = False,
+              norms: Sequence[float] | None = None) -> BoundedRound:
     """Norm normalisation: rescale every update whose norm exceeds ``cap`` to exactly ``cap``
     (its direction kept), before valuation and aggregation; smaller updates are untouched.
 
@@ -163,11 +164,13 @@ def cap_norms(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArray],
     it. ``None`` (nothing moved, or no reference): updates unchanged. ``exactly``: smaller
     updates are scaled up to ``cap`` too (a zero update stays zero), so every update has the
     same norm and only its direction differs. ``clipped`` holds the factor applied per client,
-    ``bound`` the cap.
+    ``bound`` the cap. ``norms``: the updates' :func:`update_norm` where the caller has them
+    already (the same numbers, not computed twice on a large model).
     """
     out = BoundedRound([], bound=cap)
-    for upd in updates:
-        norm = update_norm(upd.state, reference)
+    if norms is None:
+        norms = [update_norm(upd.state, reference) for upd in updates]
+    for upd, norm in zip(updates, norms, strict=True):
         if cap is None or norm == 0.0 or norm == cap or (norm < cap and not exactly):
             out.updates.append(upd)
             continue

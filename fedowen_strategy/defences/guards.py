@@ -329,7 +329,7 @@ def _cap(out: GuardedRound, global_state: Mapping[str, NDArray], guards: Guards,
                                                 for u in out.updates]
     reference = cap_reference(norm_cap, norms, server_norm)
     cap = norm_cap_at(guards, reference)
-    capped = cap_norms(out.updates, global_state, cap)
+    capped = cap_norms(out.updates, global_state, cap, norms=norms or None)
     out.updates = capped.updates
     out.record.update(norm_cap=cap, capped=capped.clipped)
     return reference
