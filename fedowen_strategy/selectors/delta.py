@@ -118,7 +118,7 @@ class Delta(Selector):
         return Choice(picked, "delta", {
             "draws": self.draw["counts"], "q": self.draw["q"],
             "unseen": int(sum(c not in self.mass for c in pool.keys)),
-            "estimates": self.last, "server_seconds": seconds})
+            "estimates": self.last, "server_seconds": seconds, "extra_messages": 0})
 
     def train_config(self) -> dict[str, ConfigValue]:
         """Each trained client reports its gradient variance and step scale."""

@@ -69,7 +69,8 @@ class GreedyFed(Selector):
     """Round-robin until every client of the pool has a value, then the ``k`` of highest
     cumulative value. Its round record (``selection``): ``how`` (the phase), ``unvalued``
     (the pool's never-valued clients), ``choose_seconds`` and ``observe_seconds`` (its own
-    compute: this choice, and the observation of the round before)."""
+    compute: this choice, and the observation of the round before), ``extra_messages`` (0:
+    it reads the valuation's phi, not the clients)."""
 
     def __init__(self, settings: GreedyFedSettings) -> None:
         self.settings = settings
@@ -90,7 +91,8 @@ class GreedyFed(Selector):
             picked = round_robin(valued, pool.k, rng)
         return Choice(picked, how, {"unvalued": int((~valued).sum()),
                                     "choose_seconds": time.perf_counter() - start,
-                                    "observe_seconds": self.observe_seconds})
+                                    "observe_seconds": self.observe_seconds,
+                                    "extra_messages": 0})
 
     def observe(self, seen: Seen) -> None:
         """Each valued client's cumulative value (:func:`accumulate`); nothing when the
