@@ -190,7 +190,8 @@ class RunConfig(TaskConfig):
     def selector_settings(self) -> SelectorSettings:
         """The resolved selector's settings (its keys in this run config)."""
         spec = registry.SELECTORS[self.choices().selection]
-        return spec.settings(**self.settings_values(spec.settings))
+        return spec.settings(**self.settings_values(spec.settings)).for_run(
+            self.num_server_rounds)
 
     def valuation_settings(self) -> ValuationSettings:
         """The estimator and aggregation these keys describe."""

@@ -14,7 +14,7 @@ import torch
 from scipy.special import softmax
 
 from client_app.app import app as client_app
-from fedowen_strategy.selectors.hics import HicsSettings
+from fedowen_strategy.selectors.hics import Hics, HicsSettings
 from fedowen_strategy.selectors.hics_estimates import (
     annealed_gamma,
     cluster_probabilities,
@@ -182,9 +182,23 @@ def test_the_server_app_stops_before_the_first_round(shared_data_dir: Path,
 def test_settings_problems() -> None:
     with pytest.raises(ValueError, match=r"hics_temperature=0\.0 must be a finite number > 0"):
         HicsSettings(hics_temperature=0.0)
-    with pytest.raises(ValueError, match="hics_rounds=0 must be >= 1"):
-        HicsSettings(hics_rounds=0)
+    with pytest.raises(ValueError, match=r"hics_rounds=-1 must be >= 0 \(0 = num-server-rounds\)"):
+        HicsSettings(hics_rounds=-1)
     bad = HicsSettings.problems_of({"hics_clusters": -1, "hics_lambda": -1.0},
                                    {"hics_clusters": "hics-clusters"})
     assert bad == ["hics_lambda=-1.0 must be a finite number >= 0",
                    "hics-clusters=-1 must be >= 0 (0 = clients-per-round)"]
+
+
+@pytest.mark.parametrize("selection", ["hics-fl", "hics-phi"])
+def test_hics_rounds_default_to_the_runs_rounds(selection: str) -> None:
+    # the app anneals over num-server-rounds unless hics-rounds is set
+    def resolved(extra: dict[str, Any]) -> int:
+        cfg = parse_run_config({"selection": selection, "num-server-rounds": 30, **extra})
+        return cfg.selector_settings().hics_rounds  # type: ignore[attr-defined, no-any-return]
+    assert resolved({}) == 30
+    assert resolved({"hics-rounds": 12}) == 12
+    # a strategy built by hand must resolve it: the error says how
+    with pytest.raises(ValueError, match=r"hics_rounds=0: 0 stands for the run's num-server"):
+        Hics(HicsSettings())
+    assert Hics(HicsSettings().for_run(7)).settings.hics_rounds == 7

@@ -37,7 +37,8 @@ def loaded(**settings: Any) -> HicsPhi:
     """hics-phi with every client estimated and valued once (Algorithm 2 exploiting only, the
     clusters drawn uniformly: gamma 0)."""
     selector = HicsPhi(HicsPhiSettings(**{"epsilon": 0.0, "hics_gamma": 0.0,
-                                          "hics_temperature": 0.01, **settings}))
+                                          "hics_temperature": 0.01, "hics_rounds": 100,
+                                          **settings}))
     selector.load({"estimates": {"updates": UPDATES, "tried": list(KEYS)},
                    "bandit": {"phi": PHI, "counts": dict.fromkeys(KEYS, 1)}})
     return selector
@@ -128,7 +129,8 @@ def test_state_round_trips_through_json() -> None:
     first, rng = loaded(epsilon=0.1), np.random.default_rng(3)
     first.choose(Pool(KEYS, 2, 3), rng, never)
     # Execute
-    again = HicsPhi(HicsPhiSettings(epsilon=0.1, hics_gamma=0.0, hics_temperature=0.01))
+    again = HicsPhi(HicsPhiSettings(epsilon=0.1, hics_gamma=0.0, hics_temperature=0.01,
+                                    hics_rounds=100))
     again.load(json.loads(json.dumps(first.state())))
     state = rng.bit_generator.state
     a = first.choose(Pool(KEYS, 3, 4), rng, never)
@@ -146,7 +148,8 @@ def test_it_reads_hics_fls_and_algorithm_2s_keys() -> None:
     cfg = parse_run_config({"selection": "hics-phi", "epsilon": 0.2, "hics-gamma": 0.0,
                             "bandit-memory": "latest"})
     assert cfg.selector_settings() == HicsPhiSettings(epsilon=0.2, hics_gamma=0.0,
-                                                      memory="latest")
+                                                      memory="latest",
+                                                      hics_rounds=cfg.num_server_rounds)
     # one mistake, one problem, named by its key (each owner's rule)
     for bad, name in (({"hics-lambda": -1.0}, "hics-lambda=-1.0"), ({"tau": np.nan}, "tau=")):
         with pytest.raises(ConfigError) as err:

@@ -71,7 +71,7 @@ def test_warm_up_first_then_clusters_and_a_late_joiner_first() -> None:
 
 def test_estimates_are_the_sent_bias_update_per_unit_step() -> None:
     # Prepare
-    hics = Hics(HicsSettings())
+    hics = Hics(HicsSettings(hics_rounds=100))
     zero = {"fc.weight": np.zeros((4, 2)), "fc.bias": np.zeros(4)}
     capped = {"fc.weight": np.zeros((4, 2)), "fc.bias": np.full(4, 0.5)}
     # Execute: c0 reports scale 4; c1 no scale (used unscaled); the states differ (capped)
@@ -83,14 +83,14 @@ def test_estimates_are_the_sent_bias_update_per_unit_step() -> None:
 
 
 def test_a_model_without_an_output_bias_fails_in_the_first_observe() -> None:
-    hics = Hics(HicsSettings())
+    hics = Hics(HicsSettings(hics_rounds=100))
     with pytest.raises(ValueError, match=r"selection='hics-fl' estimates .* has none"):
         hics.observe(Seen(1, (), None, (), (), {"w": np.zeros(4)}))
 
 
 def test_absent_clients_keep_their_stale_estimates() -> None:
     # Prepare: four clients estimated in round 1
-    hics, rng = Hics(HicsSettings(hics_temperature=0.01)), np.random.default_rng(2)
+    hics, rng = Hics(HicsSettings(hics_temperature=0.01, hics_rounds=100)), np.random.default_rng(2)
     keys = ("c0", "c1", "c2", "c3")
     hics.tried = set(keys)
     hics.observe(seen(1, dict(zip(keys, SPEC.tolist(), strict=True))))
@@ -104,12 +104,13 @@ def test_absent_clients_keep_their_stale_estimates() -> None:
 
 def test_state_round_trips_through_json() -> None:
     # Prepare
-    first, rng = Hics(HicsSettings(hics_temperature=0.01)), np.random.default_rng(3)
+    first = Hics(HicsSettings(hics_temperature=0.01, hics_rounds=100))
+    rng = np.random.default_rng(3)
     keys = ("c0", "c1", "c2", "c3", "c4")
     first.choose(Pool(keys, 4, 1), rng, never)
     first.observe(seen(1, dict(zip(sorted(first.tried), SPEC.tolist(), strict=True))))
     # Execute
-    again = Hics(HicsSettings(hics_temperature=0.01))
+    again = Hics(HicsSettings(hics_temperature=0.01, hics_rounds=100))
     again.load(json.loads(json.dumps(first.state())))
     state = rng.bit_generator.state
     a = first.choose(Pool(keys, 3, 2), rng, never)

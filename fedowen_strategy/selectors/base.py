@@ -178,6 +178,11 @@ class SelectorSettings(Settings):
         """Problems of these settings with ``k`` clients a round (none by default)."""
         return []
 
+    def for_run(self, num_rounds: int) -> SelectorSettings:
+        """These settings for a run of ``num_rounds`` rounds: a key whose default is the
+        run's length resolves here (unchanged by default)."""
+        return self
+
     def model_problems(self, state: Mapping[str, NDArray[Any]], num_classes: int,
                        keys: Keys = NO_KEYS) -> list[str]:
         """Problems of these settings with the run's model, checked before the first round:

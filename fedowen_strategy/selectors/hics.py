@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -77,7 +77,7 @@ class HicsSettings(SelectorSettings):
     hics_clusters: int = declare.key(
         0, "HiCS-FL's clusters (0: clients-per-round, the paper's)", name="hics-clusters")
     hics_rounds: int = declare.key(
-        100, "rounds over which HiCS-FL anneals hics-gamma to 0 (set num-server-rounds)",
+        0, "rounds over which HiCS-FL anneals hics-gamma to 0 (0: num-server-rounds)",
         name="hics-rounds")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
@@ -93,9 +93,15 @@ class HicsSettings(SelectorSettings):
             (self.hics_clusters >= 0,
              f"{k('hics_clusters')}={self.hics_clusters!r} must be >= 0 (0 = "
              "clients-per-round)"),
-            (self.hics_rounds >= 1, f"{k('hics_rounds')}={self.hics_rounds!r} must be >= 1"),
+            (self.hics_rounds >= 0,
+             f"{k('hics_rounds')}={self.hics_rounds!r} must be >= 0 (0 = num-server-rounds)"),
         ]
         return [message for ok, message in checks if not ok]
+
+    def for_run(self, num_rounds: int) -> HicsSettings:
+        """``hics-rounds = 0`` is the run's ``num_rounds`` (the paper anneals over the
+        training)."""
+        return replace(self, hics_rounds=num_rounds) if self.hics_rounds == 0 else self
 
     def model_problems(self, state: Mapping[str, NDArray[Any]], num_classes: int,
                        keys: Keys = NO_KEYS) -> list[str]:
@@ -125,6 +131,10 @@ class Hics(Selector):
     step scale; records the round's clusters and its server seconds."""
 
     def __init__(self, settings: HicsSettings) -> None:
+        if settings.hics_rounds < 1:
+            raise ValueError(f"hics_rounds={settings.hics_rounds!r}: 0 stands for the run's "
+                             "num-server-rounds, which the app resolves; a strategy built by "
+                             "hand passes settings.for_run(num_rounds) or sets hics_rounds")
         self.settings = settings
         self.updates: dict[str, list[float]] = {}  # client -> its last bias update per step
         self.tried: set[str] = set()  # clients ever selected
