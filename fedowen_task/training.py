@@ -85,8 +85,8 @@ def train(
     -------
     dict
         ``loss``: mean training loss over all samples seen (every epoch);
-        ``num_examples``: ``N``; ``step_scale``: ``lr * steps / (1 - momentum)``, how far a
-        constant unit gradient would have moved the model; with ``loss_squares`` also
+        ``num_examples``: ``N``; ``step_scale``: how far a constant unit gradient would have
+        moved the model (:func:`step_scale`); with ``loss_squares`` also
         ``loss_squares``, with ``grad_variance`` also ``grad_variance``.
     """
     TrainConfig(lr, momentum, batch_size, epochs, weight_decay)  # validates
@@ -126,12 +126,24 @@ def train(
                 seen += len(idx)
                 steps += 1
     stats: dict[str, float] = {"loss": total / seen, "num_examples": len(x),
-                               "step_scale": lr * steps / (1.0 - momentum)}
+                               "step_scale": step_scale(lr, momentum, steps)}
     if loss_squares:
         stats["loss_squares"] = squares
     if moments is not None:
         stats["grad_variance"] = moments.variance()
     return stats
+
+
+def step_scale(lr: float, momentum: float, steps: int) -> float:
+    """How far ``steps`` of torch's SGD move a parameter under a constant unit gradient: the
+    momentum buffer starts empty each round (``b_1 = g``, ``b_t = momentum b_{t-1} + g``), so
+    step ``t`` moves ``lr (1 - m^t) / (1 - m)`` and the sum is
+    ``lr / (1 - m) (steps - m (1 - m^steps) / (1 - m))``: ``lr`` for one step, tending to
+    ``lr steps / (1 - m)`` as the steps grow (no weight decay)."""
+    m = momentum
+    if m == 0.0:
+        return lr * steps
+    return lr / (1.0 - m) * (steps - m * (1.0 - m ** steps) / (1.0 - m))
 
 
 class GradientMoments:

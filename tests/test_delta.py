@@ -29,7 +29,7 @@ from fedowen_strategy.selectors.delta import (
     step_scales,
 )
 from fedowen_task.protocol import GRAD_VARIANCE_FIELD, STEP_SCALE_FIELD
-from fedowen_task.training import GradientMoments, train
+from fedowen_task.training import GradientMoments, step_scale, train
 from server_app.store.records import read_rounds
 from tests.test_strategy import run_toy, toy_handler
 
@@ -227,6 +227,23 @@ def test_train_reports_the_variance_of_its_hand_computed_steps() -> None:
     # training is unchanged
     assert torch.equal(models[0].weight, models[1].weight) and "grad_variance" not in plain
     assert plain["step_scale"] == pytest.approx(lr * 2)  # reported without the variance too
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
+@pytest.mark.parametrize("steps", [1, 2, 3, 10, 60])
+def test_step_scale_is_how_far_torchs_sgd_moves_under_a_unit_gradient(momentum: float,
+                                                                       steps: int) -> None:
+    # Prepare: a parameter whose loss is its sum (gradient 1), a fresh optimizer as a round's
+    w = nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    optimizer = torch.optim.SGD([w], lr=0.05, momentum=momentum)
+    # Execute
+    for _ in range(steps):
+        optimizer.zero_grad()
+        w.sum().backward()
+        optimizer.step()
+    # Assert: the momentum's warm-up included (one step moves lr, not lr / (1 - m))
+    assert step_scale(0.05, momentum, steps) == pytest.approx(-float(w), rel=1e-12)
+    assert step_scale(0.05, momentum, 1) == pytest.approx(0.05)
 
 
 def with_variance(msg: Message, ctx: Context) -> Message:

@@ -13,8 +13,9 @@ over the whole pool.
 The estimates, as the paper's practical DELTA makes them:
 
 - ``g_i`` is the mean gradient of client i's local steps, read off its update on the server:
-  ``g_i = -delta_i / h_i``, ``h_i = lr * steps / (1 - momentum)`` reported by the client
-  (``step-scale``; missing: the round's median, else 1); ``g_bar`` the participants' mean;
+  ``g_i = -delta_i / h_i``, ``h_i`` (:func:`fedowen_task.training.step_scale`) reported by
+  the client (``step-scale``; missing: the round's median, else 1); ``g_bar`` the
+  participants' mean;
 - ``sigma_i^2`` is reported by the client when the train config asks (``grad-variance``: the
   mean squared norm of its per-step gradients minus the squared norm of their mean, from the
   gradients training computes anyway; missing: 0);

@@ -8,10 +8,10 @@ formulas). Server-side only: the estimate is read from the trained clients' repl
 arrays as sent, before any guard); no server data, no extra message.
 
 - **Estimate**: ``g_k = (b_k - b) / s_k``, the bias update divided by the client's step scale
-  ``s_k = lr x steps / (1 - momentum)`` (one float the train config asks each trained client
-  for, ``step-scale``: how far a constant unit gradient moves a parameter in its local
-  training). ``g_k`` is then about minus the mean gradient of the bias, the same whatever the
-  lr, momentum, batch size and epochs, so one ``hics-temperature`` serves every recipe (the
+  ``s_k`` (:func:`fedowen_task.training.step_scale`; one float the train config asks each
+  trained client for, ``step-scale``: how far a constant unit gradient moves a parameter in its
+  local training). ``g_k`` is then about minus the mean gradient of the bias, the same whatever
+  the lr, momentum, batch size and epochs, so one ``hics-temperature`` serves every recipe (the
   paper's T is absolute: 0.0015-0.0025 with Adam at lr 1e-3, which here, with SGD at lr 0.05
   over ~60 steps, would put every client at entropy 0). A reply without it is used unscaled.
 - **Warm-up**: a client never selected is selected first (uniformly among them; the paper's
@@ -183,7 +183,7 @@ class Hics(Selector):
         return rows, np.array([self.updates.get(c, zero) for c in rows], dtype=np.float64)
 
     def train_config(self) -> dict[str, ConfigValue]:
-        """Each trained client reports its step scale (lr x steps / (1 - momentum))."""
+        """Each trained client reports its step scale (:func:`fedowen_task.training.step_scale`)."""
         return {STEP_SCALE_FIELD: 1}
 
     def observe(self, seen: Seen) -> None:
