@@ -267,3 +267,25 @@ def test_an_arm_row_shows_each_difference_over_the_seeds_it_pairs() -> None:
     # Assert
     assert line == ("| fedowen | selection-dev | 5 | 79.00 ± 0.70 | 79.50 ± 0.60 | -0.64 (n=1) | "
                     "-0.64 (n=1) | - | - | 1.00 | 33.8 | 0.760 | - | - | 1.29 |")
+
+
+def test_deviation_1_sets_aside_the_step_scale_arms_cells_run_before_the_fix() -> None:
+    from sim.presets import load_preset
+    from studies.selection.peers_data import set_aside
+
+    # Prepare: seed 0 of FEMNIST; hics-phi and delta-s0 once at c975d47, hics-phi's rerun at
+    # the fix's pin, greedyfed-mean at c975d47 (it never asks for step-scale)
+    preset = load_preset(Path("conf/selection-peers-dev.toml"))
+    cells = {c.point["variant"]: c for c in preset.cells()
+             if c.grid == "femnist" and c.config.seed == 0}
+    res = {c.cell_id: CellResult(c, cell_rounds(70.0, 69.0)) for c in cells.values()}
+    old, new = "c975d477c85d7b1f9bcb26f15fb872592b45ebd8", "c214fce0000000000000000000000000000000"
+    commits = {cells["hics-phi"].cell_id: [old, new], cells["delta-s0"].cell_id: [old],
+               cells["hics-t0.1"].cell_id: [new], cells["greedyfed-mean"].cell_id: [old]}
+    # Execute
+    out, aside = set_aside(res, commits)
+    # Assert: any attempt before the fix sets a step-scale arm's cell aside, read as missing
+    assert sorted(aside) == sorted([cells["hics-phi"].cell_id, cells["delta-s0"].cell_id])
+    assert all(not out[cid].finished for cid in aside)
+    assert out[cells["hics-t0.1"].cell_id].finished
+    assert out[cells["greedyfed-mean"].cell_id].finished

@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="selection-dev's preset (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="where the report goes")
     args = p.parse_args(argv)
-    preset, found, res = read_all(args.preset, args.results, args.reference_results,
-                                  args.reference_preset)
+    preset, found, res, aside = read_all(args.preset, args.results, args.reference_results,
+                                         args.reference_preset)
     command = " ".join(["python -m studies.selection.peers",
                         *(sys.argv[1:] if argv is None else argv)])
-    for path in write(preset, found, res, args.out, command):
+    for path in write(preset, found, res, args.out, command, aside):
         print(f"[selection-peers-dev] wrote {path}")
     return 0
 

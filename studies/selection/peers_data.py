@@ -29,6 +29,11 @@ REFERENCE_ARMS = ("fedowen", "fedavg-equal")
 HEADER_BEST = {"mnist alpha=0.01": "poc-d50", "fashion-mnist alpha=0.01": "poc-d50",
                "mnist alpha=0.1": "poc-d20", "fashion-mnist alpha=0.1": "poc-d20",
                "femnist": "oort-x0.1", "cifar10 alpha=0.1": "oort-x0.3"}
+#: Deviation 1 of the preset (the clients' step-scale fixed in 3b65123): the cells of the arms
+#: that ask for it are read only if no attempt ran at a commit before the fix; the others are
+#: set aside (read as missing, so they run again).
+STEP_SCALE_ARMS = ("delta-s1", "delta-s0", "hics-t0.03", "hics-t0.1", "hics-phi")
+BEFORE_FIX = ("c975d47",)
 HERE, THERE = "here", "selection-dev"
 #: ``{setting: {arm: {seed: CellResult}}}``
 Cells = dict[str, dict[str, dict[int, CellResult]]]
@@ -196,12 +201,27 @@ def _commit_list(text: str) -> list[str]:
     return list(dict.fromkeys(a["commit"] for a in attempts if a.get("commit")))
 
 
+def set_aside(res: Mapping[str, CellResult], commits: Mapping[str, list[str]]
+              ) -> tuple[dict[str, CellResult], list[str]]:
+    """``res`` with the cells deviation 1 sets aside emptied (an arm of
+    :data:`STEP_SCALE_ARMS` with an attempt at a commit of :data:`BEFORE_FIX`), and their
+    ids."""
+    out, aside = dict(res), []
+    for cid, result in res.items():
+        if result.cell.point.get("variant") in STEP_SCALE_ARMS and any(
+                c.startswith(BEFORE_FIX) for c in commits.get(cid, [])):
+            out[cid] = CellResult(result.cell, [])
+            aside.append(cid)
+    return out, aside
+
+
 def read_all(preset_path: Path, results: Path, reference: Path, reference_preset: Path
-             ) -> tuple[Preset, list[SettingData], dict[str, CellResult]]:
-    """The grid's settings as :func:`collect` reads them, and this grid's cells."""
+             ) -> tuple[Preset, list[SettingData], dict[str, CellResult], list[str]]:
+    """The grid's settings as :func:`collect` reads them, this grid's cells (those set aside
+    emptied) and the ids of the cells set aside."""
     preset, dev = load_preset(preset_path), load_preset(reference_preset)
-    res = load_results(preset, results)
+    here = local_commits(preset, results)
+    res, aside = set_aside(load_results(preset, results), here)
     dev_res, dev_commits = reference_results(dev, reference)
-    commits = (local_commits(preset, results), dev_commits)
     return preset, collect(group(preset, res), group(dev, dev_res), preset.num_supernodes,
-                           commits), res
+                           (here, dev_commits)), res, aside

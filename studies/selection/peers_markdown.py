@@ -24,8 +24,9 @@ COST_COLUMNS = (("n_evals", "evals", "{:.1f}"), ("valuation_seconds", "valuation
 
 def markdown(preset: Preset, found: Sequence[SettingData], rows: Sequence[dict[str, Any]],
              reading: Reading, loo: Mapping[str, tuple[str, int]], seeds: int, done: int,
-             total: int, command: str, header_best: Mapping[str, str]) -> str:
-    """The whole page."""
+             total: int, command: str, header_best: Mapping[str, str],
+             aside: Sequence[str] = ()) -> str:
+    """The whole page (``aside``: the cells deviation 1 set aside)."""
     decided = [d.name for d in found if d.decided]
     state = "complete" if done == total else f"partial: {done} of {total} cells finished"
     out = [f"# {preset.name}: the rule's reading ({state})", "", preset.description, "",
@@ -35,7 +36,11 @@ def markdown(preset: Preset, found: Sequence[SettingData], rows: Sequence[dict[s
            "fedavg-equal and its tuned best of Power-of-Choice and Oort, in settings where the "
            "anchor reproduces.",
            "- Settings the rule reads (every cell finished, anchor reproduced): "
-           + (", ".join(decided) if decided else "none yet") + ".", ""]
+           + (", ".join(decided) if decided else "none yet") + "."]
+    if aside:
+        out += [f"- Set aside (the preset's deviation 1: ran before the step-scale fix), read "
+                f"as missing: {len(aside)} cells ({', '.join(sorted(aside))})."]
+    out += [""]
     if done < total or len(decided) < len(found):
         out += ["A partial reading: a setting with a missing cell, or whose anchor has not "
                 "reproduced, decides nothing (its finished cells are shown); no default is "

@@ -170,8 +170,9 @@ def plot(d: SettingData, path: Path, title: str) -> Path:
 
 
 def write(preset: Preset, found: Sequence[SettingData], res: Mapping[str, CellResult],
-          out: Path, command: str) -> list[Path]:
-    """Apply the rule to the read settings and write the report's files into ``out``."""
+          out: Path, command: str, aside: Sequence[str] = ()) -> list[Path]:
+    """Apply the rule to the read settings and write the report's files into ``out``
+    (``aside``: the ids of the cells set aside, read as missing)."""
     decided = [d for d in found if d.decided]
     reference = {d.name: d.reference_peer or "" for d in decided}
     reading = read([d.setting for d in decided], reference, total=len(found))
@@ -184,7 +185,7 @@ def write(preset: Preset, found: Sequence[SettingData], res: Mapping[str, CellRe
     paths = [out / "selection.md", out / "selection-arms.csv", out / "selection-seeds.csv",
              out / "selection-anchor.csv"]
     paths[0].write_text(markdown(preset, found, rows, reading, loo, len(seeds), done,
-                                 len(res), command, HEADER_BEST))
+                                 len(res), command, HEADER_BEST, aside))
     write_csv(paths[1], rows)
     write_csv(paths[2], seed_rows(found))
     write_csv(paths[3], anchor_rows(found))
