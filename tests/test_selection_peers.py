@@ -289,3 +289,49 @@ def test_deviation_1_sets_aside_the_step_scale_arms_cells_run_before_the_fix() -
     assert all(not out[cid].finished for cid in aside)
     assert out[cells["hics-t0.1"].cell_id].finished
     assert out[cells["greedyfed-mean"].cell_id].finished
+
+
+def test_a_differing_anchor_reads_the_reference_arms_run_again_here() -> None:
+    from sim.presets import load_preset
+    from studies.selection.peers_data import collect, group
+
+    # Prepare: FEMNIST complete in both grids, this grid's fedowen-random 0.01 off in seed 2;
+    # fedowen, fedavg-equal and the tuned Oort arm run again here 5 points up; selection-dev's
+    # tuning favours oort-x0.1 (its records), whose PoC and other Oort arms do not run here
+    preset = load_preset(Path("conf/selection-peers-dev.toml"))
+    dev = load_preset(Path("conf/selection-dev.toml"))
+
+    def score(cell: Cell) -> float:
+        bonus = 0.5 if cell.point["variant"] == "oort-x0.1" else 0.0
+        return 60.0 + len(cell.point["variant"]) + bonus + cell.config.seed / 4
+
+    dev_res = {c.cell_id: CellResult(c, cell_rounds(score(c), score(c) - 1)) for c in dev.cells()}
+    res = {}
+    for c in preset.cells():
+        off = 0.01 if (c.point["variant"], c.config.seed) == ("fedowen-random", 2) else 0.0
+        res[c.cell_id] = CellResult(c, cell_rounds(score(c) + off, score(c) - 1)
+                                    if c.grid == "femnist" else [])
+    local = group(preset, res)
+    for arm in ("fedowen", "fedavg-equal", "oort-x0.1"):  # run again here
+        for seed, r in group(dev, dev_res)["femnist"][arm].items():
+            local["femnist"][arm] = {**local["femnist"].get(arm, {}),
+                                     seed: CellResult(r.cell, cell_rounds(score(r.cell) + 5, 0))}
+    # Execute
+    (femnist,) = [d for d in collect(local, group(dev, dev_res), 100) if d.name == "femnist"]
+    # Assert: read, every arm from here, the reference chosen as tuned in selection-dev
+    assert femnist.decided and femnist.anchor.status == "not needed"
+    assert femnist.reference_peer == "oort-x0.1"
+    assert set(femnist.sources.values()) == {"here"}
+    assert femnist.setting.mean("oort-x0.1") == pytest.approx(60 + 9 + 0.5 + 1.0 / 2 + 5)
+
+
+def test_a_finished_cell_without_a_finite_val_counts_as_missing() -> None:
+    from studies.selection.peers_data import scored
+
+    cell = Cell("x", "femnist", {}, {"variant": "hics-phi"})
+    nan = cell_rounds(70.0, 69.0)
+    for r in nan[-5:]:
+        r[VAL] = math.nan
+    assert scored(CellResult(cell, cell_rounds(70.0, 69.0)))
+    assert not scored(CellResult(cell, nan))
+    assert not scored(CellResult(cell, [])) and not scored(None)

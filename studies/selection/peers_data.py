@@ -6,6 +6,7 @@ Power-of-Choice and Oort."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,32 +145,40 @@ def to_setting(name: str, arms: Mapping[str, Mapping[int, CellResult]], clients:
 def collect(local: Cells, remote: Cells, clients: int,
             commits: Commits | None = None) -> list[SettingData]:
     """Each setting of this grid (``local``) with the reference arms it does not run itself
-    read from selection-dev (``remote``): fedowen, fedavg-equal and the tuned best of
-    Power-of-Choice and Oort, unless the anchor differs."""
+    read from selection-dev (``remote``): fedowen, fedavg-equal and the best of
+    Power-of-Choice and Oort as tuned there (on selection-dev's own cells, whichever arms run
+    here), unless the anchor differs; a reference arm run again here is read from here."""
     out = []
     for name, arms in local.items():
         seeds = tuple(sorted({s for by_seed in arms.values() for s in by_seed}))
         theirs = remote.get(name, {})
         peer_arms = [a for family in PEERS.values() for a in family]
-        reused = [a for a in (*REFERENCE_ARMS, *peer_arms) if a not in arms]
+        tuning = [f"{THERE} {a} seed={s}" for a in peer_arms for s in seeds
+                  if not scored(theirs.get(a, {}).get(s))]
+        reference = None if tuning else to_setting(
+            name, {a: theirs.get(a, {}) for a in peer_arms}, clients).best_peer()
+        needed = (*REFERENCE_ARMS, *([reference] if reference else []))
+        reused = [a for a in needed if a not in arms]
         anchor = (anchor_check(arms.get(RANDOM, {}), theirs.get(RANDOM, {}), seeds, commits)
                   if reused else Anchor("not needed"))
         source = {**dict.fromkeys(arms, HERE), **dict.fromkeys(reused, THERE)}
         cells = {a: (arms if source[a] == HERE else theirs).get(a, {}) for a in source}
         missing = [f"{'' if source[a] == HERE else THERE + ' '}{a} seed={s}"
-                   for a in source for s in seeds
-                   if s not in cells[a] or not cells[a][s].finished]
-        peers_done = all(s in cells[a] and cells[a][s].finished for a in peer_arms
-                         for s in seeds)
-        reference = (to_setting(name, {a: cells[a] for a in peer_arms}, clients).best_peer()
-                     if peers_done else None)
-        shown = [a for a in source if source[a] == HERE or (
-            anchor.status != "differs" and (a in REFERENCE_ARMS or a == reference))]
+                   for a in source for s in seeds if not scored(cells[a].get(s))] + tuning
+        shown = [a for a in source if source[a] == HERE or anchor.status != "differs"]
         shown_cells = {a: {s: r for s, r in cells[a].items() if r.rounds} for a in shown}
         out.append(SettingData(name, to_setting(name, shown_cells, clients), shown_cells,
                                {a: source[a] for a in shown}, reference, missing, anchor,
                                seeds, tuple(arms)))
     return out
+
+
+def scored(result: CellResult | None) -> bool:
+    """Whether a cell is finished with a finite validation score (else the rule counts it as
+    missing: a NaN would drop out of a mean or a pairing unseen)."""
+    if result is None or not result.finished:
+        return False
+    return math.isfinite(cell_scores(result).get(VAL, math.nan))
 
 
 def reference_results(preset: Preset, path: Path
