@@ -147,6 +147,7 @@ class RunConfig(TaskConfig):
     hics_gamma: float = owned(HicsSettings, "hics_gamma")
     hics_clusters: int = owned(HicsSettings, "hics_clusters")
     hics_rounds: int = owned(HicsSettings, "hics_rounds")
+    hics_switch: float = owned(HicsSettings, "hics_switch")
     delta_phi_floor: float = owned(DeltaPhiSettings, "delta_phi_floor")
     selection_reward: str = owned(PosteriorSettings, "reward")
     selection_level: float = owned(PosteriorSettings, "resolve_level")

@@ -93,7 +93,7 @@ ONE_MISTAKE = {
     "greedyfed-memory": "latest",
     "delta-estimator": "biased", "delta-floor": 2.0, "delta-sigma-weight": -1.0,
     "hics-temperature": 0.0, "hics-lambda": -1.0, "hics-gamma": -1.0, "hics-clusters": -1,
-    "hics-rounds": -1, "delta-phi-floor": 2.0,
+    "hics-rounds": -1, "hics-switch": -0.1, "delta-phi-floor": 2.0,
     "selection-cap": 0.5, "max-norm-ratio": -1.0, "update-bound": "median",
     "update-bound-multiple": 1.0, "norm-cap": "mean", "norm-cap-multiple": 0.0,
     "value-cap-multiple": -1.0, "value-cap-mode": "exact", "link-memory": -1,

@@ -21,14 +21,24 @@ arrays as sent, before any guard); no server data, no extra message.
   without decay (the code's); one selected whose update never was has the code's zero
   update (entropy ``ln C``, angle 0 to all). Clusters are formed each round over every client
   with an estimate, restricted to the pool when drawn.
+- **Switch** (``hics-switch``, off by default): the code samples by Fraboni et al.'s
+  clustered sampling (ICML 2021, Algorithm 2: :mod:`~fedowen_strategy.selectors.hics_clustered`)
+  instead whenever the variance of the estimated entropies is at least 0.1; with
+  ``hics-switch > 0`` so do we, from that variance over the clients with an estimate, for the
+  round's slots after the warm-up, weighting each client by the num-examples of its last
+  accepted reply (the mean where it sent none), on our Ward tree (of the distances; the
+  code's linkage clusters the distance matrix's rows as points), with the distinct clients
+  our pool needs (a draw that repeats a client is redrawn without it). The round record says
+  which ``branch`` ran and the ``variance``.
 - **Aggregation**: left to the strategy (equal weights as published: ``aggregation =
   "uniform"``; or FedOwen's valuation weights).
 
 Simplified: the paper's bias (the code reads the row means of the weight update instead), the
 paper's Ward clustering of the distance itself (the code clusters the distance matrix's rows as
 points); the code's switch to Fraboni's clustered sampling when the entropies' variance is at
-least 0.1 and its freezing of the estimates after warm-up under mixed Dirichlet alphas are
-left out; within a cluster clients are drawn uniformly (the code's; the paper: by data size).
+least 0.1 is opt-in (``hics-switch = 0.1``; default 0, never), and its freezing of the
+estimates after warm-up under mixed Dirichlet alphas is left out; within a cluster clients are
+drawn uniformly (the code's; the paper: by data size).
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ from fedowen_strategy.selectors.base import (
     SelectorSettings,
     metric_of,
 )
+from fedowen_strategy.selectors.hics_clustered import clustered_pick, entropy_variance
 from fedowen_strategy.selectors.hics_estimates import annealed_gamma, hics_pick, output_bias_key
 from fedowen_strategy.settings import NO_KEYS, Keys, key
 from fedowen_task import declare
@@ -79,6 +90,9 @@ class HicsSettings(SelectorSettings):
     hics_rounds: int = declare.key(
         0, "rounds over which HiCS-FL anneals hics-gamma to 0 (0: num-server-rounds)",
         name="hics-rounds")
+    hics_switch: float = declare.key(
+        0.0, "entropy variance from which HiCS-FL samples by Fraboni's clusters (0: never; "
+        "the code's: 0.1)", name="hics-switch")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these settings."""
@@ -95,6 +109,9 @@ class HicsSettings(SelectorSettings):
              "clients-per-round)"),
             (self.hics_rounds >= 0,
              f"{k('hics_rounds')}={self.hics_rounds!r} must be >= 0 (0 = num-server-rounds)"),
+            (0.0 <= self.hics_switch < float("inf"),
+             f"{k('hics_switch')}={self.hics_switch!r} must be a finite number >= 0 (0 = "
+             "never switch; 0.1 = the code's)"),
         ]
         return [message for ok, message in checks if not ok]
 
@@ -138,12 +155,13 @@ class Hics(Selector):
         self.settings = settings
         self.updates: dict[str, list[float]] = {}  # client -> its last bias update per step
         self.tried: set[str] = set()  # clients ever selected
+        self.examples: dict[str, float] = {}  # client -> num-examples of its last accepted reply
         self.bias_key: str | None = None
         self.pending = 0.0  # seconds observe took, recorded with the next choice
 
     def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
-        """The never-selected clients first (uniformly), the rest by :func:`hics_pick` over
-        the clients with an estimate (uniformly while there is none)."""
+        """The never-selected clients first (uniformly), the rest by :meth:`draw` over the
+        clients with an estimate (uniformly while there is none)."""
         start = time.perf_counter()
         fresh = [i for i, c in enumerate(pool.keys) if c not in self.tried]
         picked = [int(i) for i in rng.choice(fresh, size=min(len(fresh), pool.k),
@@ -159,10 +177,7 @@ class Hics(Selector):
             if matrix is None:  # nothing estimated yet: uniformly
                 drawn = rng.choice(np.flatnonzero(available), size=need, replace=False)
             else:
-                m = self.settings.hics_clusters or pool.k
-                drawn, info = hics_pick(matrix, available, need, m, gamma,
-                                        self.settings.hics_temperature,
-                                        self.settings.hics_lambda, rng)
+                drawn, info = self.draw(rows, matrix, available, need, pool.k, gamma, rng)
                 record.update(info)
             picked += [index[rows[i]] for i in drawn.tolist()]
         self.tried.update(pool.keys[i] for i in picked)
@@ -171,6 +186,30 @@ class Hics(Selector):
         self.pending = 0.0
         how = "warm-up" if record["warmup"] == pool.k else "hics-fl"
         return Choice(np.sort(np.asarray(picked, dtype=np.int64)), how, record)
+
+    def draw(self, rows: list[str], matrix: NDArray[np.float64], available: NDArray[np.bool_],
+             need: int, k: int, gamma: float, rng: np.random.Generator
+             ) -> tuple[NDArray[np.int64], dict[str, Any]]:
+        """``need`` of the ``available`` rows: by Fraboni's Algorithm 2
+        (:func:`~fedowen_strategy.selectors.hics_clustered.clustered_pick`, ``need``
+        distributions, the rows' last num-examples as weights, a row without one the mean)
+        when ``hics-switch`` is above 0 and the variance of the estimated entropies of the
+        clients with an estimate is at least it; else by :func:`hics_pick`."""
+        s = self.settings
+        has = np.array([c in self.updates for c in rows], dtype=bool)
+        variance = entropy_variance(matrix[has], s.hics_temperature)
+        if 0.0 < s.hics_switch <= variance:
+            known = [self.examples[c] for c in rows if c in self.examples]
+            mean = float(np.mean(known)) if known else 1.0
+            weights = np.array([self.examples.get(c, mean) for c in rows], dtype=np.float64)
+            drawn, info = clustered_pick(matrix, weights, available, need, s.hics_temperature,
+                                         s.hics_lambda, rng)
+            branch = "clustered"
+        else:
+            drawn, info = hics_pick(matrix, available, need, s.hics_clusters or k, gamma,
+                                    s.hics_temperature, s.hics_lambda, rng)
+            branch = "entropy"
+        return drawn, {"branch": branch, "variance": round(variance, 6), **info}
 
     def known(self) -> tuple[list[str], NDArray[np.float64] | None]:
         """The clients ever selected, sorted, and their estimates as rows (zeros for one
@@ -204,17 +243,22 @@ class Hics(Selector):
             scale = scale if np.isfinite(scale) and scale > 0 else 1.0  # unscaled: absolute T
             self.updates[cid] = ((bias - before) / scale).tolist()
             self.tried.add(cid)
+            examples = metric_of(content, "num-examples")
+            if np.isfinite(examples) and examples > 0:
+                self.examples[cid] = examples
         self.pending += time.perf_counter() - start
 
     def state(self) -> dict[str, Any]:
-        """Each client's last estimate, and the clients ever selected."""
-        return {"updates": dict(self.updates), "tried": sorted(self.tried)}
+        """Each client's last estimate and num-examples, and the clients ever selected."""
+        return {"updates": dict(self.updates), "tried": sorted(self.tried),
+                "examples": dict(self.examples)}
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state`."""
         self.updates = {str(c): [float(x) for x in v]
                         for c, v in state.get("updates", {}).items()}
         self.tried = {str(c) for c in state.get("tried", [])}
+        self.examples = {str(c): float(n) for c, n in state.get("examples", {}).items()}
 
 
 def sent_array(content: RecordDict, name: str) -> NDArray[np.float64] | None:

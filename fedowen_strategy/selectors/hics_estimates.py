@@ -70,15 +70,23 @@ def hics_distances(updates: NDArray[np.float64], entropy: NDArray[np.float64], l
     return np.asarray(angle + lam * np.abs(h[:, None] - h[None, :]), dtype=np.float64)
 
 
-def ward_clusters(distances: NDArray[np.float64], m: int) -> NDArray[np.int64]:
-    """Labels ``0..`` of Ward's hierarchical clustering of a square distance matrix into at
-    most ``m`` clusters (scipy's ``linkage`` on the condensed distances, cut by ``maxclust``);
-    each row its own cluster when there are at most ``m``."""
+def ward_tree(distances: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Ward's hierarchical clustering of a square distance matrix of at least 2 rows: scipy's
+    ``linkage`` matrix on the condensed (symmetrised) distances, i.e. of the distances
+    themselves (the paper's; the code's ``linkage(sim_matrix, "ward")`` clusters the
+    matrix's rows as points)."""
     d = np.asarray(distances, dtype=np.float64)
-    n = len(d)
+    return np.asarray(linkage(squareform((d + d.T) / 2.0, checks=False), method="ward"),
+                      dtype=np.float64)
+
+
+def ward_clusters(distances: NDArray[np.float64], m: int) -> NDArray[np.int64]:
+    """Labels ``0..`` of :func:`ward_tree` cut into at most ``m`` clusters (``maxclust``);
+    each row its own cluster when there are at most ``m``."""
+    n = len(distances)
     if n <= m:
         return np.arange(n, dtype=np.int64)
-    tree = linkage(squareform((d + d.T) / 2.0, checks=False), method="ward")
+    tree = ward_tree(distances)
     _, labels = np.unique(fcluster(tree, m, criterion="maxclust"), return_inverse=True)
     return np.asarray(labels, dtype=np.int64)
 

@@ -20,7 +20,8 @@ on 55 distinct writers, against Algorithm 2's 66 and random selection's 64). The
 are not used (each client is its own arm, as in DELTA); the identity cap applies.
 
 It reads HiCS-FL's keys (``hics-temperature``, ``hics-lambda``, ``hics-gamma``,
-``hics-clusters``, ``hics-rounds``) and Algorithm 2's (``epsilon``, ``ucb-c``, ``tau``,
+``hics-clusters``, ``hics-rounds``; not ``hics-switch``: its slots always follow the entropy
+clusters) and Algorithm 2's (``epsilon``, ``ucb-c``, ``tau``,
 ``bandit-memory``, ``bandit-discount``) and declares none of its own: its settings are both
 types' (:class:`HicsPhiSettings`). Its memory is both selectors': HiCS-FL's estimates (a
 client never selected first, stale estimates for absent clients) and Algorithm 2's remembered
