@@ -44,7 +44,8 @@ _PER_RUN = ("seed", "output_dir", "data_dir", "resume_from", "max_stalled_rounds
 #: code did before them: a config without them (a cell's config.json written then, or a
 #: preset that leaves them to the defaults, which have changed since) ran at that value, and
 #: at that value they are left out of an arm's resolved config, so the protocol's hashes keep
-#: naming the same runs.
+#: naming the same runs. A key no arm of the study reads takes today's default (hics_rounds:
+#: 0 since e5da05e), so a run today names the same arm.
 ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", "link_memory": 0,
                         "poc_d": 20, "oort_exploration_min": 0.3, "selection_reward": "rank",
                         "selection_level": 0.01, "selection_cap": 0.0,
@@ -56,14 +57,14 @@ ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", 
                         "delta_estimator": "unbiased", "delta_floor": 0.05,
                         "delta_sigma_weight": 1.0, "delta_phi_floor": 0.5,
                         "hics_temperature": 0.03, "hics_lambda": 10.0, "hics_gamma": 4.0,
-                        "hics_clusters": 0, "hics_rounds": 100, "hics_switch": 0.0}
+                        "hics_clusters": 0, "hics_rounds": 0, "hics_switch": 0.0}
 #: The same for the second confirmation's protocol commit: its presets leave keys to the
 #: defaults of that commit (direction-only valuation among them), so only the keys the app
 #: gained after it are filled in.
 ADDED_AFTER_SECOND_PROTOCOL: dict[str, Any] = {
     "greedyfed_memory": "mean", "delta_estimator": "unbiased", "delta_floor": 0.05,
     "delta_sigma_weight": 1.0, "delta_phi_floor": 0.5, "hics_temperature": 0.03,
-    "hics_lambda": 10.0, "hics_gamma": 4.0, "hics_clusters": 0, "hics_rounds": 100,
+    "hics_lambda": 10.0, "hics_gamma": 4.0, "hics_clusters": 0, "hics_rounds": 0,
     "hics_switch": 0.0}
 
 
