@@ -9,22 +9,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import MetricRecord
 
-from fedowen_strategy.defences.guards import Guards
-from fedowen_strategy.replies import state_to_record
 from fedowen_strategy.round.contribution import ValuationSettings
 from fedowen_strategy.selectors.adaptive import Adaptive
 from fedowen_strategy.selectors.base import Pool
 from fedowen_strategy.selectors.hics_phi import HicsPhi, HicsPhiSettings, draw_within
-from fedowen_strategy.strategy import FedOwen
 from fedowen_task.config import ConfigError
 from server_app.config import parse_run_config
-from server_app.store.records import RunRecorder, read_rounds
-from sim.inline_grid import InProcessGrid
+from server_app.store.records import read_rounds
 from tests.test_hics import A, B, C, D, never
-from tests.test_hics_selector import seen, toy_handler, toy_utility
-from tests.test_strategy import BARE
+from tests.test_hics_selector import run_hics_toy, seen
 
 KEYS = tuple(f"c{i}" for i in range(6))
 #: c0, c1 hold one label (class 0): the rare-label cluster; c2-c5 are balanced (C, D).
@@ -162,23 +156,10 @@ def test_it_reads_hics_fls_and_algorithm_2s_keys() -> None:
 
 
 def test_four_rounds_through_fedowen(tmp_path: Any) -> None:
-    # Prepare: the HiCS-FL toy (clients 0-3 one label each, 4-5 balanced), 2 a round
-    recorder = RunRecorder(tmp_path)
-    strategy = FedOwen(
-        clients_per_round=2, utility_factory=toy_utility,
-        valuation=ValuationSettings(method="owen", budget_m=4, aggregation="softmax",
-                                    game="average"),
-        guards=Guards(**BARE), selection=HicsPhiSettings(hics_rounds=4),
-        on_round=recorder.log_train, seed=3)
-    init = {"fc.weight": np.zeros((4, 2), np.float32), "fc.bias": np.zeros(4, np.float32)}
-
-    def evaluate(server_round: int, arrays: Any) -> MetricRecord:
-        recorder.log_eval(server_round, {})
-        return MetricRecord({})
-
-    # Execute
-    strategy.start(grid=InProcessGrid(toy_handler, [{"partition-id": i} for i in range(6)]),
-                   initial_arrays=state_to_record(init), num_rounds=4, evaluate_fn=evaluate)
+    # Prepare / Execute: the HiCS-FL toy (clients 0-3 one label each, 4-5 balanced), 2 a round
+    strategy = run_hics_toy(HicsPhiSettings(hics_rounds=4), 4, tmp_path,
+                            ValuationSettings(method="owen", budget_m=4, aggregation="softmax",
+                                              game="average"))
     # Assert: every client once in the warm-up, then one round from the clusters
     rounds = read_rounds(tmp_path)[1:]
     assert sorted(c for r in rounds[:3] for c in r["selected"]) == list(KEYS)

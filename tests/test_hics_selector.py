@@ -17,7 +17,7 @@ from scipy.special import softmax
 from fedowen_strategy.defences.guards import Guards
 from fedowen_strategy.replies import record_to_state, state_to_record
 from fedowen_strategy.round.contribution import ValuationSettings
-from fedowen_strategy.selectors.base import Pool, Seen
+from fedowen_strategy.selectors.base import Pool, Seen, SelectorSettings
 from fedowen_strategy.selectors.hics import Hics, HicsSettings
 from fedowen_strategy.selectors.hics_estimates import skew_entropy
 from fedowen_strategy.strategy import FedOwen
@@ -163,23 +163,11 @@ def toy_utility(global_state: Mapping[str, np.ndarray], states: Sequence[Mapping
 
 @pytest.mark.parametrize(("valuation", "aggregation"), [("none", "uniform"), ("owen", "softmax")])
 def test_six_rounds_through_fedowen(valuation: str, aggregation: str, tmp_path: Any) -> None:
-    # Prepare: 6 clients, 2 a round: 3 warm-up rounds, then 3 drawn from M = 2 clusters
-    recorder = RunRecorder(tmp_path)
-    strategy = FedOwen(
-        clients_per_round=2, utility_factory=toy_utility,
-        valuation=ValuationSettings(method=valuation, budget_m=4, aggregation=aggregation,
-                                    game="average"),
-        guards=Guards(**BARE), selection=HicsSettings(hics_rounds=6),
-        on_round=recorder.log_train, seed=3)
-    init = {"fc.weight": np.zeros((4, 2), np.float32), "fc.bias": np.zeros(4, np.float32)}
-
-    def evaluate(server_round: int, arrays: Any) -> MetricRecord:
-        recorder.log_eval(server_round, {})
-        return MetricRecord({})
-
-    # Execute
-    strategy.start(grid=InProcessGrid(toy_handler, [{"partition-id": i} for i in range(6)]),
-                   initial_arrays=state_to_record(init), num_rounds=6, evaluate_fn=evaluate)
+    # Prepare / Execute: 6 clients, 2 a round: 3 warm-up rounds, then 3 drawn from M = 2
+    # clusters
+    strategy = run_hics_toy(HicsSettings(hics_rounds=6), 6, tmp_path,
+                            ValuationSettings(method=valuation, budget_m=4,
+                                              aggregation=aggregation, game="average"))
     # Assert: every client once in the warm-up, then the balanced clients' cluster first
     rounds = read_rounds(tmp_path)[1:]
     warm = [c for r in rounds[:3] for c in r["selected"]]
@@ -197,3 +185,22 @@ def test_six_rounds_through_fedowen(valuation: str, aggregation: str, tmp_path: 
         assert all(w == [0.5, 0.5] for w in weights)
     else:  # FedOwen's: softmax of phi
         assert any(w != [0.5, 0.5] for w in weights)
+
+
+def run_hics_toy(selection: SelectorSettings, rounds: int, tmp_path: Any,
+                 valuation: ValuationSettings) -> FedOwen:
+    """``rounds`` rounds of FedOwen with ``selection`` on the toy (clients 0-3 one label each,
+    4-5 balanced), 2 a round, seed 3, recorded in ``tmp_path``."""
+    recorder = RunRecorder(tmp_path)
+    strategy = FedOwen(clients_per_round=2, utility_factory=toy_utility, valuation=valuation,
+                       guards=Guards(**BARE), selection=selection,
+                       on_round=recorder.log_train, seed=3)
+    init = {"fc.weight": np.zeros((4, 2), np.float32), "fc.bias": np.zeros(4, np.float32)}
+
+    def evaluate(server_round: int, arrays: Any) -> MetricRecord:
+        recorder.log_eval(server_round, {})
+        return MetricRecord({})
+
+    strategy.start(grid=InProcessGrid(toy_handler, [{"partition-id": i} for i in range(6)]),
+                   initial_arrays=state_to_record(init), num_rounds=rounds, evaluate_fn=evaluate)
+    return strategy

@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 from flwr.app import MetricRecord
 
-from fedowen_strategy.defences.guards import Guards
-from fedowen_strategy.replies import state_to_record
 from fedowen_strategy.round.contribution import ValuationSettings
 from fedowen_strategy.selectors import hics as hics_module
 from fedowen_strategy.selectors.base import Pool, Seen
@@ -25,12 +23,9 @@ from fedowen_strategy.selectors.hics_clustered import (
     weight_cut_labels,
 )
 from fedowen_strategy.selectors.hics_estimates import annealed_gamma, hics_pick
-from fedowen_strategy.strategy import FedOwen
-from server_app.store.records import RunRecorder, read_rounds
-from sim.inline_grid import InProcessGrid
+from server_app.store.records import read_rounds
 from tests.test_hics import never
-from tests.test_hics_selector import reply, toy_handler, toy_utility
-from tests.test_strategy import BARE
+from tests.test_hics_selector import reply, run_hics_toy
 
 #: A hand-built tree over 6 clients (scipy's linkage rows: a, b, height, size): {0, 1} -> 6,
 #: {2, 4} -> 7, {6, 7} -> 8, {3, 5} -> 9, {8, 9} -> 10; and the clients' data-size shares.
@@ -166,21 +161,9 @@ def test_clustered_weights_are_the_last_num_examples_and_the_mean_without(
 def test_four_rounds_through_fedowen_record_the_branch(tmp_path: Any) -> None:
     # Prepare: the toy of tests/test_hics_selector.py (4 one-label clients, 2 balanced), 2 a
     # round, hics-switch = 0.1 (the code's): 3 warm-up rounds, then one by the entropies
-    recorder = RunRecorder(tmp_path)
-    strategy = FedOwen(
-        clients_per_round=2, utility_factory=toy_utility,
-        valuation=ValuationSettings(method="none", aggregation="uniform"),
-        guards=Guards(**BARE), selection=HicsSettings(hics_rounds=4, hics_switch=0.1),
-        on_round=recorder.log_train, seed=3)
-    init = {"fc.weight": np.zeros((4, 2), np.float32), "fc.bias": np.zeros(4, np.float32)}
-
-    def evaluate(server_round: int, arrays: Any) -> MetricRecord:
-        recorder.log_eval(server_round, {})
-        return MetricRecord({})
-
     # Execute
-    strategy.start(grid=InProcessGrid(toy_handler, [{"partition-id": i} for i in range(6)]),
-                   initial_arrays=state_to_record(init), num_rounds=4, evaluate_fn=evaluate)
+    run_hics_toy(HicsSettings(hics_rounds=4, hics_switch=0.1), 4, tmp_path,
+                 ValuationSettings(method="none", aggregation="uniform"))
     # Assert: the warm-up records no branch; round 4's one-label / balanced mix is far above
     # 0.1 (about 0.43 were the estimates exact), so Fraboni's draw ran, of 2 distinct clients
     rounds = read_rounds(tmp_path)[1:]
