@@ -125,6 +125,9 @@ def _check_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
                     f"expected {ref.dtype}{list(ref.shape)}")
         if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
             return f"array {key!r} holds NaN or Inf"
+        if key.endswith("running_var") and np.any(arr < 0):
+            return (f"array {key!r} holds a negative variance ({float(arr.min()):.3g}): a "
+                    "normalisation layer's running variance is never below 0")
         if is_update(key, ref):  # the norms of the update, not of the statistics
             ref_sq += float(np.sum(np.square(ref, dtype=np.float64)))
             upd_sq += float(np.sum(np.square(arr.astype(np.float64) - ref)))

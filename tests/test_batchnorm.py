@@ -73,6 +73,19 @@ def test_statistics_are_averaged_but_are_not_part_of_the_update() -> None:
     np.testing.assert_allclose(clipped["running_var"], [400.0, 400.0])
 
 
+def test_a_negative_running_variance_is_rejected_by_name() -> None:
+    # Prepare: a reply whose running variance went below 0 (noise added to every float
+    # array, as the simulated noise attacker does), and one at exactly 0
+    glob = bn_state(1.0, 1.0, 0)
+    bad, zero = bn_state(1.0, 1.0, 0), bn_state(1.0, 0.0, 0)
+    bad["running_var"] = np.array([0.5, -0.25], np.float32)
+    # Execute / Assert
+    assert _check_state(bad, glob, max_norm_ratio=0.0) == (
+        "array 'running_var' holds a negative variance (-0.25): a normalisation layer's "
+        "running variance is never below 0")
+    assert _check_state(zero, glob, max_norm_ratio=0.0) is None
+
+
 def test_zero_d_arrays_round_trip_through_the_array_record() -> None:
     # Prepare: the aggregate of a round, as weighted_average returns it
     state = weighted_average([bn_state(1.0, 1.0, 4), bn_state(1.0, 1.0, 6)], np.array([.5, .5]))
