@@ -142,6 +142,8 @@ class RunConfig(TaskConfig):
     delta_estimator: str = owned(DeltaSettings, "delta_estimator")
     delta_floor: float = owned(DeltaSettings, "delta_floor")
     delta_sigma_weight: float = owned(DeltaSettings, "delta_sigma_weight")
+    delta_score: str = owned(DeltaSettings, "delta_score")
+    delta_draw: str = owned(DeltaSettings, "delta_draw")
     hics_temperature: float = owned(HicsSettings, "hics_temperature")
     hics_lambda: float = owned(HicsSettings, "hics_lambda")
     hics_gamma: float = owned(HicsSettings, "hics_gamma")

@@ -92,6 +92,7 @@ ONE_MISTAKE = {
     "oort-exploration-min": 2.0, "selection-reward": "value", "selection-level": 0.0,
     "greedyfed-memory": "latest",
     "delta-estimator": "biased", "delta-floor": 2.0, "delta-sigma-weight": -1.0,
+    "delta-score": "papers", "delta-draw": "with",
     "hics-temperature": 0.0, "hics-lambda": -1.0, "hics-gamma": -1.0, "hics-clusters": -1,
     "hics-rounds": -1, "hics-switch": -0.1, "delta-phi-floor": 2.0,
     "selection-cap": 0.5, "max-norm-ratio": -1.0, "update-bound": "median",

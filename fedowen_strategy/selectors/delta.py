@@ -29,11 +29,20 @@ Equal weights (``aggregation = "uniform"``) is the paper's objective, ``lambda_i
 other base weight ``w_i`` of the round's ``m`` accepted updates (FedOwen's softmax(phi), or
 num-examples) enters as the tilt ``lambda_i = w_i m / N`` relative to an equal share, so that
 uniform ``q`` gives the base aggregation exactly. ``delta-estimator = "normalised"`` divides
-the weights by their sum (the reference code's ratio estimator: lower variance, biased
-``O(1/k)``). Simplified from the paper: ``a1 = 1`` and ``a2 = delta-sigma-weight`` (the paper's
-constants depend on the step sizes and local steps); the reference code (L3030/DELTA_FL) mixes
-``(1 - beta) ||g_i|| + beta ||g_i - g_bar||`` linearly, has no variance term, draws without
-replacement and adds server momentum: none of that is here (docs/selection.md).
+the weights by their sum (a ratio estimator: lower variance, biased ``O(1/k)``). Simplified
+from the paper: ``a1 = 1`` and ``a2 = delta-sigma-weight`` (the paper's constants depend on
+the step sizes and local steps).
+
+The public code (L3030/DELTA_FL, :mod:`~fedowen_strategy.selectors.delta_code`) differs, and
+two of its differences are opt-in here: ``delta-score = "code"`` scores a participant
+``n_i ((1 - beta) ||g_i|| + beta ||g_i - g_bar||)`` (beta 0.5, ``n_i`` its num-examples; no
+variance term, so the clients are asked for their step scale only), and ``delta-draw =
+"without"`` draws ``k`` distinct clients without replacement and weights them
+``b_i / (N q_i)`` as the code does (``b_i`` the base weight: the code's data share), which is
+not unbiased; both draw from ``q``, so ``delta-floor = 0`` draws from the code's ``P``. Not
+here: the code's server momentum (0.2, in its aggregation: the new model is ``global + v``,
+``v <- 0.2 v + step``), which no selector's weights can express; its data size in batches
+(we use num-examples).
 """
 
 from __future__ import annotations
@@ -57,6 +66,11 @@ from fedowen_strategy.selectors.base import (
     SelectorSettings,
     metric_of,
 )
+from fedowen_strategy.selectors.delta_code import (
+    code_scores,
+    code_weights,
+    draw_without_replacement,
+)
 from fedowen_strategy.settings import NO_KEYS, Keys, key, one_of
 from fedowen_strategy.updates import State, update_keys
 from fedowen_task import declare
@@ -65,12 +79,17 @@ from fedowen_task.protocol import GRAD_VARIANCE_FIELD, STEP_SCALE_FIELD
 #: How the importance weights aggregate: a step from the global model (unbiased) or divided
 #: by their sum (an average: the ratio estimator).
 DELTA_ESTIMATORS = ("unbiased", "normalised")
+#: The probabilities' score: the paper's sqrt(zeta^2 + a2 sigma^2) or the public code's mix.
+DELTA_SCORES = ("paper", "code")
+#: The draw: k i.i.d. draws (the paper's, unbiased) or k distinct clients (the public code's).
+DELTA_DRAWS = ("with-replacement", "without")
 
 
 @dataclass(frozen=True)
 class DeltaSettings(SelectorSettings):
     """DELTA's keys: the estimator, the uniform share of the draw, the weight of the local
-    variance against the gradient diversity (``a2 / a1``)."""
+    variance against the gradient diversity (``a2 / a1``), and the public code's score and
+    draw (opt-in)."""
 
     selector: ClassVar[str] = "delta"
     delta_estimator: str = declare.key(
@@ -80,10 +99,18 @@ class DeltaSettings(SelectorSettings):
         0.05, "DELTA's uniform share of the draw", name="delta-floor")
     delta_sigma_weight: float = declare.key(
         1.0, "DELTA's weight of the local variance (a2 / a1)", name="delta-sigma-weight")
+    delta_score: str = declare.key(
+        "paper", "DELTA's score: paper (sqrt(zeta^2 + a2 sigma^2)) | code (the public code's "
+        "n_i (||g_i|| + zeta_i) / 2)", name="delta-score")
+    delta_draw: str = declare.key(
+        "with-replacement", "DELTA's draw: with-replacement (unbiased) | without (the public "
+        "code's k distinct clients, weights b_i / (N q_i): biased)", name="delta-draw")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these settings."""
         found = one_of(key(keys, "delta_estimator"), self.delta_estimator, DELTA_ESTIMATORS)
+        found += one_of(key(keys, "delta_score"), self.delta_score, DELTA_SCORES)
+        found += one_of(key(keys, "delta_draw"), self.delta_draw, DELTA_DRAWS)
         if not 0.0 <= self.delta_floor <= 1.0:
             found.append(f"{key(keys, 'delta_floor')}={self.delta_floor!r} must lie in [0, 1] "
                          "(1: uniform draws)")
@@ -105,12 +132,16 @@ class Delta(Selector):
         self.seconds = 0.0  # server time since the last record
 
     def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
-        """``k`` draws with replacement from :func:`draw_probabilities`; the distinct
-        clients drawn train (k or fewer)."""
+        """``k`` draws with replacement from :func:`draw_probabilities` (the distinct clients
+        drawn train: k or fewer), or ``k`` distinct ones without (``delta-draw``)."""
         start = time.perf_counter()
         masses = np.array([self.mass.get(c, 1.0) for c in pool.keys])
         q = draw_probabilities(masses, self.settings.delta_floor)
-        picked, counts = draw_with_replacement(q, pool.k, rng)
+        if self.settings.delta_draw == "without":
+            picked = draw_without_replacement(q, pool.k, rng)
+            counts = np.ones(picked.size, dtype=np.int64)
+        else:
+            picked, counts = draw_with_replacement(q, pool.k, rng)
         ids = [pool.keys[i] for i in picked.tolist()]
         self.draw = {"counts": dict(zip(ids, counts.tolist(), strict=True)),
                      "q": dict(zip(ids, q[picked].tolist(), strict=True)),
@@ -122,23 +153,30 @@ class Delta(Selector):
             "estimates": self.last, "server_seconds": seconds, "extra_messages": 0})
 
     def train_config(self) -> dict[str, ConfigValue]:
-        """Each trained client reports its gradient variance and step scale."""
+        """Each trained client reports its gradient variance and step scale (the code's
+        score: its step scale only)."""
+        if self.settings.delta_score == "code":
+            return {STEP_SCALE_FIELD: 1}
         return {GRAD_VARIANCE_FIELD: 1}
 
     def weigh(self, clients: Sequence[str], weights: NDArray[np.float64]
               ) -> NDArray[np.float64]:
         """:func:`importance_weights` of this round's draw, the base ``weights`` as the
-        tilt ``lambda_i = w_i m / N``."""
+        tilt ``lambda_i = w_i m / N`` (drawn without replacement: the code's
+        :func:`~fedowen_strategy.selectors.delta_code.code_weights`)."""
         start = time.perf_counter()
         missing = [c for c in clients if c not in self.draw.get("counts", {})]
         if missing:
             raise ValueError(f"DELTA weighs only the clients it drew this round; {missing} "
                              "were not drawn")
         base = np.asarray(weights, dtype=np.float64)
-        lam = base * len(clients) / self.draw["n"]
-        counts = np.array([self.draw["counts"][c] for c in clients], dtype=np.float64)
         q = np.array([self.draw["q"][c] for c in clients])
-        out = importance_weights(lam, counts, q, self.draw["k"])
+        if self.settings.delta_draw == "without":
+            out = code_weights(base, q, self.draw["n"])
+        else:
+            lam = base * len(clients) / self.draw["n"]
+            counts = np.array([self.draw["counts"][c] for c in clients], dtype=np.float64)
+            out = importance_weights(lam, counts, q, self.draw["k"])
         if not self.step_weights():
             out = out / out.sum() if out.sum() > 0 else np.full(out.size, 1.0 / out.size)
         self.seconds += time.perf_counter() - start
@@ -149,19 +187,27 @@ class Delta(Selector):
         return self.settings.delta_estimator == "unbiased"
 
     def observe(self, seen: Seen) -> None:
-        """The participants' new masses (:func:`rescale_masses` of :func:`delta_scores`)."""
+        """The participants' new masses (:func:`rescale_masses` of :func:`delta_scores`, or
+        of the code's :func:`~fedowen_strategy.selectors.delta_code.code_scores`)."""
         start = time.perf_counter()
         if seen.clients and seen.global_state is not None:
-            scales = [metric_of(r, STEP_SCALE_FIELD) for r in seen.replies]
-            variances = [metric_of(r, GRAD_VARIANCE_FIELD) for r in seen.replies]
-            zeta = gradient_diversity(seen.states, seen.global_state, step_scales(scales))
-            sigma_sq = np.array([v if math.isfinite(v) and v >= 0 else 0.0 for v in variances])
-            scores = delta_scores(zeta, sigma_sq, self.settings.delta_sigma_weight)
+            scales = step_scales([metric_of(r, STEP_SCALE_FIELD) for r in seen.replies])
+            norms, zeta = gradient_spread(seen.states, seen.global_state, scales)
+            if self.settings.delta_score == "code":
+                examples = step_scales([metric_of(r, "num-examples") for r in seen.replies])
+                scores = code_scores(norms, zeta, examples)
+                estimates = {"zeta": zeta, "norm": norms}
+            else:
+                variances = [metric_of(r, GRAD_VARIANCE_FIELD) for r in seen.replies]
+                sigma_sq = np.array([v if math.isfinite(v) and v >= 0 else 0.0
+                                     for v in variances])
+                scores = delta_scores(zeta, sigma_sq, self.settings.delta_sigma_weight)
+                estimates = {"zeta": zeta, "sigma": np.sqrt(sigma_sq)}
             old = np.array([self.mass.get(c, 1.0) for c in seen.clients])
             new = rescale_masses(old, scores)
             self.mass.update(zip(seen.clients, new.tolist(), strict=True))
-            self.last = {c: {"zeta": float(z), "sigma": float(math.sqrt(s2))}
-                         for c, z, s2 in zip(seen.clients, zeta, sigma_sq, strict=True)}
+            self.last = {c: {name: float(v[i]) for name, v in estimates.items()}
+                         for i, c in enumerate(seen.clients)}
         self.seconds += time.perf_counter() - start
 
     def state(self) -> dict[str, Any]:
@@ -199,8 +245,8 @@ def delta_scores(zeta: NDArray[np.float64], sigma_sq: NDArray[np.float64],
 
 
 def step_scales(reported: Sequence[float]) -> NDArray[np.float64]:
-    """Each client's step scale ``h_i`` as reported; a missing or non-positive one is the
-    round's median of the valid ones (1 when there is none)."""
+    """Each client's step scale ``h_i`` (or num-examples) as reported; a missing or
+    non-positive one is the round's median of the valid ones (1 when there is none)."""
     h = np.asarray(reported, dtype=np.float64)
     ok = np.isfinite(h) & (h > 0)
     fill = float(np.median(h[ok])) if ok.any() else 1.0
@@ -211,13 +257,20 @@ def gradient_diversity(states: Sequence[State], global_state: State,
                        scales: NDArray[np.float64]) -> NDArray[np.float64]:
     """``zeta_i = ||g_i - mean_j g_j||`` with ``g_i = -(states[i] - global) / scales[i]`` over
     the update keys, array by array (no flat copy of the updates is held)."""
-    squares = np.zeros(len(states))
+    return gradient_spread(states, global_state, scales)[1]
+
+
+def gradient_spread(states: Sequence[State], global_state: State, scales: NDArray[np.float64]
+                    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``(||g_i||, zeta_i)`` of :func:`gradient_diversity`'s ``g_i``, in one pass."""
+    norms, squares = np.zeros(len(states)), np.zeros(len(states))
     for name in update_keys(global_state):
         ref = np.asarray(global_state[name], np.float64)
         g = np.stack([(ref - np.asarray(s[name], np.float64)).ravel() / h
                       for s, h in zip(states, scales, strict=True)])
+        norms += (g ** 2).sum(axis=1)
         squares += ((g - g.mean(axis=0)) ** 2).sum(axis=1)
-    return np.sqrt(squares)
+    return np.sqrt(norms), np.sqrt(squares)
 
 
 def rescale_masses(old: NDArray[np.float64], scores: NDArray[np.float64]

@@ -56,6 +56,7 @@ ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", 
                         "eval_every": 1, "greedyfed_memory": "mean",
                         "delta_estimator": "unbiased", "delta_floor": 0.05,
                         "delta_sigma_weight": 1.0, "delta_phi_floor": 0.5,
+                        "delta_score": "paper", "delta_draw": "with-replacement",
                         "hics_temperature": 0.03, "hics_lambda": 10.0, "hics_gamma": 4.0,
                         "hics_clusters": 0, "hics_rounds": 0, "hics_switch": 0.0}
 #: The same for the second confirmation's protocol commit: its presets leave keys to the
@@ -63,9 +64,9 @@ ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", 
 #: gained after it are filled in.
 ADDED_AFTER_SECOND_PROTOCOL: dict[str, Any] = {
     "greedyfed_memory": "mean", "delta_estimator": "unbiased", "delta_floor": 0.05,
-    "delta_sigma_weight": 1.0, "delta_phi_floor": 0.5, "hics_temperature": 0.03,
-    "hics_lambda": 10.0, "hics_gamma": 4.0, "hics_clusters": 0, "hics_rounds": 0,
-    "hics_switch": 0.0}
+    "delta_sigma_weight": 1.0, "delta_phi_floor": 0.5, "delta_score": "paper",
+    "delta_draw": "with-replacement", "hics_temperature": 0.03, "hics_lambda": 10.0,
+    "hics_gamma": 4.0, "hics_clusters": 0, "hics_rounds": 0, "hics_switch": 0.0}
 
 
 def added_after(preset_name: str) -> dict[str, Any]:
