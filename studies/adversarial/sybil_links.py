@@ -139,8 +139,9 @@ def cell_rows(res: dict[str, CellResult], num_partitions: int,
         pair = unlinked.get(_pair_key(cfg))
         if threshold > 0 and links.false_clients and pair is not None:
             with_links, without = payout_shares(r), payout_shares(pair)
+            # summed in a fixed order: a set's order moves with PYTHONHASHSEED
             cost = float(sum(without.get(c, 0.0) - with_links.get(c, 0.0)
-                             for c in links.false_clients))
+                             for c in sorted(links.false_clients)))
         rows.append({
             "cell": cid, "defence": variant_of.get(cid, "fedowen"), "setting": setting,
             "seed": int(cfg.get("seed", 0)), "link_cosine": threshold,
