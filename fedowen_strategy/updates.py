@@ -36,13 +36,15 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from fedowen_task.protocol import NORM_STATISTICS
+
 #: A model state: array name -> array (a Flower ``ArrayRecord`` decoded, or a torch state
 #: dict as numpy), in the model's key order.
 State = Mapping[str, NDArray]
 
 
 #: Name endings of normalisation statistics (torch's ``_NormBase`` buffers).
-STATISTICS = ("running_mean", "running_var")
+STATISTICS = NORM_STATISTICS
 
 
 def is_update(key: str, array: NDArray) -> bool:

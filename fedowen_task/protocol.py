@@ -27,10 +27,14 @@ LOSS_SQUARES_FIELD = "loss-squares"
 GRAD_VARIANCE_FIELD = "grad-variance"
 #: Train-config field asking a client for its step scale (sent with :data:`GRAD_VARIANCE_FIELD`
 #: too), and the reply's metric holding it: how far a constant unit gradient would have moved
-#: the client's model, ``lr * steps / (1 - momentum)`` (the server divides an update by it to
-#: estimate the client's mean gradient).
+#: the client's model (:func:`fedowen_task.training.step_scale`; the server divides an update
+#: by it to estimate the client's mean gradient).
 STEP_SCALE_FIELD = "step-scale"
 #: Train-reply metric that is 1 for every client: Flower's strategies weight by it
 #: (``strategy-params = "weighted_by_key=unit-weight"``) to average with equal weights instead
 #: of sample counts (``num-examples``, their default).
 UNIT_WEIGHT_FIELD = "unit-weight"
+#: Name endings of a normalisation layer's running statistics (torch's ``_NormBase`` buffers):
+#: averaged but not part of an update (:mod:`fedowen_strategy.updates`), and left as the global
+#: model's by the simulated noise attacker (a negative variance would only get it rejected).
+NORM_STATISTICS = ("running_mean", "running_var")

@@ -43,9 +43,13 @@ def test_flip_labels_moves_every_label() -> None:
 
 
 def test_noise_update_perturbs_floats_only() -> None:
-    state = {"w": torch.zeros(1000), "n": torch.tensor(3)}
+    state = {"w": torch.zeros(1000), "n": torch.tensor(3), "bn.running_var": torch.ones(4),
+             "bn.running_mean": torch.zeros(4)}
     out = noise_update(state, 0.5, seed=1)
     assert out["n"].item() == 3
+    # the running statistics stay the global model's (a negative variance is rejected)
+    assert torch.equal(out["bn.running_var"], torch.ones(4))
+    assert torch.equal(out["bn.running_mean"], torch.zeros(4))
     assert abs(out["w"].std().item() - 0.5) < 0.05
     torch.testing.assert_close(out["w"], noise_update(state, 0.5, seed=1)["w"])
 

@@ -18,6 +18,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedowen_task.adversary.keys import AdversaryConfig
+from fedowen_task.protocol import NORM_STATISTICS
 
 #: A torch state dict.
 TorchState = Mapping[str, torch.Tensor]
@@ -62,11 +63,13 @@ def flip_labels(y: torch.Tensor, num_classes: int) -> torch.Tensor:
 
 def noise_update(global_state: TorchState, noise_std: float, seed: int
                  ) -> dict[str, torch.Tensor]:
-    """The global model with Gaussian noise added to every floating tensor."""
+    """The global model with Gaussian noise added to every floating tensor but a
+    normalisation layer's running statistics (kept: a noisy variance below 0 would only get
+    the reply rejected)."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for key, value in global_state.items():
-        if value.is_floating_point():
+        if value.is_floating_point() and not key.endswith(NORM_STATISTICS):
             out[key] = value + noise_std * torch.randn(value.shape, generator=gen,
                                                        dtype=value.dtype)
         else:
