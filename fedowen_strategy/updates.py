@@ -22,7 +22,9 @@ last bit, and each caller keeps the one it has always used, so recorded runs sta
   initial model): the statistics moved by 27-183 in L2 against 4.5-7.3 for the parameters, so
   in the update they would decide every norm-based guard alone. A reply with a negative
   running variance is rejected (:func:`fedowen_strategy.replies.parse_replies`); a large but
-  valid one is averaged as sent (no guard bounds the statistics);
+  valid one is averaged as sent unless the opt-in ``statistics-cap`` bounds each client's
+  statistics by the round's median deviation (:mod:`fedowen_strategy.defences.statistics`; off
+  by default until its cost on honest BatchNorm runs is measured);
 * integer buffers (BatchNorm's ``num_batches_tracked``: a count of training steps, read only
   when ``momentum=None``) are the same weighted average of the clients' counters, rounded to
   the nearest integer, in the global model's dtype and shape (0-d stays 0-d);

@@ -130,6 +130,8 @@ class RunConfig(TaskConfig):
     update_filter: str = owned(Guards, "update_filter")
     robust_lr_threshold: int = owned(Guards, "robust_lr_threshold")
     aggregate_noise: float = owned(Guards, "aggregate_noise")
+    # BatchNorm statistics bounded (opt-in): see fedowen_strategy.defences.statistics.
+    statistics_cap: float = owned(Guards, "statistics_cap")
     uniform_mix: float = owned(ValuationSettings, "uniform_mix")
     weight_cap: float = owned(ValuationSettings, "weight_cap")
     bandit_memory: str = owned(AdaptiveSettings, "memory")

@@ -12,6 +12,8 @@ and the global model:
    default)
    the updates are valued at a tighter cap of the same reference than they are averaged at
    (``value-cap-mode``: at most that norm, or every update at exactly it);
+   ``statistics-cap`` (off by default) bounds the BatchNorm statistics no other guard reads
+   (:mod:`fedowen_strategy.defences.statistics`);
 3. groups: exact copies (``duplicate-tolerance``; their ids are banned by the strategy) merged
    with near-parallel updates (``link-cosine``), each group one player of the game
    (:mod:`fedowen_strategy.defences.links`).
@@ -31,6 +33,7 @@ it, so a changed guard never leaves a stale copy behind.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -55,6 +58,7 @@ from fedowen_strategy.defences.links import (
 )
 from fedowen_strategy.defences.majority import UPDATE_FILTERS, filter_majority
 from fedowen_strategy.defences.server_direction import filter_server_direction
+from fedowen_strategy.defences.statistics import cap_statistics
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate, norm_ratio_limit
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
@@ -131,6 +135,13 @@ class Guards(Settings):
     aggregate_noise : float
         FLAME's noise on the round's aggregate, standard deviation this multiple of the
         round's median update norm (the paper's lambda, 0.001; 0: off; opt-in, issue 45).
+    statistics_cap : float
+        > 0: each update's normalisation statistics (``running_mean``, ``running_var``)
+        moved back towards the global model's until their deviation from them is at most this
+        multiple of the round's lower-median deviation, the update keys untouched
+        (:mod:`fedowen_strategy.defences.statistics`); 0 (the default): off, the statistics
+        averaged as sent. A value below 1 caps the median client too. Off until its cost on
+        honest BatchNorm runs is measured (models without statistics: nothing to do).
     """
 
     max_norm_ratio: float = declare.key(
@@ -157,6 +168,9 @@ class Guards(Settings):
         0, "the robust learning rate's theta (0: off)", name="robust-lr-threshold")
     aggregate_noise: float = declare.key(
         0.0, "noise on the aggregate, x the median norm (0: off)", name="aggregate-noise")
+    statistics_cap: float = declare.key(
+        0.0, "cap BatchNorm statistics' deviation at this x its median (0: off; < 1 "
+        "caps the median client too)", name="statistics-cap")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""
@@ -183,6 +197,9 @@ class Guards(Settings):
             (self.aggregate_noise >= 0,
              f"{k('aggregate_noise')}={self.aggregate_noise!r} must be >= 0 (0 = off; FLAME's "
              "0.001)"),
+            (math.isfinite(self.statistics_cap) and self.statistics_cap >= 0,
+             f"{k('statistics_cap')}={self.statistics_cap!r} must be finite and >= 0 (0 = off; "
+             "e.g. 3; below 1 it caps the median client too)"),
         ]
         found = [message for ok, message in checks if not ok]
         found += one_of(k("update_bound"), self.update_bound, UPDATE_BOUNDS)
@@ -252,8 +269,10 @@ class GuardedRound:
     ``updates`` themselves. ``copies`` are the client ids of exact copies (to ban), ``links``
     those of near-parallel groups (the strategy's bandit reads them here). ``record`` holds the
     round record's fields: ``norm_cap`` and ``capped`` (when a cap applied), ``value_cap`` and
-    ``value_capped`` (the valuation's cap, when set), ``cosines`` (rounds of at most
-    :data:`RECORD_COSINES_UP_TO` updates) and ``links`` (a copy of the field, when any).
+    ``value_capped`` (the valuation's cap, when set), ``statistics_cap`` and
+    ``statistics_capped`` (``statistics-cap``, when on and the model's statistics moved),
+    ``cosines`` (rounds of at most :data:`RECORD_COSINES_UP_TO` updates) and ``links`` (a copy
+    of the field, when any).
     """
 
     updates: list[ClientUpdate]
@@ -298,6 +317,10 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
         out.rejected.update(against)
         out.record["server_cosines"] = cosines
     reference = _cap(out, global_state, guards, norm_cap, server_update)
+    statistics = cap_statistics(out.updates, global_state, guards.statistics_cap)
+    if statistics.cap is not None:
+        out.updates = statistics.updates
+        out.record.update(statistics_cap=statistics.cap, statistics_capped=statistics.capped)
     # valued and averaged in client-id order, so the estimator's sampled orders (and float
     # sums) do not depend on arrival times
     out.updates.sort(key=lambda upd: client_order(upd.client_id))
