@@ -37,7 +37,8 @@ from benchmarks._common import (
     timed,
     write_outputs,
 )
-from fedowen_strategy.defences.guards import Guards, guard_round
+from fedowen_strategy.defences.guard_settings import Guards
+from fedowen_strategy.defences.guards import guard_round
 from fedowen_strategy.defences.links import components, duplicate_groups
 from fedowen_strategy.replies import ClientUpdate
 from fedowen_strategy.updates import cosine_matrix, flat_deltas, gram_matrix, is_update

@@ -23,7 +23,7 @@ __all__ = ["CoalitionUtility", "FedOwen", "Guards", "SelectionParams", "Valuatio
 _HOME = {"FedOwen": "fedowen_strategy.strategy",
          "ValuationSettings": "fedowen_strategy.round.contribution",
          "SelectionParams": "fedowen_strategy.selectors.shared",
-         "Guards": "fedowen_strategy.defences.guards",
+         "Guards": "fedowen_strategy.defences.guard_settings",
          "CoalitionUtility": "fedowen_strategy.torch_utility"}
 
 

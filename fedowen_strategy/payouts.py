@@ -6,7 +6,7 @@ on, rank by that (1 = highest), a share of a payout pool (the non-negative part 
 phi, normalised over clients) and a flag where the interval lies wholly below zero.
 
 Forfeit: a client id that returned a copy of another client's update in some round (the
-round's ``duplicates`` record, :class:`fedowen_strategy.defences.guards.Guards`'
+round's ``duplicates`` record, :class:`fedowen_strategy.defences.guard_settings.Guards`'
 ``duplicate_tolerance``) is one actor under several identities. Within a round the game
 shares a copy's contribution with its twins, but a copy selected alone looks like an honest
 update, so over a run a Sybil identity earns like an honest client. Its gains are forfeited:

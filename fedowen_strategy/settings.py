@@ -2,7 +2,7 @@
 
 A settings type (:class:`~fedowen_strategy.round.contribution.ValuationSettings`,
 :class:`~fedowen_strategy.selectors.shared.SelectionParams` and each selector's settings,
-:class:`~fedowen_strategy.defences.guards.Guards`)
+:class:`~fedowen_strategy.defences.guard_settings.Guards`)
 is a frozen dataclass with the app's defaults whose ``problems(keys)`` lists everything wrong
 with it, one problem per mistake; constructing one raises ``ValueError`` with all of them.
 A problem names a field as ``keys`` says (field name -> the name its user wrote): the field

@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
 from fedowen_strategy import nodes, replies
-from fedowen_strategy.defences.guards import Defence, Guards
+from fedowen_strategy.defences.guard_settings import Defence, Guards
 from fedowen_strategy.defences.identity import IdentityBook, Roster
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
 from fedowen_strategy.round import round_record

@@ -39,7 +39,8 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from fedowen_strategy.defences.bounds import lower_median
-from fedowen_strategy.defences.guards import Defence, Median, bound_in_force
+from fedowen_strategy.defences.guard_settings import Defence
+from fedowen_strategy.defences.guards import Median, bound_in_force
 from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
 from fedowen_strategy.updates import State, apply_delta, flat_delta, flatten, update_keys
 from fedowen_task.adversary.attacks import attack_of, server_side

@@ -9,7 +9,7 @@ and the parameters it accepts, the strategy's parameters), before any message is
 The library's settings types (:class:`~fedowen_strategy.round.contribution.ValuationSettings`,
 :class:`~fedowen_strategy.selectors.shared.SelectionParams` and each selector's settings in
 :data:`~fedowen_strategy.selectors.registry.SELECTORS`,
-:class:`~fedowen_strategy.defences.guards.Guards`)
+:class:`~fedowen_strategy.defences.guard_settings.Guards`)
 carry the defaults and own the rules of their keys; one table, :data:`SETTINGS_KEYS`, maps
 their fields onto run-config keys both ways: the run config's values onto the settings, the
 settings' problems back onto the keys a user wrote.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.nodes import NODE_WAIT_TIMEOUT, ROUND_TIMEOUT
 from fedowen_strategy.round.contribution import (
     DEFAULT_UTILITY_METRIC,

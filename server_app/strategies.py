@@ -31,7 +31,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp import strategy as flwr_strategies
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedowen_strategy.defences.guards import Defence
+from fedowen_strategy.defences.guard_settings import Defence
 from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
 from fedowen_strategy.strategy import EvaluateHook, RoundHook, ServerStep
 from fedowen_strategy.updates import restore_counters

@@ -18,7 +18,7 @@ from flwr.app import (
 )
 
 from fedowen_strategy.defences.bounds import lower_median
-from fedowen_strategy.defences.guards import Defence
+from fedowen_strategy.defences.guard_settings import Defence
 from fedowen_strategy.replies import CLIENT_ID_FIELD, CLIENT_RECORD_KEY, state_to_record
 from fedowen_task.adversary.attacks import kinds, server_side
 from fedowen_task.adversary.keys import adversary_ids

@@ -17,7 +17,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fedowen_strategy.defences.bounds import cap_norms, lower_median
-from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.defences.links import link_groups, merge_groups
 from fedowen_strategy.replies import ClientUpdate, record_to_state, state_to_record
 from fedowen_strategy.round.contribution import ValuationSettings, value_round

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fedowen_strategy.defences.guards import Guards, bound_in_force, cap_reference, guard_round
+from fedowen_strategy.defences.guard_settings import Guards
+from fedowen_strategy.defences.guards import bound_in_force, cap_reference, guard_round
 from fedowen_strategy.replies import parse_replies, state_to_record
 from fedowen_strategy.updates import update_norm
 

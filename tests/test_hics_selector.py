@@ -14,7 +14,7 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from scipy.special import softmax
 
-from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.replies import record_to_state, state_to_record
 from fedowen_strategy.round.contribution import ValuationSettings
 from fedowen_strategy.selectors.base import Pool, Seen, SelectorSettings

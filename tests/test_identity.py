@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.defences.identity import IdentityBook
 from fedowen_strategy.defences.links import duplicate_groups
 from fedowen_strategy.replies import record_to_state, state_to_record

@@ -51,7 +51,8 @@ def test_distances_clipping_and_noise_by_hand() -> None:
 
 def test_the_majority_filter_rejects_a_backdoor_minority_in_a_round() -> None:
     # Prepare: the hand-built round above as client updates to a zero global model
-    from fedowen_strategy.defences.guards import Guards, guard_round
+    from fedowen_strategy.defences.guard_settings import Guards
+    from fedowen_strategy.defences.guards import guard_round
     from fedowen_strategy.replies import ClientUpdate
 
     rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.replies import ClientUpdate, ParsedReplies
 from fedowen_strategy.round.contribution import ValuationSettings, resolve_auto
 from fedowen_strategy.round.round_step import aggregate_round

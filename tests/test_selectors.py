@@ -12,7 +12,7 @@ import pytest
 from flwr.app import MetricRecord, RecordDict
 from scipy.stats import chisquare, norm
 
-from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.round.contribution import ValuationSettings, resolve_auto
 from fedowen_strategy.selectors import registry
 from fedowen_strategy.selectors.base import Seen, SelectorSettings

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedowen_strategy.defences.guards import Guards, guard_round
+from fedowen_strategy.defences.guard_settings import Guards
+from fedowen_strategy.defences.guards import guard_round
 from fedowen_strategy.defences.server_direction import filter_server_direction, server_cosines
 from fedowen_strategy.replies import ClientUpdate
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedowen_strategy.defences.guards import Guards, guard_round
+from fedowen_strategy.defences.guard_settings import Guards
+from fedowen_strategy.defences.guards import guard_round
 from fedowen_strategy.defences.statistics import cap_statistics, statistics_norm
 from fedowen_strategy.replies import ClientUpdate, record_to_state, state_to_record
 from fedowen_strategy.round.contribution import ValuationSettings

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-from fedowen_strategy.defences.guards import Guards
+from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.replies import record_to_state, state_to_record
 from fedowen_strategy.round.aggregation import example_weights
 from fedowen_strategy.round.contribution import ValuationSettings

@@ -3,5 +3,5 @@ ratio, bounds, norm and value caps, copies, filters), the identity cap and Sybil
 majority and server-direction filters, the robust learning rate.
 
 Each module is a set of pure functions over update vectors (:mod:`fedowen_strategy.updates`)
-and replies (:mod:`fedowen_strategy.replies`); :class:`.guards.Guards` holds their settings.
+and replies (:mod:`fedowen_strategy.replies`); :class:`.guard_settings.Guards` holds their settings.
 """

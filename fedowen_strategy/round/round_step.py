@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.defences.guards import Guards, guard_round
+from fedowen_strategy.defences.guard_settings import Guards
+from fedowen_strategy.defences.guards import guard_round
 from fedowen_strategy.defences.robust_lr import guard_aggregate
 from fedowen_strategy.replies import ParsedReplies
 from fedowen_strategy.round import round_record

@@ -1,0 +1,162 @@
+"""The update guards' settings: :class:`Guards`, with the app's defaults.
+
+Each field declares the run-config key of the same name (:func:`fedowen_task.declare.key`) and
+:meth:`Guards.problems` holds their rules; :data:`Defence` pairs a strategy's guards with its
+resolved norm cap. The round pipeline that applies them is
+:mod:`fedowen_strategy.defences.guards`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+from fedowen_strategy.defences.bounds import NORM_CAPS, UPDATE_BOUNDS, VALUE_CAP_MODES
+from fedowen_strategy.defences.majority import UPDATE_FILTERS
+from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
+from fedowen_task import declare
+
+
+@dataclass(frozen=True)
+class Guards(Settings):
+    """The update guards (defaults: the app's).
+
+    Parameters
+    ----------
+    max_norm_ratio : float
+        Reject updates farther from the global model than this multiple of its norm (0: off).
+    update_bound : {"none", "clip", "reject"}
+        Bound every update by ``update_bound_multiple`` x the round's lower-median update
+        norm per example: clip it to that norm or reject it.
+    update_bound_multiple : float
+        The multiple of that median the bound allows (> 1).
+    norm_cap : {"auto", "none", "median", "server"}
+        Norm normalisation before valuation and aggregation: every update rescaled to at most
+        ``norm_cap_multiple`` x a reference norm, the round's lower-median update norm
+        (``median``) or the norm of one server step's update (``server``); ``auto`` is
+        ``median`` for a method that computes contributions and ``none`` for the others
+        (:func:`fedowen_strategy.round.contribution.resolve_auto`).
+    norm_cap_multiple : float
+        The multiple of the reference norm (> 0).
+    value_cap_multiple : float
+        > 0 (default 1): the updates are valued rescaled to this multiple of the norm cap's
+        reference (and averaged at ``norm_cap_multiple``), so an update's size above it buys
+        no phi; 0: they are valued as they are averaged. It follows the norm cap: where the
+        cap resolves to ``none`` there is no reference, and the updates are valued as
+        averaged.
+    value_cap_mode : {"at-most", "exactly"}
+        How the value cap rescales: updates above it down to it (``at-most``), or every
+        non-zero update to exactly it (``exactly``, the default: phi reads the direction
+        alone, so a booster earns what its unscaled step would, and a short honest step is
+        valued at the reference's length). Needs ``value_cap_multiple`` > 0 for ``exactly``.
+        ``at-most`` did not stop boosting from paying on development seeds (a booster whose
+        honest step is below the reference still gains up to it); ``exactly`` at multiple 1
+        held boosted and adaptive attackers to an honest payout there, and on fresh seeds
+        20-24 at MNIST alpha 0.1 but not at alpha 0.01 or on FashionMNIST, where a boosted
+        update still moves the model further and is selected again
+        (conf/defaults-next-fresh.toml; docs/arena.md).
+    link_cosine : float
+        Updates with pairwise cosine above it are linked into one player of the game, their
+        phi and weight split among them (0: off). Applies to methods that compute
+        contributions.
+    duplicate_tolerance : float
+        Updates within this relative distance of each other are copies
+        (:func:`fedowen_strategy.defences.links.duplicate_groups`; 0: off): in the round they
+        are caught a group of copies gets one member's weight, and its client ids are banned
+        (never selected again, pay forfeited). Keep it at copy level: under one-class non-IID
+        data honest updates came within 0.0007 of each other (docs/results/duplicates/).
+    update_filter : {"none", "majority", "server-direction"}
+        ``majority``: only the largest cluster of the round's update directions (HDBSCAN on
+        cosine distances, a strict majority at least; :mod:`fedowen_strategy.defences.majority`,
+        FLAME's filter) is valued and averaged; the rest are rejected (opt-in, issue 45).
+        ``server-direction``: only updates of positive cosine with the server's own step on
+        the evaluation set (FLTrust's trust as a filter,
+        :mod:`fedowen_strategy.defences.server_direction`; opt-in, issue 45).
+    robust_lr_threshold : int
+        The robust learning rate's sign vote on the round's aggregate: where fewer than this
+        many more updates agree on a coordinate's sign than disagree, the server's step there
+        is reversed (:mod:`fedowen_strategy.defences.robust_lr`; 0: off; opt-in, issue 45).
+    aggregate_noise : float
+        FLAME's noise on the round's aggregate, standard deviation this multiple of the
+        round's median update norm (the paper's lambda, 0.001; 0: off; opt-in, issue 45).
+    statistics_cap : float
+        > 0: each update's normalisation statistics (``running_mean``, ``running_var``)
+        moved back towards the global model's until their deviation from them is at most this
+        multiple of the round's lower-median deviation, the update keys untouched
+        (:mod:`fedowen_strategy.defences.statistics`); 0 (the default): off, the statistics
+        averaged as sent. A value below 1 caps the median client too. Off until its cost on
+        honest BatchNorm runs is measured (models without statistics: nothing to do).
+    """
+
+    max_norm_ratio: float = declare.key(
+        10.0, "reject updates beyond this x the model's norm (0: off)", name="max-norm-ratio")
+    update_bound: str = declare.key(
+        "none", "clip | reject | none: updates beyond the bound", name="update-bound")
+    update_bound_multiple: float = declare.key(
+        3.0, "the bound, x the round's median norm per example", name="update-bound-multiple")
+    norm_cap: str = declare.key(
+        "auto", "rescale updates to a reference: median | server | none | auto", name="norm-cap")
+    norm_cap_multiple: float = declare.key(
+        2.0, "the norm cap, x its reference", name="norm-cap-multiple")
+    value_cap_multiple: float = declare.key(
+        1.0, "updates valued at this x the reference (0: as averaged)", name="value-cap-multiple")
+    value_cap_mode: str = declare.key(
+        "exactly", "exactly | at-most the value cap", name="value-cap-mode")
+    link_cosine: float = declare.key(
+        0.98, "updates above this cosine are one player (0: off)", name="link-cosine")
+    duplicate_tolerance: float = declare.key(
+        1e-6, "updates this close are copies (0: off)", name="duplicate-tolerance")
+    update_filter: str = declare.key(
+        "none", "none | majority | server-direction", name="update-filter")
+    robust_lr_threshold: int = declare.key(
+        0, "the robust learning rate's theta (0: off)", name="robust-lr-threshold")
+    aggregate_noise: float = declare.key(
+        0.0, "noise on the aggregate, x the median norm (0: off)", name="aggregate-noise")
+    statistics_cap: float = declare.key(
+        0.0, "cap BatchNorm statistics' deviation at this x its median (0: off; < 1 "
+        "caps the median client too)", name="statistics-cap")
+
+    def problems(self, keys: Keys = NO_KEYS) -> list[str]:
+        """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""
+        k = partial(key, keys)
+        checks = [
+            (self.max_norm_ratio >= 0,
+             f"{k('max_norm_ratio')}={self.max_norm_ratio!r} must be >= 0 (0 = off)"),
+            (self.update_bound_multiple > 1,
+             f"{k('update_bound_multiple')}={self.update_bound_multiple!r} must be > 1 (e.g. 3)"),
+            (self.norm_cap_multiple > 0,
+             f"{k('norm_cap_multiple')}={self.norm_cap_multiple!r} must be > 0 (1: the "
+             "reference norm)"),
+            (self.value_cap_multiple >= 0,
+             f"{k('value_cap_multiple')}={self.value_cap_multiple!r} must be >= 0 (0: value "
+             "the updates as they are averaged)"),
+            (0 <= self.link_cosine < 1,
+             f"{k('link_cosine')}={self.link_cosine!r} must lie in [0, 1) (0 = off)"),
+            (0 <= self.duplicate_tolerance < 1,
+             f"{k('duplicate_tolerance')}={self.duplicate_tolerance!r} must lie in [0, 1) "
+             "(0 = off)"),
+            (self.robust_lr_threshold >= 0,
+             f"{k('robust_lr_threshold')}={self.robust_lr_threshold!r} must be >= 0 (0 = off; "
+             "e.g. 4 of 10 clients a round)"),
+            (self.aggregate_noise >= 0,
+             f"{k('aggregate_noise')}={self.aggregate_noise!r} must be >= 0 (0 = off; FLAME's "
+             "0.001)"),
+            (math.isfinite(self.statistics_cap) and self.statistics_cap >= 0,
+             f"{k('statistics_cap')}={self.statistics_cap!r} must be finite and >= 0 (0 = off; "
+             "e.g. 3; below 1 it caps the median client too)"),
+        ]
+        found = [message for ok, message in checks if not ok]
+        found += one_of(k("update_bound"), self.update_bound, UPDATE_BOUNDS)
+        found += one_of(k("norm_cap"), self.norm_cap, NORM_CAPS)
+        found += one_of(k("value_cap_mode"), self.value_cap_mode, VALUE_CAP_MODES)
+        found += one_of(k("update_filter"), self.update_filter, UPDATE_FILTERS)
+        if self.value_cap_mode == "exactly" and self.value_cap_multiple == 0:
+            found.append(f"{k('value_cap_mode')}='exactly' values every update at "
+                         f"{k('value_cap_multiple')} x the norm cap's reference: set "
+                         f"{k('value_cap_multiple')} > 0 (e.g. 1.0)")
+        return found
+
+
+#: A strategy's guards in force and its resolved norm cap (what an omniscient attacker reads).
+Defence = tuple[Guards, str]
