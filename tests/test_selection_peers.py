@@ -251,6 +251,15 @@ def test_a_partial_grid_reads_only_its_complete_settings(tmp_path: Path) -> None
     arms = (tmp_path / "selection-arms.csv").read_text().splitlines()
     assert arms[0].startswith("setting,arm,source,n,best_peer,val,val_half")
     assert not any(math.isnan(float(x)) for x in arms[1].split(",")[5:7])
+    # the decisions as data: FEMNIST alone read, nothing adopted, its best peer as in the page
+    data = json.loads((tmp_path / "selection-decisions.json").read_text())
+    assert data["settings_read"] == ["femnist"] and data["settings_total"] == 6
+    assert data["adopted"] is None and data["fallback"] is False
+    femnist = data["settings"]["femnist"]
+    assert f"| femnist: best peer | {femnist['best_peer']} |" in readme
+    assert femnist["best_peer_from"] == by_name["femnist"].sources[femnist["best_peer"]]
+    assert set(femnist["contenders"]) == {"fedowen", "hics-phi", "delta-phi"}
+    assert data["kept"]["femnist: best peer"]["of"] == 5
 
 
 def test_an_arm_row_shows_each_difference_over_the_seeds_it_pairs() -> None:

@@ -1,7 +1,9 @@
 """The selection-peers-dev report's files (:mod:`.peers` reads the cells, :mod:`.peers_rule`
 decides): ``selection.md`` (per setting every arm's table, the rule's steps 1-4, leave one seed
 out), ``selection-arms.csv`` (one row per setting and arm), ``selection-seeds.csv`` (one row per
-finished cell), ``selection-anchor.csv`` (the anchor check seed by seed), and per setting with
+finished cell), ``selection-anchor.csv`` (the anchor check seed by seed),
+``selection-decisions.json`` (the rule's decisions as data: what the next confirmation's arms
+read), and per setting with
 cells of this grid ``selection-<setting>-rounds.csv.gz`` (every recorded round of every arm
 shown) and ``selection-<setting>-val.png`` (validation accuracy over rounds).
 
@@ -13,6 +15,7 @@ and archive there as the cells come).
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -169,6 +172,26 @@ def plot(d: SettingData, path: Path, title: str) -> Path:
     return path
 
 
+def decisions_data(found: Sequence[SettingData], reading: Reading,
+                   loo: Mapping[str, tuple[str, int]], seeds: int) -> dict[str, Any]:
+    """The rule's decisions as data: per setting read, the tuned new peers, the best peer and
+    where it comes from (``here`` or ``selection-dev``), each contender's failures; the
+    adopted contender (None until every setting is read) and whether it is the fallback; each
+    decision with how many of the ``seeds`` leave-one-out readings keep it."""
+    sources = {d.name: d.sources for d in found}
+    settings = {
+        name: {"tuned": tuned, "best_peer": reading.best[name],
+               "best_peer_from": sources[name].get(reading.best[name], THERE),
+               "contenders": {arm: [f.text() for f in reading.failures[arm]
+                                    if f.setting == name] for arm in CONTENDERS}}
+        for name, tuned in reading.tuned.items()}
+    return {"settings_read": list(settings), "settings_total": len(found),
+            "settings": settings, "adopted": reading.adopted, "fallback": reading.fallback,
+            "mean_val": {arm: (v if math.isfinite(v) else None)
+                         for arm, v in reading.means.items()},
+            "kept": {k: {"decision": v, "kept": n, "of": seeds} for k, (v, n) in loo.items()}}
+
+
 def write(preset: Preset, found: Sequence[SettingData], res: Mapping[str, CellResult],
           out: Path, command: str, aside: Sequence[str] = ()) -> list[Path]:
     """Apply the rule to the read settings and write the report's files into ``out``
@@ -183,12 +206,14 @@ def write(preset: Preset, found: Sequence[SettingData], res: Mapping[str, CellRe
     out.mkdir(parents=True, exist_ok=True)
     rows = arm_rows(found, reading)
     paths = [out / "selection.md", out / "selection-arms.csv", out / "selection-seeds.csv",
-             out / "selection-anchor.csv"]
+             out / "selection-anchor.csv", out / "selection-decisions.json"]
     paths[0].write_text(markdown(preset, found, rows, reading, loo, len(seeds), done,
                                  len(res), command, HEADER_BEST, aside))
     write_csv(paths[1], rows)
     write_csv(paths[2], seed_rows(found))
     write_csv(paths[3], anchor_rows(found))
+    paths[4].write_text(json.dumps(decisions_data(found, reading, loo, len(seeds)), indent=1)
+                        + "\n")
     for d in found:
         if any(d.sources[a] == HERE for a in d.results if d.results[a]):
             paths.append(write_rounds(d, out / f"selection-{slug(d.name)}-rounds.csv.gz"))
