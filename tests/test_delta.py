@@ -18,9 +18,8 @@ from torch import nn
 
 from fedowen_strategy.round.aggregation import step_average, weighted_average
 from fedowen_strategy.selectors.base import Pool, Seen
-from fedowen_strategy.selectors.delta import (
-    Delta,
-    DeltaSettings,
+from fedowen_strategy.selectors.delta import Delta, DeltaSettings
+from fedowen_strategy.selectors.delta_estimates import (
     delta_probabilities,
     draw_probabilities,
     gradient_diversity,

@@ -17,8 +17,9 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedowen_strategy.round.aggregation import step_average
 from fedowen_strategy.selectors.base import Pool, Seen
-from fedowen_strategy.selectors.delta import Delta, DeltaSettings, gradient_spread
+from fedowen_strategy.selectors.delta import Delta, DeltaSettings
 from fedowen_strategy.selectors.delta_code import code_scores, draw_without_replacement
+from fedowen_strategy.selectors.delta_estimates import gradient_spread
 from fedowen_task.protocol import GRAD_VARIANCE_FIELD, STEP_SCALE_FIELD
 from server_app.store.records import read_rounds
 from tests.test_strategy import run_toy, toy_handler
