@@ -22,10 +22,10 @@ from fedowen_strategy.selectors.delta import Delta, DeltaSettings
 from fedowen_strategy.selectors.delta_estimates import (
     delta_probabilities,
     draw_probabilities,
+    fill_missing_with_median,
     gradient_diversity,
     importance_weights,
     rescale_masses,
-    step_scales,
 )
 from fedowen_task.protocol import GRAD_VARIANCE_FIELD, STEP_SCALE_FIELD
 from fedowen_task.training import GradientMoments, step_scale, train
@@ -84,8 +84,9 @@ def test_gradient_diversity_reads_the_mean_gradient_off_the_updates() -> None:
     zeta = gradient_diversity(states, glob, h)
     # Assert: ||g_i - (1, 1)|| = (sqrt 5, sqrt 10, sqrt 5); statistics are no gradient
     np.testing.assert_allclose(zeta, [math.sqrt(5), math.sqrt(10), math.sqrt(5)])
-    np.testing.assert_allclose(step_scales([2.0, float("nan"), 0.0, 4.0]), [2, 3, 3, 4])
-    np.testing.assert_allclose(step_scales([float("nan")]), [1.0])
+    np.testing.assert_allclose(fill_missing_with_median([2.0, float("nan"), 0.0, 4.0]),
+                               [2, 3, 3, 4])
+    np.testing.assert_allclose(fill_missing_with_median([float("nan")]), [1.0])
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

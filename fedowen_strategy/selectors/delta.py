@@ -75,10 +75,10 @@ from fedowen_strategy.selectors.delta_estimates import (
     delta_scores,
     draw_probabilities,
     draw_with_replacement,
+    fill_missing_with_median,
     gradient_spread,
     importance_weights,
     rescale_masses,
-    step_scales,
 )
 from fedowen_strategy.settings import NO_KEYS, Keys, key, one_of
 from fedowen_task import declare
@@ -199,10 +199,12 @@ class Delta(Selector):
         of the code's :func:`~fedowen_strategy.selectors.delta_code.code_scores`)."""
         start = time.perf_counter()
         if seen.clients and seen.global_state is not None:
-            scales = step_scales([metric_of(r, STEP_SCALE_FIELD) for r in seen.replies])
+            scales = fill_missing_with_median([metric_of(r, STEP_SCALE_FIELD)
+                                               for r in seen.replies])
             norms, zeta = gradient_spread(seen.states, seen.global_state, scales)
             if self.settings.delta_score == "code":
-                examples = step_scales([metric_of(r, "num-examples") for r in seen.replies])
+                examples = fill_missing_with_median([metric_of(r, "num-examples")
+                                                     for r in seen.replies])
                 scores = code_scores(norms, zeta, examples)
                 estimates = {"zeta": zeta, "norm": norms}
             else:

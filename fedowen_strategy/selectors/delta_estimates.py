@@ -30,9 +30,10 @@ def delta_scores(zeta: NDArray[np.float64], sigma_sq: NDArray[np.float64],
     return np.sqrt(zeta ** 2 + sigma_weight * np.asarray(sigma_sq, dtype=np.float64))
 
 
-def step_scales(reported: Sequence[float]) -> NDArray[np.float64]:
-    """Each client's step scale ``h_i`` (or num-examples) as reported; a missing or
-    non-positive one is the round's median of the valid ones (1 when there is none)."""
+def fill_missing_with_median(reported: Sequence[float]) -> NDArray[np.float64]:
+    """A positive per-client metric as reported (a step scale ``h_i``, num-examples); a
+    missing (NaN), infinite or non-positive one is the round's median of the valid ones (1
+    when there is none)."""
     h = np.asarray(reported, dtype=np.float64)
     ok = np.isfinite(h) & (h > 0)
     fill = float(np.median(h[ok])) if ok.any() else 1.0
