@@ -30,6 +30,10 @@ GRAD_VARIANCE_FIELD = "grad-variance"
 #: the client's model (:func:`fedowen_task.training.step_scale`; the server divides an update
 #: by it to estimate the client's mean gradient).
 STEP_SCALE_FIELD = "step-scale"
+#: Reply metric holding a client's number of examples, in its train reply (Flower's strategies
+#: weight by it, their ``weighted_by_key`` default; DELTA, HiCS-FL and Oort read it) and in its
+#: reply to the local-loss query (Power-of-Choice's record).
+NUM_EXAMPLES_FIELD = "num-examples"
 #: Train-reply metric that is 1 for every client: Flower's strategies weight by it
 #: (``strategy-params = "weighted_by_key=unit-weight"``) to average with equal weights instead
 #: of sample counts (``num-examples``, their default).

@@ -82,7 +82,7 @@ from fedowen_strategy.selectors.delta_estimates import (
 )
 from fedowen_strategy.settings import NO_KEYS, Keys, key, one_of
 from fedowen_task import declare
-from fedowen_task.protocol import GRAD_VARIANCE_FIELD, STEP_SCALE_FIELD
+from fedowen_task.protocol import GRAD_VARIANCE_FIELD, NUM_EXAMPLES_FIELD, STEP_SCALE_FIELD
 
 #: How the importance weights aggregate: a step from the global model (unbiased) or divided
 #: by their sum (an average: the ratio estimator).
@@ -203,7 +203,7 @@ class Delta(Selector):
                                                for r in seen.replies])
             norms, zeta = gradient_spread(seen.states, seen.global_state, scales)
             if self.settings.delta_score == "code":
-                examples = fill_missing_with_median([metric_of(r, "num-examples")
+                examples = fill_missing_with_median([metric_of(r, NUM_EXAMPLES_FIELD)
                                                      for r in seen.replies])
                 scores = code_scores(norms, zeta, examples)
                 estimates = {"zeta": zeta, "norm": norms}

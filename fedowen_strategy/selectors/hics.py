@@ -66,7 +66,7 @@ from fedowen_strategy.selectors.hics_clustered import clustered_pick, entropy_va
 from fedowen_strategy.selectors.hics_estimates import annealed_gamma, hics_pick, output_bias_key
 from fedowen_strategy.settings import NO_KEYS, Keys, key
 from fedowen_task import declare
-from fedowen_task.protocol import STEP_SCALE_FIELD
+from fedowen_task.protocol import NUM_EXAMPLES_FIELD, STEP_SCALE_FIELD
 
 if TYPE_CHECKING:
     from flwr.app import RecordDict
@@ -243,7 +243,7 @@ class Hics(Selector):
             scale = scale if np.isfinite(scale) and scale > 0 else 1.0  # unscaled: absolute T
             self.updates[cid] = ((bias - before) / scale).tolist()
             self.tried.add(cid)
-            examples = metric_of(content, "num-examples")
+            examples = metric_of(content, NUM_EXAMPLES_FIELD)
             if np.isfinite(examples) and examples > 0:
                 self.examples[cid] = examples
         self.pending += time.perf_counter() - start

@@ -33,7 +33,7 @@ from fedowen_strategy.selectors.base import (
 )
 from fedowen_strategy.settings import NO_KEYS, Keys, key
 from fedowen_task import declare
-from fedowen_task.protocol import LOSS_SQUARES_FIELD
+from fedowen_task.protocol import LOSS_SQUARES_FIELD, NUM_EXAMPLES_FIELD
 
 if TYPE_CHECKING:
     from flwr.app import RecordDict
@@ -98,7 +98,7 @@ def oort_utilities(contents: Iterable[RecordDict]) -> list[float]:
     training losses it reports; 0 where either is missing)."""
     out = []
     for content in contents:
-        n, squares = metric_of(content, "num-examples"), metric_of(content, LOSS_SQUARES_FIELD)
+        n, squares = metric_of(content, NUM_EXAMPLES_FIELD), metric_of(content, LOSS_SQUARES_FIELD)
         ok = np.isfinite(n) and np.isfinite(squares)
         out.append(oort_utility(n, squares) if ok else 0.0)
     return out

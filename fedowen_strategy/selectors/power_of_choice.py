@@ -28,7 +28,7 @@ from fedowen_strategy.selectors.base import (
 from fedowen_strategy.selectors.shared import select_uniform
 from fedowen_strategy.settings import NO_KEYS, Keys, key
 from fedowen_task import declare
-from fedowen_task.protocol import LOCAL_LOSS_FIELD
+from fedowen_task.protocol import LOCAL_LOSS_FIELD, NUM_EXAMPLES_FIELD
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class PowerOfChoice(Selector):
         replies = ask(candidates.tolist(), {LOCAL_LOSS_FIELD: 1})
         losses = np.array([float("nan") if c is None else metric_of(c, LOCAL_LOSS_FIELD)
                            for c in replies])
-        examples = [metric_of(c, "num-examples") for c in replies if c is not None]
+        examples = [metric_of(c, NUM_EXAMPLES_FIELD) for c in replies if c is not None]
         kept = candidates[keep_highest(losses, pool.k)]
         return Choice(kept, "power-of-choice", {
             "candidates": [pool.keys[i] for i in candidates.tolist()],
