@@ -22,7 +22,7 @@ from fedowen_strategy.selectors.hics_clustered import (
     entropy_variance,
     weight_cut_labels,
 )
-from fedowen_strategy.selectors.hics_estimates import annealed_gamma, hics_pick
+from fedowen_strategy.selectors.hics_estimates import annealed_gamma, hics_pick, skew_entropy
 from server_app.store.records import read_rounds
 from tests.test_hics import never
 from tests.test_hics_selector import reply, run_hics_toy
@@ -105,7 +105,7 @@ KEYS = ("c0", "c1", "c2", "c3", "c4")
 
 def test_the_switch_fires_at_its_threshold_and_not_below() -> None:
     # Prepare: entropies 0, ln 4, 0, ln 4: variance (ln 2)^2 = 0.4805 (c4's ln 4 left out)
-    variance = entropy_variance(np.array([PEAKED, FLAT, PEAKED, FLAT]), 0.03)
+    variance = entropy_variance(skew_entropy(np.array([PEAKED, FLAT, PEAKED, FLAT]), 0.03))
     assert variance == pytest.approx(np.log(2) ** 2, rel=1e-12)
     # Execute: the threshold exactly at the variance, and one float above it
     at = estimated(variance).choose(Pool(KEYS, 2, 5), np.random.default_rng(1), never)

@@ -63,7 +63,12 @@ from fedowen_strategy.selectors.base import (
     metric_of,
 )
 from fedowen_strategy.selectors.hics_clustered import clustered_pick, entropy_variance
-from fedowen_strategy.selectors.hics_estimates import annealed_gamma, hics_pick, output_bias_key
+from fedowen_strategy.selectors.hics_estimates import (
+    annealed_gamma,
+    hics_pick,
+    output_bias_key,
+    skew_entropy,
+)
 from fedowen_strategy.settings import NO_KEYS, Keys, key
 from fedowen_task import declare
 from fedowen_task.protocol import NUM_EXAMPLES_FIELD, STEP_SCALE_FIELD
@@ -197,17 +202,18 @@ class Hics(Selector):
         clients with an estimate is at least it; else by :func:`hics_pick`."""
         s = self.settings
         has = np.array([c in self.updates for c in rows], dtype=bool)
-        variance = entropy_variance(matrix[has], s.hics_temperature)
+        entropy = skew_entropy(matrix, s.hics_temperature)  # once: the switch and the branch
+        variance = entropy_variance(entropy[has])
         if 0.0 < s.hics_switch <= variance:
             known = [self.examples[c] for c in rows if c in self.examples]
             mean = float(np.mean(known)) if known else 1.0
             weights = np.array([self.examples.get(c, mean) for c in rows], dtype=np.float64)
             drawn, info = clustered_pick(matrix, weights, available, need, s.hics_temperature,
-                                         s.hics_lambda, rng)
+                                         s.hics_lambda, rng, entropy)
             branch = "clustered"
         else:
             drawn, info = hics_pick(matrix, available, need, s.hics_clusters or k, gamma,
-                                    s.hics_temperature, s.hics_lambda, rng)
+                                    s.hics_temperature, s.hics_lambda, rng, entropy)
             branch = "entropy"
         return drawn, {"branch": branch, "variance": round(variance, 6), **info}
 

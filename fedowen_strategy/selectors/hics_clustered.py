@@ -61,6 +61,13 @@ def clustered_distributions(tree: NDArray[np.float64], weights: NDArray[np.float
     each cluster's leaves in ``rng``'s order, fill the rows greedily from the first. A leaf
     heavier than ``1/m`` (its own cluster, of mass above 1) keeps mass 1 in its row and its
     excess fills first (the code normalises such a row instead, which under-weights it)."""
+    return _distributions_and_labels(tree, weights, m, rng)[0]
+
+
+def _distributions_and_labels(tree: NDArray[np.float64], weights: NDArray[np.float64], m: int,
+                              rng: np.random.Generator
+                              ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """:func:`clustered_distributions` and the :func:`weight_cut_labels` they were built on."""
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or len(w) == 0 or np.any(w < 0) or not np.isfinite(w).all() or w.sum() <= 0:
         raise ValueError(f"weights must be >= 0 and finite with a positive sum, got {w}")
@@ -80,7 +87,7 @@ def clustered_distributions(tree: NDArray[np.float64], weights: NDArray[np.float
     for cluster in rest.tolist():
         queue += [(leaf, mass[leaf]) for leaf in rng.permutation(np.flatnonzero(labels == cluster))]
     fill(rows, queue)
-    return rows / rows.sum(axis=1, keepdims=True)
+    return rows / rows.sum(axis=1, keepdims=True), labels
 
 
 def fill(rows: NDArray[np.float64], queue: list[tuple[int, float]]) -> None:
@@ -123,26 +130,26 @@ def draw_distinct(distributions: NDArray[np.float64], available: NDArray[np.bool
     return np.asarray(picks, dtype=np.int64), fallback
 
 
-def entropy_variance(updates: NDArray[np.float64], temperature: float) -> float:
-    """The variance (numpy's, over the rows) of :func:`skew_entropy`: what ``hics-switch``
-    compares (the code's ``np.array(estimated_H).var()``); 0 for no row."""
-    return float(np.var(skew_entropy(updates, temperature))) if len(updates) else 0.0
+def entropy_variance(entropy: NDArray[np.float64]) -> float:
+    """The variance (numpy's) of the clients' :func:`skew_entropy`: what ``hics-switch``
+    compares (the code's ``np.array(estimated_H).var()``); 0 for no client."""
+    return float(np.var(entropy)) if len(entropy) else 0.0
 
 
 def clustered_pick(updates: NDArray[np.float64], weights: NDArray[np.float64],
                    available: NDArray[np.bool_], k: int, temperature: float, lam: float,
-                   rng: np.random.Generator) -> tuple[NDArray[np.int64], dict[str, Any]]:
+                   rng: np.random.Generator, entropy: NDArray[np.float64] | None = None
+                   ) -> tuple[NDArray[np.int64], dict[str, Any]]:
     """``k`` distinct ``available`` rows of ``updates`` by Fraboni's Algorithm 2 over all the
     rows (:func:`clustered_distributions` of ``k`` distributions, ``weights`` their data
     sizes) on HiCS-FL's Ward tree of its distances (the entropy branch's), then
-    :func:`draw_distinct`. Returns the rows, sorted, and what the round record keeps: the
+    :func:`draw_distinct`. ``entropy``: the rows' :func:`skew_entropy` at ``temperature``,
+    when the caller has it. Returns the rows, sorted, and what the round record keeps: the
     clusters at the ``1/k`` cut and the rows drawn from the data-size shares instead."""
-    entropy = skew_entropy(updates, temperature)
+    entropy = skew_entropy(updates, temperature) if entropy is None else entropy
     distances = hics_distances(updates, entropy, lam)
     tree = ward_tree(distances) if len(updates) > 1 else np.zeros((0, 4))
-    rows = clustered_distributions(tree, weights, k, rng)
+    rows, labels = _distributions_and_labels(tree, weights, k, rng)
     picks, fallback = draw_distinct(rows, available, rng)
-    w = np.asarray(weights, dtype=np.float64)
-    info = {"clusters": int(weight_cut_labels(tree, w / w.sum(), k).max() + 1),
-            "by_size": fallback}
+    info = {"clusters": int(labels.max() + 1), "by_size": fallback}
     return np.sort(picks), info

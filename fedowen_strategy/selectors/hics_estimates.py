@@ -123,18 +123,20 @@ def draw_cluster_counts(probs: NDArray[np.float64], capacity: NDArray[np.int64],
 
 
 def cluster_slots(updates: NDArray[np.float64], available: NDArray[np.bool_], k: int, m: int,
-                  gamma: float, temperature: float, lam: float, rng: np.random.Generator
+                  gamma: float, temperature: float, lam: float, rng: np.random.Generator,
+                  entropy: NDArray[np.float64] | None = None
                   ) -> tuple[NDArray[np.int64], NDArray[np.int64], dict[str, Any]]:
     """HiCS-FL's allocation of ``k`` slots to clusters of the rows of ``updates`` (one row per
     client the server has an estimate of): clusters of all rows, each cluster's mean entropy
     over all its members, clusters drawn among those with an ``available`` member (at most as
     often as they have). Returns each row's cluster, each cluster's slots (0 for one without an
     available member) and what the round record keeps: the clusters' count, the live clusters'
-    probabilities and mean entropies, and the entropies' spread."""
+    probabilities and mean entropies, and the entropies' spread. ``entropy``: the rows'
+    :func:`skew_entropy` at ``temperature``, when the caller has it."""
     available = np.asarray(available, dtype=bool)
     if not 1 <= k <= available.sum():
         raise ValueError(f"cannot select k={k} of {available.sum()} available clients")
-    entropy = skew_entropy(updates, temperature)
+    entropy = skew_entropy(updates, temperature) if entropy is None else entropy
     labels = ward_clusters(hics_distances(updates, entropy, lam), m)
     size = np.bincount(labels)
     mean = np.bincount(labels, weights=entropy) / size
@@ -151,13 +153,15 @@ def cluster_slots(updates: NDArray[np.float64], available: NDArray[np.bool_], k:
 
 
 def hics_pick(updates: NDArray[np.float64], available: NDArray[np.bool_], k: int, m: int,
-              gamma: float, temperature: float, lam: float, rng: np.random.Generator
+              gamma: float, temperature: float, lam: float, rng: np.random.Generator,
+              entropy: NDArray[np.float64] | None = None
               ) -> tuple[NDArray[np.int64], dict[str, Any]]:
-    """HiCS-FL's ``k`` of the ``available`` rows of ``updates``: :func:`cluster_slots`, then
-    each cluster's slots filled uniformly from its available members. Returns the rows,
-    sorted, and :func:`cluster_slots`' record."""
+    """HiCS-FL's ``k`` of the ``available`` rows of ``updates``: :func:`cluster_slots` (given
+    the rows' ``entropy`` when the caller has it), then each cluster's slots filled uniformly
+    from its available members. Returns the rows, sorted, and :func:`cluster_slots`' record."""
     available = np.asarray(available, dtype=bool)
-    labels, slots, info = cluster_slots(updates, available, k, m, gamma, temperature, lam, rng)
+    labels, slots, info = cluster_slots(updates, available, k, m, gamma, temperature, lam, rng,
+                                        entropy)
     picks: list[int] = []
     for cluster in np.flatnonzero(slots).tolist():
         members = np.flatnonzero((labels == cluster) & available)
