@@ -97,8 +97,9 @@ def anchor_section(found: Sequence[SettingData], header_best: Mapping[str, str])
                 "commits selection-dev |", "|---|---|---|---|---|---|---|"]
     for d, r in ran:
         same = {None: "-", True: "yes", False: "**no**"}[r["same"]]
-        out.append(f"| {d.name} | {r['seed']} | {_pair(r['here'])} | {_pair(r['there'])} | "
-                   f"{same} | {r['commits_here']} | {r['commits_there']} |")
+        out.append(f"| {d.name} | {r['seed']} | {accuracy_pair(r['here'])} | "
+                   f"{accuracy_pair(r['there'])} | {same} | {r['commits_here']} | "
+                   f"{r['commits_there']} |")
     out += ["", "selection-dev's tuned best of Power-of-Choice and Oort, read from its "
             "records: " + "; ".join(
                 f"{d.name} {d.reference_peer or 'not read'}"
@@ -108,7 +109,8 @@ def anchor_section(found: Sequence[SettingData], header_best: Mapping[str, str])
     return out
 
 
-def _pair(values: tuple[float, float] | None) -> str:
+def accuracy_pair(values: tuple[float, float] | None) -> str:
+    """A cell's final (validation, test) accuracy as ``val / test`` in %, ``-`` without."""
     return "-" if values is None else f"{100 * values[0]:.2f} / {100 * values[1]:.2f}"
 
 

@@ -1,0 +1,192 @@
+"""The selection-peers-code grid's reading (conf/selection-peers-code.toml): DELTA and HiCS-FL as
+their public code runs them, beside selection-peers-dev's reading.
+
+selection-peers-dev is read as :mod:`.peers` reads it (its records, with selection-dev's it
+reuses, from results folders or committed archives); this grid's arms join each of its
+settings whose anchor reproduces: this grid's fedowen-random against selection-peers-dev's,
+the final round's validation and test accuracy equal in every seed. A setting is read when
+every cell of both grids is finished and both anchors hold; then the preset's rule
+(:mod:`.peers_code_rule`).
+
+    python -m studies.selection.peers_code conf/selection-peers-code.toml \\
+        --results results/selection-peers-code \\
+        --earlier-results archives/selection-peers-dev \\
+        --reference-results docs/results/selection-dev --out docs/results/selection-peers-code
+
+Writes ``selection-code.md``, ``selection-code-arms.csv``, ``selection-code-seeds.csv``,
+``selection-code-anchor.csv``, ``selection-code-decisions.json`` and per setting with cells of
+this grid ``selection-code-<setting>-rounds.csv.gz`` (this grid's arms, every round) and
+``selection-code-<setting>-val.png``, beside the grid's own report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sim.grid import Preset
+from sim.presets import load_preset
+from sim.results import CellResult
+from studies.selection.cells import write_csv
+from studies.selection.peers_code_page import markdown
+from studies.selection.peers_code_rule import (
+    CodeReading,
+    kept_code,
+    leave_one_out_code,
+    read_code,
+)
+from studies.selection.peers_data import (
+    HERE,
+    Commits,
+    SettingData,
+    anchor_check,
+    collect,
+    group,
+    reference_results,
+    scored,
+    set_aside,
+    to_setting,
+)
+from studies.selection.peers_report import arm_rows, plot, seed_rows, slug, write_rounds
+from studies.selection.peers_rule import RANDOM
+
+#: Where the arms of selection-peers-dev's own cells come from, in this reading's tables.
+EARLIER = "selection-peers-dev"
+
+
+@dataclass(frozen=True)
+class CodeSetting:
+    """One setting: selection-peers-dev's arms with this grid's (``data``: its anchor this
+    grid's, its missing cells both grids'), and whether selection-peers-dev reads it."""
+
+    data: SettingData
+    earlier_read: bool
+
+    @property
+    def decided(self) -> bool:
+        return self.earlier_read and self.data.decided
+
+
+def merge(d: SettingData, mine: Mapping[str, Mapping[int, CellResult]], clients: int,
+          commits: Commits | None = None) -> CodeSetting:
+    """``d``, one setting of selection-peers-dev as :func:`.peers_data.collect` reads it, with
+    this grid's arms ``mine``; where the anchor differs only this grid's arms are shown."""
+    anchor = anchor_check(mine.get(RANDOM, {}), d.results.get(RANDOM, {}), d.seeds, commits)
+    new = [a for a in mine if a != RANDOM]
+    missing = [*d.missing, *(f"{a} seed={s}" for a in mine for s in d.seeds
+                             if not scored(mine[a].get(s)))]
+    arms: dict[str, Mapping[int, CellResult]]
+    if anchor.status == "differs":
+        arms, sources = dict(mine), dict.fromkeys(mine, HERE)
+    else:
+        arms = {**d.results, **{a: mine[a] for a in new}}
+        sources = {**{a: EARLIER if src == HERE else src for a, src in d.sources.items()},
+                   **dict.fromkeys(new, HERE)}
+    shown = {a: {s: r for s, r in by_seed.items() if r.rounds} for a, by_seed in arms.items()}
+    data = SettingData(d.name, to_setting(d.name, shown, clients), shown, sources,
+                       d.reference_peer, missing, anchor, d.seeds, tuple(mine))
+    return CodeSetting(data, d.decided)
+
+
+def read_all(preset_path: Path, results: Path, earlier_path: Path, earlier_results: Path,
+             reference_path: Path, reference_results_path: Path
+             ) -> tuple[Preset, list[CodeSetting], dict[str, CellResult]]:
+    """Every setting of selection-peers-dev with this grid's arms, and this grid's cells."""
+    if not results.exists():
+        raise SystemExit(f"--results {results}: no such folder or archive; run the grid first "
+                         f"(python -m sim.experiments run {preset_path})")
+    preset, earlier, dev = (load_preset(p) for p in (preset_path, earlier_path, reference_path))
+    e_res, e_commits = reference_results(earlier, earlier_results)
+    e_res, _ = set_aside(e_res, e_commits)
+    d_res, d_commits = reference_results(dev, reference_results_path)
+    found = collect(group(earlier, e_res), group(dev, d_res), earlier.num_supernodes,
+                    (e_commits, d_commits))
+    res, commits = reference_results(preset, results)
+    mine = group(preset, res)
+    return preset, [merge(d, mine.get(d.name, {}), preset.num_supernodes, (commits, e_commits))
+                    for d in found], res
+
+
+def write(preset: Preset, found: Sequence[CodeSetting], res: Mapping[str, CellResult],
+          out: Path, command: str) -> list[Path]:
+    """Apply the rule to the settings read and write the reading's files into ``out``."""
+    decided = [c.data for c in found if c.decided]
+    reference = {d.name: d.reference_peer or "" for d in decided}
+    reading = read_code([d.setting for d in decided], reference, total=len(found))
+    seeds = sorted({s for d in decided for s in d.seeds})
+    loo = kept_code(reading, leave_one_out_code([d.setting for d in decided], reference,
+                                                seeds, total=len(found)))
+    done = sum(r.finished for r in res.values())
+    rows = arm_rows([c.data for c in found], replace(reading.earlier, best=reading.best))
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"selection-code{suffix}" for suffix in
+             (".md", "-arms.csv", "-seeds.csv", "-anchor.csv", "-decisions.json")]
+    paths[0].write_text(markdown(preset, found, rows, reading, loo, len(seeds), done,
+                                 len(res), command))
+    write_csv(paths[1], rows)
+    write_csv(paths[2], seed_rows([c.data for c in found]))
+    write_csv(paths[3], [{"setting": c.data.name, "status": c.data.anchor.status, **r}
+                         for c in found for r in c.data.anchor.seeds])
+    paths[4].write_text(json.dumps(decisions_data(found, reading, loo, len(seeds)), indent=1)
+                        + "\n")
+    for c in found:
+        mine = {a: c.data.results[a] for a in c.data.arms if a in c.data.results}
+        if any(r.rounds for by_seed in mine.values() for r in by_seed.values()):
+            own = replace(c.data, results=mine)
+            paths.append(write_rounds(own, out / f"selection-code-{slug(c.data.name)}"
+                                               "-rounds.csv.gz"))
+            paths.append(plot(c.data, out / f"selection-code-{slug(c.data.name)}-val.png",
+                              preset.name))
+    return paths
+
+
+def decisions_data(found: Sequence[CodeSetting], reading: CodeReading,
+                   loo: Mapping[str, tuple[str, int]], seeds: int) -> dict[str, object]:
+    """The reading as data: per setting read the code-form peers tuned, the best peer of either
+    reading and its source, each contender's paired val difference against it; the adopted
+    default and where it falls short; each decision's leave-one-out count."""
+    sources = {c.data.name: c.data.sources for c in found}
+    return {
+        "settings_read": list(reading.best), "settings_total": len(found),
+        "settings": {name: {"tuned": reading.tuned[name], "best_peer": best,
+                            "best_peer_from": sources[name].get(best, ""),
+                            "earlier_best_peer": reading.earlier.best[name],
+                            "vs_best_peer": {a: [iv.mean, iv.half, iv.n]
+                                             for a, iv in reading.vs_best[name].items()}}
+                     for name, best in reading.best.items()},
+        "adopted": reading.adopted,
+        "adopted_short": [[name, iv.mean, iv.half] for name, iv in reading.short()],
+        "kept": {k: {"decision": v, "kept": n, "of": seeds} for k, (v, n) in loo.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("preset", type=Path)
+    p.add_argument("--results", type=Path, required=True,
+                   help="this grid's results folder or its committed records")
+    p.add_argument("--earlier-results", type=Path, required=True,
+                   help="selection-peers-dev's results folder or committed records")
+    p.add_argument("--earlier-preset", type=Path, default=Path("conf/selection-peers-dev.toml"),
+                   help="selection-peers-dev's preset (default: %(default)s)")
+    p.add_argument("--reference-results", type=Path, required=True,
+                   help="selection-dev's results folder or committed records")
+    p.add_argument("--reference-preset", type=Path, default=Path("conf/selection-dev.toml"),
+                   help="selection-dev's preset (default: %(default)s)")
+    p.add_argument("--out", type=Path, required=True, help="where the reading goes")
+    args = p.parse_args(argv)
+    preset, found, res = read_all(args.preset, args.results, args.earlier_preset,
+                                  args.earlier_results, args.reference_preset,
+                                  args.reference_results)
+    command = " ".join(["python -m studies.selection.peers_code",
+                        *(sys.argv[1:] if argv is None else argv)])
+    for path in write(preset, found, res, args.out, command):
+        print(f"[selection-peers-code] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
