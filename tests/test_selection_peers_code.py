@@ -67,7 +67,8 @@ def test_leave_one_seed_out_rereads_both_grids() -> None:
 
 def test_a_partial_grid_reads_the_settings_both_grids_finished(tmp_path: Path) -> None:
     from sim.presets import load_preset
-    from studies.selection.peers_code import merge, write
+    from studies.selection.peers_code import write
+    from studies.selection.peers_code_data import merge
     from studies.selection.peers_data import collect, group
 
     # Prepare: selection-dev complete; selection-peers-dev complete on FEMNIST and MNIST alpha

@@ -19,7 +19,7 @@ from studies.selection.peers_rule import CONTENDERS, RANDOM
 
 if TYPE_CHECKING:
     from sim.grid import Preset
-    from studies.selection.peers_code import CodeSetting
+    from studies.selection.peers_code_data import CodeSetting
 
 
 def markdown(preset: Preset, found: Sequence[CodeSetting], rows: Sequence[dict[str, Any]],

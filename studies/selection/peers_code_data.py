@@ -1,0 +1,82 @@
+"""selection-peers-code's cells as its reading reads them (:mod:`.peers_code` is the command):
+selection-peers-dev's settings as :mod:`.peers_data` reads them, with this grid's arms joined
+where this grid's fedowen-random reproduces selection-peers-dev's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.grid import Preset
+from sim.presets import load_preset
+from sim.results import CellResult
+from studies.selection.peers_data import (
+    HERE,
+    Commits,
+    SettingData,
+    anchor_check,
+    collect,
+    group,
+    reference_results,
+    scored,
+    set_aside,
+    to_setting,
+)
+from studies.selection.peers_rule import RANDOM
+
+#: Where the arms of selection-peers-dev's own cells come from, in this reading's tables.
+EARLIER = "selection-peers-dev"
+
+
+@dataclass(frozen=True)
+class CodeSetting:
+    """One setting: selection-peers-dev's arms with this grid's (``data``: its anchor this
+    grid's, its missing cells both grids'), and whether selection-peers-dev reads it."""
+
+    data: SettingData
+    earlier_read: bool
+
+    @property
+    def decided(self) -> bool:
+        return self.earlier_read and self.data.decided
+
+
+def merge(d: SettingData, mine: Mapping[str, Mapping[int, CellResult]], clients: int,
+          commits: Commits | None = None) -> CodeSetting:
+    """``d``, one setting of selection-peers-dev as :func:`.peers_data.collect` reads it, with
+    this grid's arms ``mine``; where the anchor differs only this grid's arms are shown."""
+    anchor = anchor_check(mine.get(RANDOM, {}), d.results.get(RANDOM, {}), d.seeds, commits)
+    new = [a for a in mine if a != RANDOM]
+    missing = [*d.missing, *(f"{a} seed={s}" for a in mine for s in d.seeds
+                             if not scored(mine[a].get(s)))]
+    arms: dict[str, Mapping[int, CellResult]]
+    if anchor.status == "differs":
+        arms, sources = dict(mine), dict.fromkeys(mine, HERE)
+    else:
+        arms = {**d.results, **{a: mine[a] for a in new}}
+        sources = {**{a: EARLIER if src == HERE else src for a, src in d.sources.items()},
+                   **dict.fromkeys(new, HERE)}
+    shown = {a: {s: r for s, r in by_seed.items() if r.rounds} for a, by_seed in arms.items()}
+    data = SettingData(d.name, to_setting(d.name, shown, clients), shown, sources,
+                       d.reference_peer, missing, anchor, d.seeds, tuple(mine))
+    return CodeSetting(data, d.decided)
+
+
+def read_all(preset_path: Path, results: Path, earlier_path: Path, earlier_results: Path,
+             reference_path: Path, reference_results_path: Path
+             ) -> tuple[Preset, list[CodeSetting], dict[str, CellResult]]:
+    """Every setting of selection-peers-dev with this grid's arms, and this grid's cells."""
+    if not results.exists():
+        raise SystemExit(f"--results {results}: no such folder or archive; run the grid first "
+                         f"(python -m sim.experiments run {preset_path})")
+    preset, earlier, dev = (load_preset(p) for p in (preset_path, earlier_path, reference_path))
+    e_res, e_commits = reference_results(earlier, earlier_results)
+    e_res, _ = set_aside(e_res, e_commits)
+    d_res, d_commits = reference_results(dev, reference_results_path)
+    found = collect(group(earlier, e_res), group(dev, d_res), earlier.num_supernodes,
+                    (e_commits, d_commits))
+    res, commits = reference_results(preset, results)
+    mine = group(preset, res)
+    return preset, [merge(d, mine.get(d.name, {}), preset.num_supernodes, (commits, e_commits))
+                    for d in found], res
