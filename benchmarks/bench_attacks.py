@@ -39,6 +39,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from client_app.app import train_handler
 from fedowen_task.adversary.keys import adversary_ids
+from fedowen_task.protocol import NUM_EXAMPLES_FIELD
 from server_app.app import run
 from server_app.config import parse_run_config
 from server_app.store.records import read_rounds
@@ -144,7 +145,7 @@ def long_tail_norms(data_dir: Path, draws: int = 3) -> list[dict[str, Any]]:
             msg = Message(RecordDict({"arrays": init, "config": ConfigRecord(
                 {"server-round": 1})}), message_type=MessageType.TRAIN, dst_node_id=1)
             reply = train_handler(msg, ctx)
-            n = reply.content.metric_records["metrics"]["num-examples"]
+            n = reply.content.metric_records["metrics"][NUM_EXAMPLES_FIELD]
             assert isinstance(n, int)
             state = record_to_state(reply.content.array_records["arrays"])
             rows.append((n, update_norm(state, ref)))

@@ -44,6 +44,7 @@ from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_strategy.valuation import estimate
 from fedowen_task.data import load_dataset, to_tensor
 from fedowen_task.models import build_model
+from fedowen_task.protocol import NUM_EXAMPLES_FIELD
 from sim.inline import run_cell
 from sim.inline_grid import task_identity
 
@@ -79,7 +80,7 @@ def recorded_round(alpha: float, rounds_before: int, seed: int, data_dir: Path
             {"server-round": rounds_before + 1})}), message_type=MessageType.TRAIN,
             dst_node_id=pid + 1)
         reply = train_handler(msg, ctx)
-        n = reply.content.metric_records["metrics"]["num-examples"]
+        n = reply.content.metric_records["metrics"][NUM_EXAMPLES_FIELD]
         assert isinstance(n, int)
         states.append(record_to_state(reply.content.array_records["arrays"]))
         examples.append(n)

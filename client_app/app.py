@@ -42,6 +42,7 @@ from fedowen_task.protocol import (
     GRAD_VARIANCE_FIELD,
     LOCAL_LOSS_FIELD,
     LOSS_SQUARES_FIELD,
+    NUM_EXAMPLES_FIELD,
     RAY_NODE_FIELD,
     STEP_SCALE_FIELD,
     UNIT_WEIGHT_FIELD,
@@ -167,7 +168,7 @@ def query_handler(msg: Message, context: Context) -> Message:
         cfg = _config(tuple(sorted(context.run_config.items())))
         x, y, _, _ = _partition(cfg, context)
         loss, _ = evaluate(_model(cfg, msg, context), x, y, device=_device(cfg, context))
-        content["metrics"] = MetricRecord({LOCAL_LOSS_FIELD: loss, "num-examples": len(y)})
+        content["metrics"] = MetricRecord({LOCAL_LOSS_FIELD: loss, NUM_EXAMPLES_FIELD: len(y)})
     return Message(content=_named(content, _client_id(context)), reply_to=msg)
 
 
@@ -206,7 +207,7 @@ def train_handler(msg: Message, context: Context) -> Message:
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if attack is not None:
         state = attack.client_reply(global_state, state, turn)
-    metrics = MetricRecord({"train-loss": float(stats["loss"]), "num-examples": len(y),
+    metrics = MetricRecord({"train-loss": float(stats["loss"]), NUM_EXAMPLES_FIELD: len(y),
                             UNIT_WEIGHT_FIELD: 1})
     if squares:
         metrics[LOSS_SQUARES_FIELD] = float(stats["loss_squares"])
@@ -229,6 +230,6 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     loss, acc = evaluate(_model(cfg, msg, context), x, y, device=_device(cfg, context))
     content = RecordDict({
         "metrics": MetricRecord({"eval-loss": loss, "eval-accuracy": acc,
-                                 "num-examples": len(y)}),
+                                 NUM_EXAMPLES_FIELD: len(y)}),
     })
     return Message(content=_named(content, client_id), reply_to=msg)

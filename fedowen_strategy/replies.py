@@ -22,6 +22,7 @@ from fedowen_strategy.updates import is_update
 from fedowen_task.protocol import (
     CLIENT_ID_FIELD,
     CLIENT_RECORD_KEY,
+    NUM_EXAMPLES_FIELD,
     RAY_NODE_FIELD,
 )
 
@@ -182,7 +183,7 @@ def parse_replies(
     reference: Mapping[str, NDArray],
     *,
     arrays_key: str = "arrays",
-    weight_key: str = "num-examples",
+    weight_key: str = NUM_EXAMPLES_FIELD,
     max_norm_ratio: float = 0.0,
     known: Mapping[int, str] | None = None,
 ) -> ParsedReplies:

@@ -45,6 +45,7 @@ from fedowen_strategy.replies import client_id_of, record_to_state, state_to_rec
 from fedowen_strategy.updates import State, apply_delta, flat_delta, flatten, update_keys
 from fedowen_task.adversary.attacks import attack_of, server_side
 from fedowen_task.adversary.server import MARGIN, RoundView, jittered, median_faced
+from fedowen_task.protocol import NUM_EXAMPLES_FIELD
 from server_app.config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -282,7 +283,7 @@ def _usable(reply: Message, sent: Mapping[int, tuple[int, State]]) -> _Reply | N
             for k, v in global_state.items()):
         return None
     metrics = next(iter(reply.content.metric_records.values()), None)
-    count = metrics.get("num-examples", 0) if metrics is not None else 0
+    count = metrics.get(NUM_EXAMPLES_FIELD, 0) if metrics is not None else 0
     examples = (int(count) if isinstance(count, int | float) and math.isfinite(count)
                 and count > 0 else 0)
     return _Reply(reply, client_id_of(reply), server_round, dict(global_state), state,

@@ -28,6 +28,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fedowen_task.protocol import NUM_EXAMPLES_FIELD
+
 #: Failure reasons that say a node or its message was not there, not what the node did:
 #: FedOwen's and :class:`server_app.strategies.Recorded`'s "no reply ..." and the SuperLink's
 #: "Node Unavailable", "Message Unavailable", "Reply Message Unavailable".
@@ -45,7 +47,7 @@ ADVICE = (
     (("exceeds",), "the updates are larger than the guards allow: check `lr` and "
                    "`local-epochs`, or the guard named in the reason (`max-norm-ratio`, "
                    "`update-bound`)"),
-    (("num-examples", "no ArrayRecord", "malformed"),
+    ((NUM_EXAMPLES_FIELD, "no ArrayRecord", "malformed"),  # a reason names the field
      "the ClientApp's reply is not what the server expects: check that every SuperNode runs "
      "this version of the app"),
 )
