@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sim.results import LAST_K
 from studies.selection.peers_code_rule import CODE_PEERS, CodeReading
 from studies.selection.peers_markdown import (
-    accuracy_pair,
+    anchor_table,
     arm_table,
     loo_section,
     missing_section,
@@ -62,15 +62,7 @@ def anchor_section(found: Sequence[CodeSetting]) -> list[str]:
     out += [f"- {c.data.name}: {c.data.anchor.status}, "
             f"{sum(r['same'] is True for r in c.data.anchor.seeds)} of "
             f"{len(c.data.anchor.seeds)} seeds reproduced" for c in found]
-    ran = [(c, r) for c in found for r in c.data.anchor.seeds if r["here"] is not None]
-    if ran:
-        out += ["", "| setting | seed | here | selection-peers-dev | same | commits here | "
-                "commits selection-peers-dev |", "|---|---|---|---|---|---|---|"]
-    for c, r in ran:
-        same = {None: "-", True: "yes", False: "**no**"}[r["same"]]
-        out.append(f"| {c.data.name} | {r['seed']} | {accuracy_pair(r['here'])} | "
-                   f"{accuracy_pair(r['there'])} | {same} | {r['commits_here']} | "
-                   f"{r['commits_there']} |")
+    out += anchor_table([c.data for c in found], "selection-peers-dev")
     return [*out, ""]
 
 

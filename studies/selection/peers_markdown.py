@@ -91,21 +91,28 @@ def anchor_section(found: Sequence[SettingData], header_best: Mapping[str, str])
         "" if d.anchor.status == "not needed" else
         f", {sum(r['same'] is True for r in d.anchor.seeds)} of {len(d.anchor.seeds)} seeds "
         "reproduced") for d in found]
-    ran = [(d, r) for d in found for r in d.anchor.seeds if r["here"] is not None]
-    if ran:
-        out += ["", "| setting | seed | here | selection-dev | same | commits here | "
-                "commits selection-dev |", "|---|---|---|---|---|---|---|"]
-    for d, r in ran:
-        same = {None: "-", True: "yes", False: "**no**"}[r["same"]]
-        out.append(f"| {d.name} | {r['seed']} | {accuracy_pair(r['here'])} | "
-                   f"{accuracy_pair(r['there'])} | {same} | {r['commits_here']} | "
-                   f"{r['commits_there']} |")
+    out += anchor_table(found, "selection-dev")
     out += ["", "selection-dev's tuned best of Power-of-Choice and Oort, read from its "
             "records: " + "; ".join(
                 f"{d.name} {d.reference_peer or 'not read'}"
                 + ("" if d.reference_peer in (None, header_best.get(d.name))
                    else f" (**the preset's header says {header_best.get(d.name)}**)")
                 for d in found) + ".", ""]
+    return out
+
+
+def anchor_table(found: Sequence[SettingData], there: str) -> list[str]:
+    """The anchor's seeds finished here, a row each, against ``there`` (the grid reused)."""
+    ran = [(d, r) for d in found for r in d.anchor.seeds if r["here"] is not None]
+    if not ran:
+        return []
+    out = ["", f"| setting | seed | here | {there} | same | commits here | commits {there} |",
+           "|---|---|---|---|---|---|---|"]
+    for d, r in ran:
+        same = {None: "-", True: "yes", False: "**no**"}[r["same"]]
+        out.append(f"| {d.name} | {r['seed']} | {accuracy_pair(r['here'])} | "
+                   f"{accuracy_pair(r['there'])} | {same} | {r['commits_here']} | "
+                   f"{r['commits_there']} |")
     return out
 
 
