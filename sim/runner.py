@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from fedowen_deploy.procs import stopping
-from server_app.store.records import ROUNDS_FILE, read_rounds
+from server_app.store.records import ROUNDS_FILE
 from server_app.strategies import RESUMABLE
 from sim.cell_state import (
     CHECKPOINT,
@@ -44,6 +43,7 @@ from sim.cell_state import (
     read_state,
     record_code,
 )
+from sim.follow import follow_rounds, log_tail
 from sim.grid import Cell, Preset, expand_grid
 from sim.results import matches_point, moved_defaults
 
@@ -56,12 +56,6 @@ FRESH_START_FILES = ("rounds.jsonl", "ledger.csv", "config.json")
 
 RunFn = Callable[..., Any]  # fedowen_deploy.launcher.flwr_run's signature
 LinkFactory = Callable[[Path], AbstractContextManager[Any]]
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    if not path.exists():
-        return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 class _Link:
@@ -86,36 +80,6 @@ class _Link:
         if self._cm is not None:
             self._cm.__exit__(None, None, None)
         self._cm, self._link = None, None
-
-
-@contextmanager
-def _follow_rounds(path: Path, on_round: Callable[[dict[str, Any]], None],
-                   interval: float = 2.0) -> Iterator[None]:
-    """Call ``on_round`` for each line appended to ``rounds.jsonl`` while the block runs."""
-    stop = threading.Event()
-    seen = len(read_rounds(path.parent)) if path.exists() else 0
-
-    def poll() -> None:
-        nonlocal seen
-        while True:
-            done = stop.wait(interval)
-            try:
-                rounds = read_rounds(path.parent)
-            except (OSError, json.JSONDecodeError):  # a line being written
-                rounds = []
-            for record in rounds[seen:]:
-                on_round(record)
-            seen = max(seen, len(rounds))
-            if done:
-                return
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=10)
 
 
 class Runner:
@@ -164,7 +128,7 @@ class Runner:
                           + ("" if val is None else f", valuation {val:.2f}s"))
 
         started = time.monotonic()
-        follow = _follow_rounds(out / ROUNDS_FILE, on_round) if self.follow_rounds \
+        follow = follow_rounds(out / ROUNDS_FILE, on_round) if self.follow_rounds \
             else nullcontext()
         with (out / LOG_FILE).open("a") as fh, follow:
             fh.write(f"\n=== attempt {attempt} {time.strftime('%Y-%m-%dT%H:%M:%S')} "
@@ -193,7 +157,7 @@ class Runner:
             append_state(self.results, {"cell": cell.cell_id, "event": "error",
                                         "attempt": attempt, "error": status,
                                         "seconds": round(seconds, 1),
-                                        "log_tail": _tail(out / LOG_FILE)})
+                                        "log_tail": log_tail(out / LOG_FILE)})
             self.link.close()  # a timed-out or broken run may still occupy it
         return ok, status
 
@@ -212,7 +176,7 @@ class Runner:
                 return "not-run"
             self.progress(f"  [{cell.cell_id}] attempt {attempt} failed: {status}")
         append_state(self.results, {"cell": cell.cell_id, "event": "failed", "error": status,
-                                    "log_tail": _tail(self.results / cell.cell_id / LOG_FILE)})
+                                    "log_tail": log_tail(self.results / cell.cell_id / LOG_FILE)})
         return "failed"
 
     def selected_cells(self, grids: list[str] | None = None,
