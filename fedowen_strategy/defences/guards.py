@@ -10,9 +10,8 @@ the global model:
 2. ``norm-cap`` (``auto``: the round's lower-median norm x 2 for a valuation method, nothing
    for the FedAvg baselines): every update rescaled to at most the cap
    (:func:`fedowen_strategy.defences.bounds.cap_norms`); with ``value-cap-multiple`` (off by
-   default)
-   the updates are valued at a tighter cap of the same reference than they are averaged at
-   (``value-cap-mode``: at most that norm, or every update at exactly it);
+   default) the updates are valued at a tighter cap of the same reference than they are
+   averaged at (``value-cap-mode``: at most that norm, or every update at exactly it);
    ``statistics-cap`` (off by default) bounds the BatchNorm statistics no other guard reads
    (:mod:`fedowen_strategy.defences.statistics`);
 3. groups: exact copies (``duplicate-tolerance``; their ids are banned by the strategy) merged
@@ -26,9 +25,8 @@ parse_replies`); its key is a field of ``Guards`` because it is a guard of the s
 :func:`bound_in_force` says how large an update may be and pass all of them unchanged, from
 the same functions the guards apply (:func:`~fedowen_strategy.replies.norm_ratio_limit`,
 :func:`~fedowen_strategy.defences.bounds.example_bound`, :func:`cap_reference`,
-:func:`norm_cap_at`):
-whoever needs the defence's bound (the adaptive attacker of ``server_app.byzantine``) asks
-it, so a changed guard never leaves a stale copy behind.
+:func:`norm_cap_at`): whoever needs the defence's bound (the adaptive attacker of
+``server_app.byzantine``) asks it, so a changed guard never leaves a stale copy behind.
 """
 
 from __future__ import annotations
