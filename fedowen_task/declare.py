@@ -158,14 +158,14 @@ def declarations(cls: type) -> dict[str, list[str]]:
     types it places keys of: a key declared twice (a field redeclared in a subclass, or a
     key a settings type declares declared again with :func:`key`) has two."""
     sites: dict[str, list[str]] = {}
-    owners: set[type] = set()
+    owners: dict[type, None] = {}  # in the order met, so the sites' order is stable
     for base in reversed(cls.__mro__):
         for name in vars(base).get("__annotations__", {}):
             spec = getattr(base, "__dataclass_fields__", {}).get(name)
             if spec is None or "help" not in spec.metadata:
                 continue
             if spec.metadata.get("owner") is not None:
-                owners.add(spec.metadata["owner"])
+                owners[spec.metadata["owner"]] = None
                 continue
             k = spec.metadata.get("key") or name.replace("_", "-")
             sites.setdefault(k, []).append(f"{base.__name__}.{name}")
