@@ -22,7 +22,7 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 
 @contextmanager
-def follow_rounds(path: Path, on_round: Callable[[dict[str, Any]], None],
+def watch_rounds(path: Path, on_round: Callable[[dict[str, Any]], None],
                   interval: float = 2.0) -> Iterator[None]:
     """Call ``on_round`` for each line appended to ``rounds.jsonl`` while the block runs."""
     stop = threading.Event()

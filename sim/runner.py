@@ -43,7 +43,7 @@ from sim.cell_state import (
     read_state,
     record_code,
 )
-from sim.follow import follow_rounds, log_tail
+from sim.follow import log_tail, watch_rounds
 from sim.grid import Cell, Preset, expand_grid
 from sim.results import matches_point, moved_defaults
 
@@ -128,7 +128,7 @@ class Runner:
                           + ("" if val is None else f", valuation {val:.2f}s"))
 
         started = time.monotonic()
-        follow = follow_rounds(out / ROUNDS_FILE, on_round) if self.follow_rounds \
+        follow = watch_rounds(out / ROUNDS_FILE, on_round) if self.follow_rounds \
             else nullcontext()
         with (out / LOG_FILE).open("a") as fh, follow:
             fh.write(f"\n=== attempt {attempt} {time.strftime('%Y-%m-%dT%H:%M:%S')} "
