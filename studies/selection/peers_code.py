@@ -15,7 +15,7 @@ every cell of both grids is finished and both anchors hold; then the preset's ru
 
 Writes ``selection-code.md``, ``selection-code-arms.csv``, ``selection-code-seeds.csv``,
 ``selection-code-anchor.csv``, ``selection-code-decisions.json`` and per setting with cells of
-this grid ``selection-code-<setting>-rounds.csv.gz`` (this grid's arms, every round) and
+this grid ``selection-code-<setting>-rounds.csv.gz`` (this grid's cells, every round) and
 ``selection-code-<setting>-val.png``, beside the grid's own report.
 """
 
@@ -39,18 +39,28 @@ from studies.selection.peers_code_rule import (
     leave_one_out_code,
     read_code,
 )
-from studies.selection.peers_report import arm_rows, plot, seed_rows, slug, write_rounds
+from studies.selection.peers_data import HERE
+from studies.selection.peers_report import (
+    anchor_rows,
+    arm_rows,
+    plot,
+    seed_rows,
+    slug,
+    write_rounds,
+)
 
 
 def write(preset: Preset, found: Sequence[CodeSetting], res: Mapping[str, CellResult],
           out: Path, command: str) -> list[Path]:
     """Apply the rule to the settings read and write the reading's files into ``out``."""
     decided = [c.data for c in found if c.decided]
-    reference = {d.name: d.reference_peer or "" for d in decided}
-    reading = read_code([d.setting for d in decided], reference, total=len(found))
-    seeds = sorted({s for d in decided for s in d.seeds})
-    loo = kept_code(reading, leave_one_out_code([d.setting for d in decided], reference,
-                                                seeds, total=len(found)))
+    earlier = [c.earlier for c in found if c.earlier_read]
+    reference = {d.name: d.reference_peer or "" for d in earlier}
+    reading = read_code([d.setting for d in decided], reference, len(found),
+                        [d.setting for d in earlier])
+    seeds = sorted({s for d in earlier for s in d.seeds})
+    loo = kept_code(reading, leave_one_out_code([d.setting for d in decided], reference, seeds,
+                                                len(found), [d.setting for d in earlier]))
     done = sum(r.finished for r in res.values())
     rows = arm_rows([c.data for c in found], replace(reading.earlier, best=reading.best))
     out.mkdir(parents=True, exist_ok=True)
@@ -60,14 +70,12 @@ def write(preset: Preset, found: Sequence[CodeSetting], res: Mapping[str, CellRe
                                  len(res), command))
     write_csv(paths[1], rows)
     write_csv(paths[2], seed_rows([c.data for c in found]))
-    write_csv(paths[3], [{"setting": c.data.name, "status": c.data.anchor.status, **r}
-                         for c in found for r in c.data.anchor.seeds])
+    write_csv(paths[3], anchor_rows([c.data for c in found], "selection_peers_dev"))
     paths[4].write_text(json.dumps(decisions_data(found, reading, loo, len(seeds)), indent=1)
                         + "\n")
     for c in found:
-        mine = {a: c.data.results[a] for a in c.data.arms if a in c.data.results}
-        if any(r.rounds for by_seed in mine.values() for r in by_seed.values()):
-            own = replace(c.data, results=mine)
+        if c.own:
+            own = replace(c.data, results=c.own, sources=dict.fromkeys(c.own, HERE))
             paths.append(write_rounds(own, out / f"selection-code-{slug(c.data.name)}"
                                                "-rounds.csv.gz"))
             paths.append(plot(c.data, out / f"selection-code-{slug(c.data.name)}-val.png",

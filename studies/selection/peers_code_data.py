@@ -8,11 +8,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from server_app.store.records import ROUNDS_FILE
+from sim.archives import ARCHIVE, MANIFEST
 from sim.grid import Preset
 from sim.presets import load_preset
 from sim.results import CellResult
 from studies.selection.peers_data import (
     HERE,
+    THERE,
     Commits,
     SettingData,
     anchor_check,
@@ -32,10 +35,18 @@ EARLIER = "selection-peers-dev"
 @dataclass(frozen=True)
 class CodeSetting:
     """One setting: selection-peers-dev's arms with this grid's (``data``: its anchor this
-    grid's, its missing cells both grids'), and whether selection-peers-dev reads it."""
+    grid's, its missing cells both grids'), the setting as selection-peers-dev reads it alone
+    (``earlier``: its reading and adopted default are made on these) and this grid's own cells
+    with records (``own``: its per-round files)."""
 
     data: SettingData
-    earlier_read: bool
+    earlier: SettingData
+    own: dict[str, dict[int, CellResult]]
+
+    @property
+    def earlier_read(self) -> bool:
+        """Whether selection-peers-dev reads this setting."""
+        return self.earlier.decided
 
     @property
     def decided(self) -> bool:
@@ -45,11 +56,12 @@ class CodeSetting:
 def merge(d: SettingData, mine: Mapping[str, Mapping[int, CellResult]], clients: int,
           commits: Commits | None = None) -> CodeSetting:
     """``d``, one setting of selection-peers-dev as :func:`.peers_data.collect` reads it, with
-    this grid's arms ``mine``; where the anchor differs only this grid's arms are shown."""
+    this grid's arms ``mine``; where the anchor differs only this grid's arms are shown. A
+    missing cell of selection-peers-dev's is named with its grid (this grid's are not)."""
     anchor = anchor_check(mine.get(RANDOM, {}), d.results.get(RANDOM, {}), d.seeds, commits)
     new = [a for a in mine if a != RANDOM]
-    missing = [*d.missing, *(f"{a} seed={s}" for a in mine for s in d.seeds
-                             if not scored(mine[a].get(s)))]
+    missing = [*(m if m.startswith(f"{THERE} ") else f"{EARLIER} {m}" for m in d.missing),
+               *(f"{a} seed={s}" for a in mine for s in d.seeds if not scored(mine[a].get(s)))]
     arms: dict[str, Mapping[int, CellResult]]
     if anchor.status == "differs":
         arms, sources = dict(mine), dict.fromkeys(mine, HERE)
@@ -58,19 +70,26 @@ def merge(d: SettingData, mine: Mapping[str, Mapping[int, CellResult]], clients:
         sources = {**{a: EARLIER if src == HERE else src for a, src in d.sources.items()},
                    **dict.fromkeys(new, HERE)}
     shown = {a: {s: r for s, r in by_seed.items() if r.rounds} for a, by_seed in arms.items()}
+    own = {a: ran for a, by_seed in mine.items()
+           if (ran := {s: r for s, r in by_seed.items() if r.rounds})}
     data = SettingData(d.name, to_setting(d.name, shown, clients), shown, sources,
                        d.reference_peer, missing, anchor, d.seeds, tuple(mine))
-    return CodeSetting(data, d.decided)
+    return CodeSetting(data, d, own)
 
 
 def read_all(preset_path: Path, results: Path, earlier_path: Path, earlier_results: Path,
              reference_path: Path, reference_results_path: Path
              ) -> tuple[Preset, list[CodeSetting], dict[str, CellResult]]:
     """Every setting of selection-peers-dev with this grid's arms, and this grid's cells."""
-    if not results.exists():
-        raise SystemExit(f"--results {results}: no such folder or archive; run the grid first "
-                         f"(python -m sim.experiments run {preset_path})")
-    preset, earlier, dev = (load_preset(p) for p in (preset_path, earlier_path, reference_path))
+    preset = load_preset(preset_path)
+    check_results(preset, preset_path, results)
+    for flag, path in (("--earlier-results", earlier_results),
+                       ("--reference-results", reference_results_path)):
+        if not path.exists():
+            raise SystemExit(f"{flag} {path}: no such folder or archive (a results folder, a "
+                             "report folder with cells-manifest.json, a folder of parts or "
+                             "one archive)")
+    earlier, dev = load_preset(earlier_path), load_preset(reference_path)
     e_res, e_commits = reference_results(earlier, earlier_results)
     e_res, _ = set_aside(e_res, e_commits)
     d_res, d_commits = reference_results(dev, reference_results_path)
@@ -80,3 +99,18 @@ def read_all(preset_path: Path, results: Path, earlier_path: Path, earlier_resul
     mine = group(preset, res)
     return preset, [merge(d, mine.get(d.name, {}), preset.num_supernodes, (commits, e_commits))
                     for d in found], res
+
+
+def check_results(preset: Preset, preset_path: Path, results: Path) -> None:
+    """Stop, saying what to do, when ``results`` holds neither a round of this grid's cells
+    nor committed records (before the earlier grids' records are read)."""
+    run = f"run the grid first (python -m sim.experiments run {preset_path})"
+    if not results.exists():
+        raise SystemExit(f"--results {results}: no such folder or archive; {run}")
+    if results.is_dir() and not (
+            any((results / c.cell_id / ROUNDS_FILE).is_file() for c in preset.cells())
+            or (results / MANIFEST).is_file() or (results / ARCHIVE).is_file()
+            or any(results.glob("cells-part*.tar.xz"))):
+        raise SystemExit(f"--results {results}: no cell of {preset.name} has recorded a round "
+                         f"there yet and it holds no committed records; {run}, or pass its "
+                         "report folder (cells-manifest.json)")

@@ -6,7 +6,8 @@ the settings' validation scores, paired by seed, over selection-peers-dev's read
    (hics-code's temperature; a tie: the first listed, 0.03);
 2. :func:`best_code_peer`: the highest mean val among selection-peers-dev's best peer and the
    tuned code-form peers (a tie: the earlier grid's arm);
-3. :func:`read_code`: the default adopted by selection-peers-dev stays adopted; each
+3. :func:`read_code`: the default adopted by selection-peers-dev (on its own settings read,
+   which this grid's may not all be) stays adopted; each
    contender's paired val difference against that best peer is reported, and
    :meth:`CodeReading.short` names the settings where the adopted default's upper bound is
    below 0;
@@ -65,12 +66,14 @@ def best_code_peer(s: Setting, earlier_best: str) -> str:
     return max([earlier_best, *tune_code(s).values()], key=s.mean)
 
 
-def read_code(found: Sequence[Setting], reference: Mapping[str, str], total: int = SETTINGS
-              ) -> CodeReading:
+def read_code(found: Sequence[Setting], reference: Mapping[str, str], total: int = SETTINGS,
+              earlier_found: Sequence[Setting] | None = None) -> CodeReading:
     """Steps 1-3 over the settings ``found`` (each complete, this grid's arms beside
-    selection-peers-dev's), ``reference`` and ``total`` as :func:`.peers_rule.read` takes
-    them."""
-    earlier = read(found, reference, total)
+    selection-peers-dev's), over selection-peers-dev's reading of ``earlier_found`` (the
+    settings it reads, which this grid's may not all be; default ``found``): its best peers
+    and the default it adopted. ``reference`` (every setting of ``earlier_found``) and
+    ``total`` as :func:`.peers_rule.read` takes them."""
+    earlier = read(found if earlier_found is None else earlier_found, reference, total)
     tuned = {s.name: tune_code(s) for s in found}
     best = {s.name: best_code_peer(s, earlier.best[s.name]) for s in found}
     vs_best = {s.name: {arm: s.diff(arm, best[s.name]) for arm in CONTENDERS} for s in found}
@@ -95,9 +98,13 @@ def decisions_code(r: CodeReading) -> dict[str, str]:
 
 
 def leave_one_out_code(found: Sequence[Setting], reference: Mapping[str, str],
-                       seeds: Sequence[int], total: int = SETTINGS) -> list[CodeReading]:
-    """Step 5: :func:`read_code` again with each of ``seeds`` left out in turn."""
-    return [read_code([without_seed(s, seed) for s in found], reference, total)
+                       seeds: Sequence[int], total: int = SETTINGS,
+                       earlier_found: Sequence[Setting] | None = None) -> list[CodeReading]:
+    """Step 5: :func:`read_code` again with each of ``seeds`` left out in turn, of both
+    grids' settings."""
+    return [read_code([without_seed(s, seed) for s in found], reference, total,
+                      None if earlier_found is None
+                      else [without_seed(s, seed) for s in earlier_found])
             for seed in seeds]
 
 

@@ -102,18 +102,20 @@ def seed_rows(found: Sequence[SettingData]) -> list[dict[str, Any]]:
     return rows
 
 
-def anchor_rows(found: Sequence[SettingData]) -> list[dict[str, Any]]:
-    """The anchor check, one row per setting and seed (accuracies as recorded, fractions)."""
+def anchor_rows(found: Sequence[SettingData], there: str = "selection_dev"
+                ) -> list[dict[str, Any]]:
+    """The anchor check, one row per setting and seed (accuracies as recorded, fractions),
+    against ``there`` (the grid reused, as a column name)."""
     rows = []
     for d in found:
         for r in d.anchor.seeds:
-            here, there = r["here"] or (None, None), r["there"] or (None, None)
+            mine, theirs = r["here"] or (None, None), r["there"] or (None, None)
             rows.append({"setting": d.name, "status": d.anchor.status, "seed": r["seed"],
-                         "val_here": here[0], "val_selection_dev": there[0],
-                         "test_here": here[1], "test_selection_dev": there[1],
+                         "val_here": mine[0], f"val_{there}": theirs[0],
+                         "test_here": mine[1], f"test_{there}": theirs[1],
                          "same": "" if r["same"] is None else r["same"],
                          "commits_here": r["commits_here"],
-                         "commits_selection_dev": r["commits_there"]})
+                         f"commits_{there}": r["commits_there"]})
     return rows
 
 
