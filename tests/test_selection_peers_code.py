@@ -272,3 +272,23 @@ def test_a_tie_of_hics_codes_temperatures_goes_to_the_first_listed() -> None:
     # Assert
     assert reading.tuned["a"]["hics-code"] == "hics-code-t0.03"
     assert reading.best["a"] == "poc-d50"
+
+
+def test_leave_one_seed_out_rereads_selection_peers_devs_own_settings() -> None:
+    # Prepare: a read by both grids, e by selection-peers-dev only. Every contender but
+    # delta-phi level with or above fedowen-random (70) and the best peer (poc-d50, 75), so
+    # the mean val over a and e adopts: fedowen (81 in a; in e 90 at seed 0, 80 after: 82)
+    # averages 81.5 against hics-phi's 81, and 80.5 without seed 0
+    base = {**EARLIER, "poc-d50": 75.0, "delta-phi": 70.0}
+    code = {"delta-code": 60.0, "hics-code-t0.03": 60.0, "hics-code-t0.1": 60.0}
+    a = setting("a", {**base, **code, "fedowen": 81, "hics-phi": 81}, spread=0.0)
+    e = by_seed("e", {**{arm: [v] * 5 for arm, v in base.items()},
+                      "fedowen": [90, 80, 80, 80, 80], "hics-phi": [81] * 5})
+    reference = {"a": "poc-d50", "e": "poc-d50"}
+    # Execute
+    full = read_code([a], reference, total=2, earlier_found=[a, e])
+    counts = kept_code(full, leave_one_out_code([a], reference, range(5), total=2,
+                                                earlier_found=[a, e]))
+    # Assert: adopted on both settings though this grid reads one; seed 0 left out flips it
+    assert list(full.best) == ["a"] and full.adopted == "fedowen"
+    assert counts["adopted (selection-peers-dev)"] == ("fedowen", 4)
