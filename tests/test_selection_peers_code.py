@@ -91,7 +91,10 @@ def test_a_partial_grid_reads_the_settings_both_grids_finished(tmp_path: Path) -
         off = 0.01 if (name_of(c), c.point["variant"], c.config.seed) == (
             "mnist 0.1", "fedowen-random", 3) else 0.0
         ran = name_of(c) in ("femnist", "mnist 0.1")
-        res[c.cell_id] = CellResult(c, cell_rounds(score(c) + off, score(c) - 1) if ran else [])
+        rounds = cell_rounds(score(c) + off, score(c) - 1) if ran else []
+        if (name_of(c), c.point["variant"], c.config.seed) == ("femnist", "delta-code", 2):
+            rounds = rounds[:61]  # stopped after round 60: no round accepted an update
+        res[c.cell_id] = CellResult(c, rounds)
     found = [merge(d, group(preset, res).get(d.name, {}), preset.num_supernodes)
              for d in collect(group(earlier, e_res), group(dev, dev_res), 100)]
     # Execute
@@ -112,7 +115,12 @@ def test_a_partial_grid_reads_the_settings_both_grids_finished(tmp_path: Path) -
     assert femnist["vs_best_peer"]["fedowen"][0] == pytest.approx(-8.0)
     assert data["adopted"] is None and data["adopted_short"] == []
     page = (tmp_path / "selection-code.md").read_text()
-    assert "(partial: 40 of 120 cells finished)" in page
+    assert "(partial: 39 of 120 cells finished)" in page
+    # the stopped cell is scored (FEMNIST still read), not missing, and listed
+    assert by_name["femnist"].stopped == ("delta-code seed=2 at round 60",)
+    assert "## Cells the app stopped" in page and "- femnist: delta-code seed=2 at round 60" in page
+    assert by_name["femnist"].data.setting.scores["delta-code"]["val_accuracy"][2] == (
+        pytest.approx(70.5))
     assert "Step 2, best peer of either reading: **hics-code-t0.03**" in page
     assert "The anchor **differs** from selection-peers-dev" in page
     assert "selection-peers-dev has adopted no default yet" in page
@@ -292,3 +300,53 @@ def test_leave_one_seed_out_rereads_selection_peers_devs_own_settings() -> None:
     # Assert: adopted on both settings though this grid reads one; seed 0 left out flips it
     assert list(full.best) == ["a"] and full.adopted == "fedowen"
     assert counts["adopted (selection-peers-dev)"] == ("fedowen", 4)
+
+
+def stalling(cell_id: str, accepted_until: int, recorded: int, total: int = 10) -> CellResult:
+    """A cell of ``total`` rounds that recorded rounds 0-``recorded``, accepting updates up to
+    round ``accepted_until`` and none after (two replies rejected for two reasons a round);
+    val 50% + 1 point a round, test 1 point below."""
+    from sim.grid import Cell
+
+    def record(r: int) -> dict[str, object]:
+        took = r <= accepted_until
+        return {"round": r, "val_accuracy": (50 + r) / 100, "test_accuracy": (49 + r) / 100,
+                "returned": ["1"] if took else [],
+                "rejected": {} if took else {"2": "non-finite", "3": "norm ratio"}}
+    return CellResult(Cell(cell_id, "g", {"num-server-rounds": total}),
+                      [{"round": 0, "val_accuracy": 0.1, "test_accuracy": 0.1}]
+                      + [record(r) for r in range(1, recorded + 1)])
+
+
+def test_a_cell_the_app_stopped_is_scored_at_the_model_it_stopped_with() -> None:
+    from studies.selection.cells import cell_scores
+    from studies.selection.peers_code_data import carried
+
+    # Prepare: stopped after rounds 5-7 accepted nothing (max-stalled-rounds 3, the default);
+    # still running after two such rounds; finished
+    stopped = stalling("s", accepted_until=4, recorded=7)
+    running = stalling("r", accepted_until=4, recorded=6)
+    done = stalling("d", accepted_until=10, recorded=10)
+    # Execute
+    scored_stop = carried(stopped)
+    # Assert: rounds 8-10 carry round 7's accuracies (57 / 56); the score, rounds 6-10, is
+    # (56 + 57 x 4) / 5 = 56.8; the others untouched
+    assert scored_stop.finished and [r["round"] for r in scored_stop.rounds][-4:] == [7, 8, 9, 10]
+    assert all(r["carried"] for r in scored_stop.rounds[-3:])
+    assert cell_scores(scored_stop)["val_accuracy"] == pytest.approx(56.8)
+    assert carried(running) is running and carried(done) is done
+
+
+def test_an_anchor_run_at_the_earlier_grids_commits_is_a_copy() -> None:
+    from studies.selection.peers_code_data import copied
+    from studies.selection.peers_data import anchor_check
+
+    # Prepare: seed 0 equal in both grids, its cell here at selection-peers-dev's commit
+    here = {0: stalling("a", 10, 10)}
+    there = {0: stalling("a", 10, 10)}
+    same = ({"a": ["c214fce0"]}, {"a": ["c214fce0"]})
+    rerun = ({"a": ["a455225f"]}, {"a": ["c214fce0"]})
+    # Execute / Assert
+    assert copied(anchor_check(here, there, (0,), same)).status == "copied"
+    assert not copied(anchor_check(here, there, (0,), same)).holds
+    assert copied(anchor_check(here, there, (0,), rerun)).status == "reproduced"

@@ -43,9 +43,15 @@ def markdown(preset: Preset, found: Sequence[CodeSetting], rows: Sequence[dict[s
             "`test` is reported, never used. The best peer is of either reading (the papers' "
             "forms of selection-peers-dev, selection-dev's tuned best of Power-of-Choice and "
             "Oort, the code forms here).", ""]
-    out += missing_section([c.data for c in found])
+    out += missing_section([c.data for c in found])[:-1]
     out += [f"- {c.data.name}: selection-peers-dev does not read it yet" for c in found
             if not c.earlier_read] + [""]
+    stopped = [f"- {c.data.name}: {', '.join(c.stopped)}" for c in found if c.stopped]
+    if stopped:
+        out += ["## Cells the app stopped", "",
+                "Stopped by the stall rule (no update accepted in `max-stalled-rounds` rounds "
+                "in a row), scored at the model they stopped with (its accuracy carried to "
+                "the last round, as the preset says):", "", *stopped, ""]
     out += anchor_section(found)
     for c in found:
         out += setting_section(c, [r for r in rows if r["setting"] == c.data.name], reading)
@@ -72,9 +78,12 @@ def setting_section(c: CodeSetting, rows: Sequence[dict[str, Any]], reading: Cod
     d = c.data
     out = [f"## {d.name}", ""]
     if d.anchor.status == "differs":
-        out += ["The anchor **differs** from selection-peers-dev (above): the contenders must "
-                "run again here before this setting is read; only this grid's arms are "
-                "shown.", ""]
+        out += ["The anchor **differs** from selection-peers-dev (above): by the preset's rule "
+                "this setting is reported, not read; only this grid's arms are shown.", ""]
+    elif d.anchor.status == "copied":
+        out += ["The anchor is **copied**: its cells here ran at selection-peers-dev's own "
+                "commits (restored from that grid, not run again), so nothing here reproduces "
+                "it; not read.", ""]
     elif d.name not in reading.best:
         out += [f"Not read yet: {len(d.missing)} cell(s) missing"
                 + ("" if c.earlier_read else ", selection-peers-dev not read here") + ".", ""]
