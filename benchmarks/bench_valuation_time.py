@@ -48,8 +48,8 @@ from benchmarks._common import (
 from fedowen_strategy.round.contribution import ValuationSettings, value_round
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.data import load_dataset, resolve_data_dir, to_tensor
+from fedowen_task.holdout import server_eval_split
 from fedowen_task.models import build_model, load_numpy_state, state_to_numpy
-from fedowen_task.partition import server_eval_split
 from fedowen_task.training import train
 from server_app.config import RunConfig
 

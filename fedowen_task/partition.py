@@ -3,8 +3,8 @@
 The setup follows the FedOwen paper (Sec. 4.1 and Appendix "Long-Tailed Class Distribution"):
 
 1. A stratified 1% **server evaluation set** is drawn from the original training split, before
-   anything else, and never given to clients (:func:`server_eval_split`). Reported accuracy
-   uses the official test split.
+   anything else, and never given to clients (:func:`fedowen_task.holdout.server_eval_split`).
+   Reported accuracy uses the official test split.
 2. The **long-tailed transform** of Shang et al. (2022, CReFF) is applied to the rest
    (:func:`long_tail_indices`): the class of rank ``r`` keeps ``n_max * IF ** (r / (C - 1))``
    samples (floored, at least one). The rank order is a seeded permutation of the classes, so
@@ -44,7 +44,7 @@ The setup follows the FedOwen paper (Sec. 4.1 and Appendix "Long-Tailed Class Di
 natural split of FEMNIST, BreastMNIST's own imbalance). A **validation set** for tuning
 (``validation_fraction > 0``) is carved, stratified, from what the evaluation set leaves,
 before the transform: it is nobody's data, disjoint from the evaluation and test sets
-(:func:`holdout_split`).
+(:func:`fedowen_task.holdout.holdout_split`).
 
 Randomness comes from ``np.random.SeedSequence(seed)`` children, one per step; the global RNG
 is never used. :func:`federated_split` is the one entry point the apps use; it is cached per
@@ -67,6 +67,7 @@ from fedowen_task.dirichlet import (
     split_per_client,
     top_up,
 )
+from fedowen_task.holdout import holdout_split
 from fedowen_task.writers import writer_partition, writer_sample
 
 log = logging.getLogger(__name__)
@@ -107,52 +108,6 @@ def _children(seed: SeedLike, k: int) -> list[np.random.SeedSequence]:
 
 def _rng(seed: np.random.Generator | SeedLike) -> np.random.Generator:
     return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-
-
-def server_eval_split(
-    labels: np.ndarray, fraction: float = 0.01, seed: SeedLike = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Stratified server evaluation set.
-
-    Each class gives ``round(fraction * n_c)`` samples, at least one where ``n_c >= 2`` and
-    never all of them. Returns ``(eval_idx, train_idx)``, sorted, disjoint, covering
-    ``labels``.
-    """
-    labels = check_labels(labels)
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
-    rng = _rng(seed)
-    chosen = []
-    for cls in np.unique(labels):
-        idx = np.flatnonzero(labels == cls)
-        k = round(fraction * len(idx))
-        k = min(max(k, 1), len(idx) - 1) if fraction > 0 and len(idx) >= 2 else 0
-        chosen.append(rng.choice(idx, size=k, replace=False))
-    eval_idx = np.sort(np.concatenate(chosen)).astype(np.int64)
-    train_mask = np.ones(len(labels), dtype=bool)
-    train_mask[eval_idx] = False
-    return eval_idx, np.flatnonzero(train_mask).astype(np.int64)
-
-
-def holdout_split(
-    labels: np.ndarray, eval_fraction: float, validation_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(eval_idx, val_idx, pool)``: the server evaluation set, the validation set and the
-    pool the clients' data is drawn from; sorted, disjoint, covering ``labels``.
-
-    The evaluation set is ``server_eval_split(labels, eval_fraction, seed)[0]`` whatever the
-    validation fraction; the validation set takes ``validation_fraction`` of each class of what
-    is left (stratified, its own seed stream), so ``validation_fraction = 0`` leaves the pool,
-    and every split drawn from it, exactly as without one.
-    """
-    if not 0.0 <= validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
-    eval_idx, pool = server_eval_split(labels, eval_fraction, seed)
-    if validation_fraction == 0:
-        return eval_idx, np.empty(0, dtype=np.int64), pool
-    val_local, rest = server_eval_split(labels[pool], validation_fraction,
-                                        np.random.SeedSequence([seed, 0x7A1]))
-    return eval_idx, pool[val_local], pool[rest]
 
 
 def long_tail_counts(
@@ -271,9 +226,9 @@ def federated_split(
 
     The evaluation set is drawn first from the full training split (stratified) and equals
     ``server_eval_split(ds.y_train, eval_fraction, seed)[0]``; the validation set (if any) is
-    drawn next (:func:`holdout_split`); the long-tailed transform and the split act on the
-    rest. ``scheme="writer"`` and ``"writer-sample"`` (FEMNIST) use the natural per-writer
-    split after the long-tailed transform; ``alpha`` is then unused.
+    drawn next (:func:`fedowen_task.holdout.holdout_split`); the long-tailed transform and the
+    split act on the rest. ``scheme="writer"`` and ``"writer-sample"`` (FEMNIST) use the
+    natural per-writer split after the long-tailed transform; ``alpha`` is then unused.
     Cached per process by argument (``ds`` by identity); the returned arrays are read-only.
     """
     if scheme not in SCHEMES:

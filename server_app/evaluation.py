@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, MetricRecord
 
 from fedowen_strategy.replies import record_to_state
 from fedowen_task.data import DatasetArrays, to_tensor
-from fedowen_task.partition import holdout_split
+from fedowen_task.holdout import holdout_split
 from fedowen_task.training import evaluate
 from server_app.config import RunConfig
 from server_app.progress import PROGRESS, Progress

@@ -43,7 +43,7 @@ def test_the_endpoint_table_flags_a_binary_datasets_arm_at_the_majority_rate() -
 def test_the_stored_majority_rates_are_the_datas(dataset: str, shared_data_dir: Path) -> None:
     # Measured again from the data (the shared fixture: a skip outside CI, a failure under it)
     from fedowen_task.data import load_dataset
-    from fedowen_task.partition import holdout_split
+    from fedowen_task.holdout import holdout_split
 
     arrays = load_dataset(dataset, str(shared_data_dir))
     fractions = (0.1, 0.1) if dataset == "medmnist" else (0.01, 0.05)

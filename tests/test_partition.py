@@ -1,4 +1,5 @@
-"""Tests for fedowen_task.partition (and its writer schemes, fedowen_task.writers)."""
+"""Tests for fedowen_task.partition (and its held-out sets, fedowen_task.holdout, and its
+writer schemes, fedowen_task.writers)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ import pytest
 
 from fedowen_task import dirichlet
 from fedowen_task.data import DatasetArrays
+from fedowen_task.holdout import holdout_split, server_eval_split
 from fedowen_task.partition import (
     federated_split,
-    holdout_split,
     long_tail_counts,
     long_tail_indices,
     partition_indices,
-    server_eval_split,
 )
 from fedowen_task.writers import writer_partition, writer_sample
 
