@@ -30,11 +30,8 @@ the linearly averaged running statistics.
 
 from __future__ import annotations
 
-import copy
 import logging
-import weakref
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -62,6 +59,7 @@ from fedowen_strategy.torch_utility.memory import (
     chunk_from_memory,
     memory_budget,
 )
+from fedowen_strategy.torch_utility.workers import replicas, thread_pool
 from fedowen_strategy.valuation._base import check_masks
 
 __all__ = ["METRICS", "MODES", "VMAP_MAX_PARAMS", "CoalitionGame", "Layout", "check_masks",
@@ -120,10 +118,11 @@ class CoalitionGame:
         Overrides the measured free memory in the chunk rule (tests use a fake figure).
     workers : int
         Threads that evaluate a chunk's coalitions in loop mode, each on its own copy of the
-        network (1: the calling thread alone). Every coalition's forwards and score sums are
-        the same operations in the same order whichever thread runs them, so the values are
-        bit-identical to one worker's (``tests/test_valuation_workers.py``); torch releases the
-        GIL in its kernels, so with one torch thread each they run on as many cores.
+        network (:mod:`.workers`; 1: the calling thread alone). Every coalition's forwards and
+        score sums are the same operations in the same order whichever thread runs them, so the
+        values are bit-identical to one worker's (``tests/test_valuation_workers.py``); torch
+        releases the GIL in its kernels, so with one torch thread each they run on as many
+        cores.
     """
 
     def __init__(
@@ -275,13 +274,14 @@ class CoalitionGame:
             return self._sums_block(params, self._net, range(c))
         blocks = [range(int(b[0]), int(b[-1]) + 1)
                   for b in np.array_split(np.arange(c), min(self.workers, c))]
-        nets = _replicas(self._net, len(blocks))
+        nets = replicas(self._net, len(blocks))
 
         def run(job: tuple[nn.Module, range]) -> torch.Tensor:
             with torch.inference_mode():  # thread-local: the worker needs its own
                 return self._sums_block(params, *job)
 
-        return torch.cat(list(_pool(len(blocks)).map(run, zip(nets, blocks, strict=True))))
+        pool = thread_pool(len(blocks))
+        return torch.cat(list(pool.map(run, zip(nets, blocks, strict=True))))
 
     def _sums_block(self, params: dict[str, torch.Tensor], net: nn.Module,
                     block: range) -> torch.Tensor:
@@ -293,24 +293,3 @@ class CoalitionGame:
                 logits = functional_call(net, p, (self._x[s : s + self.batch_size],))
                 out[i] += score_sum(logits, self._y[s : s + self.batch_size], self.metric)
         return out
-
-
-#: Per network, its copies for worker threads (``functional_call`` swaps a module's parameters
-#: while it runs, so two threads may not share one module).
-_REPLICAS: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _replicas(net: nn.Module, k: int) -> list[nn.Module]:
-    """``net`` and ``k - 1`` copies of it, kept for the next round's game."""
-    copies = _REPLICAS.setdefault(net, [])
-    while len(copies) < k - 1:
-        copies.append(copy.deepcopy(net))
-    return [net, *copies[: k - 1]]
-
-
-def _pool(k: int) -> ThreadPoolExecutor:
-    """A process-wide pool of ``k`` threads (created once per size)."""
-    if k not in _POOLS:
-        _POOLS[k] = ThreadPoolExecutor(max_workers=k, thread_name_prefix="coalitions")
-    return _POOLS[k]
