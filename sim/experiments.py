@@ -11,7 +11,8 @@ backend: same ServerApp and ClientApp code in one process per cell, no Ray) and 
 Results go to ``results/<preset>/<cell-id>/`` (git-ignored; ``results/<preset>-<backend>/`` when
 ``--backend`` overrides the preset's); reports are regenerated from the JSON lines there
 alone. See :mod:`sim.grid` for the preset schema, :mod:`sim.runner` for the resume/retry
-rules and :mod:`sim.cluster` for cells as Ray tasks on a running cluster (``--ray-address``).
+rules, :mod:`sim.cluster` for cells as Ray tasks on a running cluster (``--ray-address``) and
+:mod:`sim.experiments_args` for the flags.
 """
 
 from __future__ import annotations
@@ -20,17 +21,16 @@ import argparse
 import json
 import logging
 import sys
-import tomllib
 from pathlib import Path
-from typing import Any
 
 from fedowen_deploy.launcher import APP_DIR
 from fedowen_deploy.procs import exit_on_signals
-from sim.archives import ARCHIVE, MANIFEST, archive_sources, keep_archive, restore_cells
 from sim.archives import archive_cells as archive_cells  # where scripts and tests import it
+from sim.archives import archive_sources, keep_archive, restore_cells
 from sim.carry import carry_rows
 from sim.cell_state import cell_status, read_state
-from sim.grid import BACKENDS, Preset, expand_grid
+from sim.experiments_args import build_parser
+from sim.grid import Preset, expand_grid
 from sim.presets import PresetError, load_preset, parse_preset
 from sim.results import drift_summary, sweep_drift
 from sim.runner import PRESET_FILE, Runner
@@ -217,80 +217,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _where_pair(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` of ``run --where``: the value read as TOML (``0.01``, ``true``), else kept
-    as the text (``fedowen``)."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip() or not raw.strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE, e.g. alpha=0.01")
-    try:
-        value: Any = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return key.strip(), value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    for name, helptext in (("run", "run the preset's cells (resumable)"),
-                           ("status", "count cells by status"),
-                           ("report", "write tables and plots from the results")):
-        s = sub.add_parser(name, help=helptext)
-        s.add_argument("preset", type=Path, nargs="?", default=None, help="conf/<preset>.toml")
-        s.add_argument("--results", type=Path, default=None,
-                       help="results dir (default results/<preset name>)")
-    run, status, report = (sub.choices[n] for n in ("run", "status", "report"))
-    for sub_parser in (run, status, report):
-        sub_parser.add_argument("--backend", choices=BACKENDS, default=None,
-                                help="flwr (a real flwr run per cell) or inline (no Ray); "
-                                     "default: the preset's")
-    run.add_argument("--jobs", type=int, default=1,
-                     help="cells at once (inline backend only; one process each; with "
-                          "--ray-address: cells in flight, default what the cluster fits)")
-    run.add_argument("--ray-address", default=None, metavar="ADDR",
-                     help="run every cell as a Ray task on this running cluster (host:port "
-                          "of `ray start --head`, ray://host:10001, or auto), with the "
-                          "inline backend; docs/deployment.md, section 8")
-    run.add_argument("--cell-cpus", type=float, default=1.0,
-                     help="CPUs each cell's Ray task asks for (with --ray-address)")
-    run.add_argument("--cell-gpus", type=float, default=0.0,
-                     help="GPUs each cell's Ray task asks for (with --ray-address)")
-    run.add_argument("--data-dir", type=Path, default=None)
-    run.add_argument("--retry-failed", action="store_true",
-                     help="run cells marked failed again (one more retry each)")
-    run.add_argument("--limit", type=int, default=None, help="start at most this many cells")
-    run.add_argument("--grid", action="append", default=None, metavar="NAME",
-                     help="only this grid's cells (one table), repeatable")
-    run.add_argument("--where", action="append", default=None, type=_where_pair,
-                     metavar="KEY=VALUE",
-                     help="only cells whose grid point (or run config) has this value, e.g. "
-                          "alpha=0.01 (a setting's cells alone, so that a short call finishes "
-                          "one setting whole); repeatable, all must hold")
-    status.add_argument("-v", "--verbose", action="store_true", help="list every cell")
-    report.add_argument("--out", type=Path, default=None,
-                        help="report dir (default docs/results/<preset name>)")
-    report.add_argument("--archive", action="store_true",
-                        help="also archive the finished cells' records (run --restore unpacks "
-                             "them) in parts under 1 MB, archives/<preset>/cells-partNN.tar.xz "
-                             f"for a report in docs/results/<preset>, and write {MANIFEST} "
-                             "beside the report")
-    run.add_argument("--restore", type=Path, action="append", default=None, metavar="ARCHIVE",
-                     help=f"first unpack archived cells into the results dir (finished cells "
-                          f"are not run again): a report's {MANIFEST} or folder, a folder of "
-                          f"parts (archives/<preset>), or one archive ({ARCHIVE} or .tar.xz); "
-                          "repeatable")
-    run.add_argument("--carry", type=Path, action="append", default=None, metavar="REPORT",
-                     help="then, for every finished cell the results dir lacks, carry its "
-                          "rows from this committed report's <grid>-rounds.csv (when its "
-                          "records were lost; sim/carry.py says what a carried cell lacks); "
-                          "with --limit 0 nothing else runs")
-    report.add_argument("--replace", action="store_true",
-                        help="write the report even where --out holds more archived cells "
-                             "than the results have finished (refused otherwise)")
-    report.add_argument("--command-note", default=None,
-                        help="the command that produced the results, quoted in the README")
-    args = p.parse_args(argv)
+    args = build_parser(__doc__.splitlines()[0]).parse_args(argv)
     if getattr(args, "where", None) is not None:
         args.where = dict(args.where)
     return args

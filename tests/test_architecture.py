@@ -36,8 +36,8 @@ ROOMS = (*PRODUCT, *EXPERIMENTS)
 #: module here is harness or belongs in a study's folder under studies/.
 HARNESS = {
     "__init__", "archives", "carry", "cell_state", "cluster", "cluster_task", "compact",
-    "experiments", "follow", "grid", "inline", "inline_grid", "ledger", "local_cluster", "plots",
-    "presets", "report", "results", "run", "runner", "sections", "stats",
+    "experiments", "experiments_args", "follow", "grid", "inline", "inline_grid", "ledger",
+    "local_cluster", "plots", "presets", "report", "results", "run", "runner", "sections", "stats",
 }
 #: The names the studies' modules had in sim/ before issue 61: no harness file names them again.
 FORMER = ("ablation", "ablation_data", "adversarial", "adversary_stats", "attack_costs",
