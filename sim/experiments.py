@@ -218,7 +218,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    args = build_parser(__doc__.splitlines()[0]).parse_args(argv)
+    args = build_parser(__doc__.split("\n\n")[0].replace("\n", " ")).parse_args(argv)
     if getattr(args, "where", None) is not None:
         args.where = dict(args.where)
     return args

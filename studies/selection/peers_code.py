@@ -1,5 +1,7 @@
-"""The selection-peers-code grid's reading (conf/selection-peers-code.toml): DELTA and HiCS-FL as
-their public code runs them, beside selection-peers-dev's reading.
+"""The selection-peers-code grid's reading (conf/selection-peers-code.toml, issue 62's follow-up).
+
+DELTA as its public code runs it and HiCS-FL with its code's clustered-sampling switch, beside
+selection-peers-dev's reading.
 
 selection-peers-dev is read as :mod:`.peers` reads it (its records, with selection-dev's it
 reuses, from results folders or committed archives); this grid's arms join each of its
