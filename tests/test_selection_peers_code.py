@@ -18,6 +18,23 @@ from tests.test_selection_peers import PEERS_LOW, by_seed, cell_rounds, score, s
 EARLIER = {**PEERS_LOW, "poc-d50": 80.0, "fedowen-random": 70.0}
 
 
+def name_of(cell) -> str:
+    """A cell's setting as the fixtures name it: ``femnist``, ``mnist 0.01``, ..."""
+    return cell.grid + ("" if cell.grid == "femnist" else f" {cell.config.alpha:g}")
+
+
+def three_presets():
+    """This grid's, selection-peers-dev's and selection-dev's presets, and selection-dev's
+    cells all finished at :func:`score`."""
+    from sim.presets import load_preset
+
+    preset = load_preset(Path("conf/selection-peers-code.toml"))
+    earlier = load_preset(Path("conf/selection-peers-dev.toml"))
+    dev = load_preset(Path("conf/selection-dev.toml"))
+    dev_res = {c.cell_id: CellResult(c, cell_rounds(score(c), score(c) - 1)) for c in dev.cells()}
+    return preset, earlier, dev, dev_res
+
+
 def test_the_code_forms_widen_the_best_peer_and_the_adopted_default_is_held_against_it(
         ) -> None:
     # Prepare: in a, hics-code's 0.1 (84) above the earlier best (poc-d50, 80) and delta-code
@@ -67,7 +84,6 @@ def test_leave_one_seed_out_rereads_both_grids() -> None:
 
 
 def test_a_partial_grid_reads_the_settings_both_grids_finished(tmp_path: Path) -> None:
-    from sim.presets import load_preset
     from studies.selection.peers_code import write
     from studies.selection.peers_code_data import merge
     from studies.selection.peers_data import collect, group
@@ -75,13 +91,7 @@ def test_a_partial_grid_reads_the_settings_both_grids_finished(tmp_path: Path) -
     # Prepare: selection-dev complete; selection-peers-dev complete on FEMNIST and MNIST alpha
     # 0.1; this grid complete on both, its anchor reproduced on FEMNIST and 0.01 points off in
     # MNIST alpha 0.1's seed 3
-    preset = load_preset(Path("conf/selection-peers-code.toml"))
-    earlier = load_preset(Path("conf/selection-peers-dev.toml"))
-    dev = load_preset(Path("conf/selection-dev.toml"))
-    dev_res = {c.cell_id: CellResult(c, cell_rounds(score(c), score(c) - 1)) for c in dev.cells()}
-
-    def name_of(c):
-        return c.grid + ("" if c.grid == "femnist" else f" {c.config.alpha:g}")
+    preset, earlier, dev, dev_res = three_presets()
 
     e_res = {c.cell_id: CellResult(c, cell_rounds(score(c), score(c) - 1)
                                    if name_of(c) in ("femnist", "mnist 0.1") else [])
@@ -137,17 +147,10 @@ def three_grids(earlier_ran: set[str], mine_ran: set[str], earlier_skip=(), mine
     unfinished); this grid's fedowen-random ``mine_round_50`` points off in round 50 only (its
     final round, hence the anchor, unchanged). Returns the presets, this grid's cells and the
     settings merged."""
-    from sim.presets import load_preset
     from studies.selection.peers_code_data import merge
     from studies.selection.peers_data import collect, group
 
-    preset = load_preset(Path("conf/selection-peers-code.toml"))
-    earlier = load_preset(Path("conf/selection-peers-dev.toml"))
-    dev = load_preset(Path("conf/selection-dev.toml"))
-    dev_res = {c.cell_id: CellResult(c, cell_rounds(score(c), score(c) - 1)) for c in dev.cells()}
-
-    def name_of(c):
-        return c.grid + ("" if c.grid == "femnist" else f" {c.config.alpha:g}")
+    preset, earlier, dev, dev_res = three_presets()
 
     def ran(c, settings, skip):
         return (name_of(c) in settings
