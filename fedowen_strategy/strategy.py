@@ -184,7 +184,7 @@ class FedOwen(FedAvg):
         self._connected = found
         selectable, keys = self.roster.selectable(found, self.linked, server_round)
         if not selectable:
-            self._selected, self._selected_nodes = [], []
+            self._selected, self._selected_nodes, self._choice = [], [], None
             return []
         choice = self.chooser.choose(keys, server_round, round_size(
             len(keys), self.clients_per_round, self.fraction_train, self.min_train_nodes),
@@ -245,6 +245,8 @@ class FedOwen(FedAvg):
             None if out.valuation is None else out.valuation.phi,
             tuple(contents[u.node_id] for u in updates), tuple(u.state for u in updates),
             global_state, out.record), out.links)
+        if isinstance(out.record.get("selection"), dict):  # the selector's cost, now complete
+            out.record["selection"] = {**out.record["selection"], **self.chooser.costs()}
         clients: dict[str, Any] = {}
         if out.valuation is not None:
             clients = dict(round_record.client_metrics(

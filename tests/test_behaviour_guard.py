@@ -15,7 +15,10 @@ bits on another CPU (the guard once pinned a SHA-256, recorded on an Intel machi
 project's AMD EPYC machines its numbers differ by under 1e-6, its decisions not at all; so
 did 15 more runs here under other instruction sets for torch, MKL and oneDNN, e.g.
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2``, which pass this test too).
-The copy was recorded at 49be9f2, whose app code is the code that passed the hashed guard.
+The copy was recorded at 49be9f2, whose app code is the code that passed the hashed guard;
+each round's ``selection`` field (how Algorithm 2 chose, its extra messages) was added to it
+when the shared selection began to record every selector's cost, from a run of that
+commit whose every other field matched the copy.
 
 If this fails after a change that was *meant* to change behaviour, say so in the commit and
 record the new copy (``PYTHONPATH=. python tests/test_behaviour_guard.py --record DATA_DIR``);
@@ -44,13 +47,17 @@ ABS_TOL = 1e-5  # platform noise: under 1e-6 in the records; payouts.csv rounds 
 REL_TOL = 1e-5
 
 
+def without_seconds(value: Any) -> Any:
+    """``value`` without wall-clock fields (keys ending in ``_seconds``) at any depth."""
+    if isinstance(value, dict):
+        return {k: without_seconds(v) for k, v in value.items() if not k.endswith("_seconds")}
+    return value
+
+
 def canonical_rounds(path: Path) -> str:
     """rounds.jsonl without wall-clock fields, each record with sorted keys, one per line."""
-    lines = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        kept = {k: v for k, v in record.items() if not k.endswith("_seconds")}
-        lines.append(json.dumps(kept, sort_keys=True))
+    lines = [json.dumps(without_seconds(json.loads(line)), sort_keys=True)
+             for line in path.read_text().splitlines()]
     return "\n".join(lines) + "\n"
 
 

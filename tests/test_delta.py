@@ -273,6 +273,7 @@ def test_four_rounds_through_fedowen(method: str, aggregation: str, tmp_path: Pa
             assert w == pytest.approx(draw["draws"][c] * lam / (3 * draw["q"][c]))
         assert r["global_weight"] == pytest.approx(1 - sum(r["weights"].values()))
         assert draw["extra_messages"] == 0  # its estimates ride on the train replies
+        assert draw["selector_seconds"] >= 0
     # the clients' variances reached the estimates (sigma = the id), and the masses moved
     assert rounds[-1]["selection"]["estimates"]
     for c, e in rounds[-1]["selection"]["estimates"].items():

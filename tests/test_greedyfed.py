@@ -107,7 +107,7 @@ def test_greedy_top_k_with_each_memory(memory: str, fourth: list[int],
     second = pick(selector, KEYS, 2, 5, rng)
     # Assert
     assert first.how == "greedy" and first.record is not None
-    assert set(first.record) == {"unvalued", "choose_seconds", "observe_seconds", "extra_messages"}
+    assert set(first.record) == {"unvalued"}
     assert first.record["unvalued"] == 0
     assert [int(KEYS[i][1:]) for i in first.indices] == fourth
     assert second == fifth
@@ -212,7 +212,6 @@ def test_four_rounds_through_fedowen(valuation: str, tmp_path: Path) -> None:
     assert sorted(rounds[3]["selected"]) == sorted(best)
     assert not {f"c{i}" for i in BAD} & set(rounds[3]["selected"])
     # its cost: no query messages, its own seconds, the valuation's evaluations
-    assert all("query_messages" not in r["selection"] for r in rounds)
     assert all(r["selection"]["extra_messages"] == 0 for r in rounds)
-    assert all(r["selection"]["choose_seconds"] >= 0 for r in rounds)
+    assert all(r["selection"]["selector_seconds"] >= 0 for r in rounds)
     assert all(r["n_evals"] > 0 and "valuation_seconds" in r for r in rounds)

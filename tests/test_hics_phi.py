@@ -114,7 +114,6 @@ def test_warm_up_first_then_clusters() -> None:
     assert [(how, r["warmup"]) for how, r in records] == [("warm-up", 3), ("warm-up", 3),
                                                          ("hics-phi", 1)]
     assert records[2][1]["clusters"] == 3 and sum(records[2][1]["slots"]) == 2
-    assert all(r["extra_messages"] == 0 and r["server_seconds"] >= 0 for _, r in records)
     assert selector.train_config() == {"step-scale": 1}
 
 
@@ -134,8 +133,7 @@ def test_state_round_trips_through_json() -> None:
     assert again.state() == json.loads(json.dumps(first.state()))
     np.testing.assert_array_equal(a.indices, b.indices)
     assert a.record is not None and b.record is not None
-    assert {k: v for k, v in a.record.items() if k != "server_seconds"} == {
-        k: v for k, v in b.record.items() if k != "server_seconds"}
+    assert a.record == b.record
 
 
 def test_it_reads_hics_fls_and_algorithm_2s_keys() -> None:

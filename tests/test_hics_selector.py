@@ -66,7 +66,6 @@ def test_warm_up_first_then_clusters_and_a_late_joiner_first() -> None:
     assert "clusters" not in records[1] and records[2]["clusters"] == 3
     assert set(hics.updates) == set(keys) and hics.tried == {*keys, "c7"}
     assert 7 in late.indices.tolist() and late.record["warmup"] == 1
-    assert all(r["extra_messages"] == 0 and r["server_seconds"] >= 0 for r in records)
 
 
 def test_estimates_are_the_sent_bias_update_per_unit_step() -> None:
@@ -120,8 +119,7 @@ def test_state_round_trips_through_json() -> None:
     assert again.state() == json.loads(json.dumps(first.state()))
     np.testing.assert_array_equal(a.indices, b.indices)
     assert a.record is not None and b.record is not None
-    assert {k: v for k, v in a.record.items() if k != "server_seconds"} == {
-        k: v for k, v in b.record.items() if k != "server_seconds"}
+    assert a.record == b.record
 
 
 #: The toy federation: client i's label distribution over C = 4 classes (one label for 0-3,

@@ -163,6 +163,10 @@ def test_round_costs_read_each_selectors_record() -> None:
     assert mean == {"n_evals": 20.0, "valuation_seconds": 1.5, "selector_seconds": 0.4375,
                     "extra_messages": 10.0, "round_seconds": 2.0}
     assert round_costs(CellResult(None, records[:1]))["n_evals"] is None  # type: ignore[arg-type]
+    # Assert: today's record, which the shared selection writes for every selector, comes first
+    today = round_cost({"round": 4, "selection": {"selector_seconds": 0.5, "extra_messages": 3,
+                                                  "server_seconds": 9.0}})
+    assert (today["selector_seconds"], today["extra_messages"]) == (0.5, 3.0)
 
 
 def test_reference_records_read_alike_from_an_archive_and_a_results_folder(tmp_path: Path

@@ -150,8 +150,8 @@ def run(name: str, rounds: int = ROUNDS, w0: Sequence[float] | None = None,
 
     def on_round(server_round: int, record: dict[str, Any], rows: Any) -> None:
         kept = {"round": server_round, "selected": record["selected"]}
-        if "selection" in record:
-            kept["selection"] = record["selection"]
+        if (selection := as_in_copy(record.get("selection", {}))) is not None:
+            kept["selection"] = selection
         rounds_out.append(json.loads(json.dumps(kept)))
 
     strategy = strategy_of(name, on_round)
@@ -172,6 +172,18 @@ def run(name: str, rounds: int = ROUNDS, w0: Sequence[float] | None = None,
                        initial_arrays=state_to_record({"w": start}), num_rounds=rounds,
                        evaluate_fn=evaluate)
     return {"rounds": rounds_out, **saved}
+
+
+def as_in_copy(selection: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A round record's ``selection`` as the copy's code wrote it. Since, the shared selection
+    writes every selector's cost a round into it (``extra_messages``, ``selector_seconds``),
+    and so a record for every selector: the copy has Power-of-Choice's messages as its
+    ``query_messages``, and no ``selection`` where a selector recorded nothing of its choice
+    (what is left then is the word ``how`` and the shared ``capped``)."""
+    own = {k: v for k, v in selection.items() if k not in ("extra_messages", "selector_seconds")}
+    if selection.get("extra_messages"):
+        own["query_messages"] = selection["extra_messages"]
+    return own if set(own) - {"how", "capped"} else None
 
 
 def differences(got: Any, want: Any, path: str = "") -> list[str]:

@@ -9,6 +9,7 @@ import ast
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any
@@ -18,9 +19,16 @@ import pytest
 
 from fedowen_strategy.round.contribution import resolve_auto
 from fedowen_strategy.selectors import registry
-from fedowen_strategy.selectors.base import AskClients, Choice, Pool, Selector, SelectorSettings
+from fedowen_strategy.selectors.base import (
+    AskClients,
+    Choice,
+    Pool,
+    Seen,
+    Selector,
+    SelectorSettings,
+)
 from fedowen_strategy.selectors.registry import SELECTORS, SelectorSpec
-from fedowen_strategy.selectors.shared import select_uniform
+from fedowen_strategy.selectors.shared import Selection, SelectionParams, select_uniform
 from server_app.store.records import read_rounds
 from tests.test_strategy import run_toy
 
@@ -101,7 +109,9 @@ def test_the_guides_example_selector_is_one_module_and_one_row(
     rounds = read_rounds(tmp_path / "run")[1:]
     assert [r["selected"] for r in rounds] == [["c0", "c1"], ["c2", "c3"], ["c4", "c5"],
                                                ["c0", "c1"]]
-    assert rounds[0]["selection"] == {"drawn": 0, "how": "round-robin"}
+    seconds = rounds[0]["selection"].pop("selector_seconds")
+    assert rounds[0]["selection"] == {"drawn": 0, "how": "round-robin", "extra_messages": 0}
+    assert seconds >= 0
     state = json.loads(json.dumps(strategy.state_dict()))["selection"]
     assert state["selector"] == "round-robin" and state["state"]["last"]["c5"] == 3
     assert mixed.chooser.choose([f"c{i}" for i in range(6)], 3, 2).record == {
@@ -144,7 +154,8 @@ def test_a_selectors_weights_are_the_rounds_aggregation(tmp_path: Path,
     weights = record["weights"]
     first = record["returned"][0]
     assert weights[first] == 1.0 and sum(weights.values()) == 1.0
-    assert "selection" not in record  # it records nothing of its choice
+    # it records nothing of its choice: the record holds what every selector's does
+    assert set(record["selection"]) == {"how", "extra_messages", "selector_seconds"}
 
 
 @pytest.mark.parametrize("selection", ["adaptive", "posterior"])
@@ -165,3 +176,41 @@ def test_a_new_checkpoint_resumes_and_one_of_another_selector_is_refused(selecti
     with pytest.raises(ValueError, match=f"selection='{selection}''s, this run selects with "
                                          "'screened': resume with"):
         other.load_state_dict(state)
+
+
+class SlowToObserve(Selector):
+    """Asks every client of the pool (whose answers are slow), then takes the first k; its
+    observation and weighing take time of their own."""
+
+    def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
+        ask(range(len(pool.keys)), {"probe": 1})
+        return Choice(np.arange(pool.k), "first")
+
+    def weigh(self, clients: Any, weights: Any) -> Any:
+        time.sleep(0.05)
+        return weights
+
+    def observe(self, seen: Any) -> None:
+        time.sleep(0.05)
+
+
+def test_the_shared_selection_measures_every_selectors_cost_alike() -> None:
+    # Prepare: answers that take 0.3 s, which is the clients' time, not the selector's
+    def slow_answers(indices: Any, config: Any, with_model: bool = True) -> list[None]:
+        time.sleep(0.3)
+        return [None for _ in indices]
+
+    chooser = Selection("slow", SlowToObserve(), FirstSettings(), SelectionParams(), 0.0,
+                        np.random.default_rng(0))
+    keys = [f"c{i}" for i in range(5)]
+    # Execute: a round, then the next round's choice
+    chooser.choose(keys, 1, 2, slow_answers)
+    chooser.weigh(keys[:2], np.full(2, 0.5))
+    chooser.observe(Seen(1, tuple(keys[:2]), None))
+    first = chooser.costs()
+    chooser.choose(keys[:3], 2, 2, slow_answers)
+    # Assert: 5 messages, the selector's own 0.1 s without the 0.3 s waited on answers; the
+    # next choice starts a new round's count
+    assert first["extra_messages"] == 5
+    assert 0.1 <= first["selector_seconds"] < 0.3
+    assert chooser.costs()["extra_messages"] == 3 and chooser.costs()["selector_seconds"] < 0.3

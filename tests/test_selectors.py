@@ -81,7 +81,7 @@ def test_power_of_choice_asks_d_candidates_and_records_their_losses() -> None:
     assert choice.record is not None
     assert choice.record["candidates"] == [KEYS[i] for i in asked[0]]
     assert choice.record["candidate_losses"] == [float(i) for i in asked[0]]
-    assert (choice.record["query_messages"], choice.record["query_examples"]) == (20, 200)
+    assert (bandit.costs()["extra_messages"], choice.record["query_examples"]) == (20, 200)
     with pytest.raises(ValueError, match="asks clients before it chooses: pass ask"):
         bandit.choose(KEYS, 2, 5)
 

@@ -45,7 +45,8 @@ class AskClients(Protocol):
     """A selector's way to clients before it chooses: each of ``indices`` (into the pool's
     keys) is sent a ``query`` message carrying ``config`` (and the round's global model, with
     ``with_model``); one reply content per index comes back, ``None`` where the client failed
-    or did not answer. Every message counts into the round record's ``query_messages``."""
+    or did not answer. Every message counts into the round record's
+    ``selection.extra_messages``."""
 
     def __call__(self, indices: Sequence[int], config: Mapping[str, ConfigValue],
                  with_model: bool = True) -> list[RecordDict | None]: ...

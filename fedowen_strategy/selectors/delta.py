@@ -48,7 +48,6 @@ here: the code's server momentum (0.2, in its aggregation: the new model is ``gl
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -137,12 +136,10 @@ class Delta(Selector):
         self.mass: dict[str, float] = {}  # client -> probability mass (unseen: 1)
         self.draw: dict[str, Any] = {}  # this round's: counts and q per drawn id, k, n
         self.last: dict[str, dict[str, float]] = {}  # the last round's zeta and sigma per id
-        self.seconds = 0.0  # server time since the last record
 
     def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
         """``k`` draws with replacement from :func:`draw_probabilities` (the distinct clients
         drawn train: k or fewer), or ``k`` distinct ones without (``delta-draw``)."""
-        start = time.perf_counter()
         masses = np.array([self.mass.get(c, 1.0) for c in pool.keys])
         q = draw_probabilities(masses, self.settings.delta_floor)
         if self.settings.delta_draw == "without":
@@ -154,11 +151,10 @@ class Delta(Selector):
         self.draw = {"counts": dict(zip(ids, counts.tolist(), strict=True)),
                      "q": dict(zip(ids, q[picked].tolist(), strict=True)),
                      "k": pool.k, "n": len(pool.keys)}
-        seconds, self.seconds = self.seconds + time.perf_counter() - start, 0.0
         return Choice(picked, "delta", {
             "draws": self.draw["counts"], "q": self.draw["q"],
             "unseen": int(sum(c not in self.mass for c in pool.keys)),
-            "estimates": self.last, "server_seconds": seconds, "extra_messages": 0})
+            "estimates": self.last})
 
     def train_config(self) -> dict[str, ConfigValue]:
         """Each trained client reports its gradient variance and step scale (the code's
@@ -172,7 +168,6 @@ class Delta(Selector):
         """:func:`importance_weights` of this round's draw, the base ``weights`` as the
         tilt ``lambda_i = w_i m / N`` (drawn without replacement: the code's
         :func:`~fedowen_strategy.selectors.delta_code.code_weights`)."""
-        start = time.perf_counter()
         missing = [c for c in clients if c not in self.draw.get("counts", {})]
         if missing:
             raise ValueError(f"DELTA weighs only the clients it drew this round; {missing} "
@@ -187,7 +182,6 @@ class Delta(Selector):
             out = importance_weights(lam, counts, q, self.draw["k"])
         if not self.step_weights():
             out = out / out.sum() if out.sum() > 0 else np.full(out.size, 1.0 / out.size)
-        self.seconds += time.perf_counter() - start
         return out
 
     def step_weights(self) -> bool:
@@ -197,7 +191,6 @@ class Delta(Selector):
     def observe(self, seen: Seen) -> None:
         """The participants' new masses (:func:`rescale_masses` of :func:`delta_scores`, or
         of the code's :func:`~fedowen_strategy.selectors.delta_code.code_scores`)."""
-        start = time.perf_counter()
         if seen.clients and seen.global_state is not None:
             scales = fill_missing_with_median([metric_of(r, STEP_SCALE_FIELD)
                                                for r in seen.replies])
@@ -218,12 +211,10 @@ class Delta(Selector):
             self.mass.update(zip(seen.clients, new.tolist(), strict=True))
             self.last = {c: {name: float(v[i]) for name, v in estimates.items()}
                          for i, c in enumerate(seen.clients)}
-        self.seconds += time.perf_counter() - start
 
     def state(self) -> dict[str, Any]:
-        """The masses, this round's draw, the last estimates and the pending seconds."""
-        return {"mass": dict(self.mass), "draw": dict(self.draw), "last": dict(self.last),
-                "seconds": self.seconds}
+        """The masses, this round's draw and the last estimates."""
+        return {"mass": dict(self.mass), "draw": dict(self.draw), "last": dict(self.last)}
 
     def load(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state`."""
@@ -235,4 +226,3 @@ class Delta(Selector):
             "k": int(draw["k"]), "n": int(draw["n"])}
         self.last = {str(c): {n: float(v) for n, v in e.items()}
                      for c, e in state.get("last", {}).items()}
-        self.seconds = float(state.get("seconds", 0.0))

@@ -33,7 +33,6 @@ weights. Asks the clients nothing beyond their update; no extra message.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -84,8 +83,7 @@ class DeltaPhiSettings(SelectorSettings):
 
 class DeltaPhi(Selector):
     """DELTA's draw and importance weights over :func:`phi_masses`. Its round record is
-    DELTA's (``draws``, ``q``, ``unseen``: the pool's never-valued clients) plus ``server_seconds``
-    and ``extra_messages`` (0)."""
+    DELTA's (``draws``, ``q``, ``unseen``: the pool's never-valued clients)."""
 
     def __init__(self, settings: DeltaPhiSettings) -> None:
         self.settings = settings
@@ -94,29 +92,20 @@ class DeltaPhi(Selector):
         # DELTA's draw, weights and record; its masses are set from phi before each draw
         self.sampler = Delta(DeltaSettings(delta_estimator=settings.delta_estimator,
                                            delta_floor=settings.delta_phi_floor))
-        self.pending = 0.0
 
     def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
         """DELTA's ``k`` draws with replacement from ``q`` over :func:`phi_masses`."""
-        start = time.perf_counter()
         valued = [c for c in pool.keys if c in self.bandit.counts]
         masses = phi_masses(np.array([self.bandit.phi[c] for c in valued]))
         self.sampler.mass = dict(zip(valued, masses.tolist(), strict=True))
         choice = self.sampler.choose(pool, rng, ask)
-        record = {k: v for k, v in (choice.record or {}).items()
-                  if k not in ("estimates", "server_seconds")}
-        record["server_seconds"] = round(self.pending + time.perf_counter() - start, 6)
-        record["extra_messages"] = 0
-        self.pending = 0.0
+        record = {k: v for k, v in (choice.record or {}).items() if k != "estimates"}
         return Choice(choice.indices, "delta-phi", record)
 
     def weigh(self, clients: Sequence[str], weights: NDArray[np.float64]
               ) -> NDArray[np.float64]:
         """DELTA's importance weights with the valuation's as the tilt."""
-        start = time.perf_counter()
-        out = self.sampler.weigh(clients, weights)
-        self.pending += time.perf_counter() - start
-        return out
+        return self.sampler.weigh(clients, weights)
 
     def step_weights(self) -> bool:
         """DELTA's: the unbiased estimator is a step from the global model."""
@@ -124,9 +113,7 @@ class DeltaPhi(Selector):
 
     def observe(self, seen: Seen) -> None:
         """Remember each valued client's phi (Algorithm 2's memory)."""
-        start = time.perf_counter()
         self.bandit.observe(seen)
-        self.pending += time.perf_counter() - start
 
     def state(self) -> dict[str, Any]:
         """The remembered phi and counts, and DELTA's round draw."""

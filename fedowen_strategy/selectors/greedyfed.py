@@ -27,7 +27,6 @@ the first value (the reference starts from 0, so its float-``m`` values start at
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -67,21 +66,17 @@ class GreedyFedSettings(SelectorSettings):
 
 class GreedyFed(Selector):
     """Round-robin until every client of the pool has a value, then the ``k`` of highest
-    cumulative value. Its round record (``selection``): ``how`` (the phase), ``unvalued``
-    (the pool's never-valued clients), ``choose_seconds`` and ``observe_seconds`` (its own
-    compute: this choice, and the observation of the round before), ``extra_messages`` (0:
-    it reads the valuation's phi, not the clients)."""
+    cumulative value. Its round record (``selection``): ``how`` (the phase) and ``unvalued``
+    (the pool's never-valued clients); it reads the valuation's phi, not the clients."""
 
     def __init__(self, settings: GreedyFedSettings) -> None:
         self.settings = settings
         self.memory = memory_weight(settings.greedyfed_memory)
         self.values: dict[str, float] = {}  # client -> cumulative value
         self.counts: dict[str, int] = {}  # client -> rounds valued
-        self.observe_seconds = 0.0
 
     def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
         """:func:`round_robin` while a client of the pool has no value, else :func:`top_k`."""
-        start = time.perf_counter()
         valued = np.array([c in self.values for c in pool.keys])
         if valued.all():
             how = "greedy"
@@ -89,22 +84,17 @@ class GreedyFed(Selector):
         else:
             how = "round-robin"
             picked = round_robin(valued, pool.k, rng)
-        return Choice(picked, how, {"unvalued": int((~valued).sum()),
-                                    "choose_seconds": time.perf_counter() - start,
-                                    "observe_seconds": self.observe_seconds,
-                                    "extra_messages": 0})
+        return Choice(picked, how, {"unvalued": int((~valued).sum())})
 
     def observe(self, seen: Seen) -> None:
         """Each valued client's cumulative value (:func:`accumulate`); nothing when the
         round was not valued or a phi is not finite."""
-        start = time.perf_counter()
         if seen.phi is not None:
             for cid, phi in zip(seen.clients, seen.phi.tolist(), strict=True):
                 if math.isfinite(phi):
                     self.values[cid] = accumulate(self.values.get(cid), self.counts.get(cid, 0),
                                                   phi, self.memory)
                     self.counts[cid] = self.counts.get(cid, 0) + 1
-        self.observe_seconds = time.perf_counter() - start
 
     def state(self) -> dict[str, Any]:
         """Each client's cumulative value and the rounds it was valued."""

@@ -43,7 +43,6 @@ drawn uniformly (the code's; the paper: by data size).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -150,7 +149,7 @@ def no_output_bias(selector: str) -> str:
 
 class Hics(Selector):
     """HiCS-FL's draw from each client's last bias update; asks the trained clients for their
-    step scale; records the round's clusters and its server seconds."""
+    step scale; records the round's clusters."""
 
     def __init__(self, settings: HicsSettings) -> None:
         if settings.hics_rounds < 1:
@@ -162,12 +161,10 @@ class Hics(Selector):
         self.tried: set[str] = set()  # clients ever selected
         self.examples: dict[str, float] = {}  # client -> num-examples of its last accepted reply
         self.bias_key: str | None = None
-        self.pending = 0.0  # seconds observe took, recorded with the next choice
 
     def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
         """The never-selected clients first (uniformly), the rest by :meth:`draw` over the
         clients with an estimate (uniformly while there is none)."""
-        start = time.perf_counter()
         fresh = [i for i, c in enumerate(pool.keys) if c not in self.tried]
         picked = [int(i) for i in rng.choice(fresh, size=min(len(fresh), pool.k),
                                              replace=False)] if fresh else []
@@ -186,9 +183,6 @@ class Hics(Selector):
                 record.update(info)
             picked += [index[rows[i]] for i in drawn.tolist()]
         self.tried.update(pool.keys[i] for i in picked)
-        record["server_seconds"] = round(self.pending + time.perf_counter() - start, 6)
-        record["extra_messages"] = 0
-        self.pending = 0.0
         how = "warm-up" if record["warmup"] == pool.k else "hics-fl"
         return Choice(np.sort(np.asarray(picked, dtype=np.int64)), how, record)
 
@@ -233,7 +227,6 @@ class Hics(Selector):
 
     def observe(self, seen: Seen) -> None:
         """Each accepted client's bias update per unit step, from its reply as sent."""
-        start = time.perf_counter()
         if seen.global_state is None:
             return
         if self.bias_key is None:
@@ -252,7 +245,6 @@ class Hics(Selector):
             examples = metric_of(content, NUM_EXAMPLES_FIELD)
             if np.isfinite(examples) and examples > 0:
                 self.examples[cid] = examples
-        self.pending += time.perf_counter() - start
 
     def state(self) -> dict[str, Any]:
         """Each client's last estimate and num-examples, and the clients ever selected."""

@@ -30,7 +30,6 @@ phi and counts. The aggregation is the strategy's (FedOwen's softmax of phi by d
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -74,19 +73,17 @@ class HicsPhi(Selector):
     """HiCS-FL's cluster slots filled by Algorithm 2 on phi (module docstring). Asks the
     trained clients for their step scale (HiCS-FL's); its round record: ``warmup`` (clients
     never selected, taken first), ``gamma``, HiCS-FL's cluster record, ``slots`` (the slots of
-    each cluster drawn), ``explored`` (the clusters whose slots Algorithm 2 drew uniformly),
-    ``server_seconds`` and ``extra_messages`` (0)."""
+    each cluster drawn) and ``explored`` (the clusters whose slots Algorithm 2 drew
+    uniformly)."""
 
     def __init__(self, settings: HicsPhiSettings) -> None:
         self.settings = settings
         self.estimates = Hics(settings)  # the bias estimates and the clients ever selected
         self.bandit = Adaptive(settings)  # each client's remembered phi and count
-        self.pending = 0.0  # seconds observe took, recorded with the next choice
 
     def choose(self, pool: Pool, rng: np.random.Generator, ask: AskClients) -> Choice:
         """The never-selected clients first (uniformly, HiCS-FL's warm-up), the rest by
         :func:`fill_slots` over the clients with an estimate."""
-        start = time.perf_counter()
         tried = self.estimates.tried
         fresh = [i for i, c in enumerate(pool.keys) if c not in tried]
         picked = [int(i) for i in rng.choice(fresh, size=min(len(fresh), pool.k),
@@ -99,9 +96,6 @@ class HicsPhi(Selector):
             picked += more
             record.update(info)
         self.estimates.tried.update(pool.keys[i] for i in picked)
-        record["server_seconds"] = round(self.pending + time.perf_counter() - start, 6)
-        record["extra_messages"] = 0
-        self.pending = 0.0
         how = "warm-up" if record["warmup"] == pool.k else "hics-phi"
         return Choice(np.sort(np.asarray(picked, dtype=np.int64)), how, record)
 
@@ -142,10 +136,8 @@ class HicsPhi(Selector):
 
     def observe(self, seen: Seen) -> None:
         """HiCS-FL's estimates from the replies, Algorithm 2's memory from phi."""
-        start = time.perf_counter()
         self.estimates.observe(seen)
         self.bandit.observe(seen)
-        self.pending += time.perf_counter() - start
 
     def state(self) -> dict[str, Any]:
         """Both memories."""

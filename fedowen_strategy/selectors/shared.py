@@ -11,12 +11,15 @@
   for the cap and one arm in :attr:`~fedowen_strategy.selectors.base.Pool.arms`;
 - the run's **selection stream** (a ``numpy.random.Generator``), the selection counts and the
   links, checkpointed beside the selector's own memory (:meth:`Selection.state`);
-- the **cost of asking**: each ``query`` message a selector sends is counted into its record.
+- the **selector's cost a round**, alike for every selector (:meth:`Selection.costs`): the
+  ``query`` messages it sent (``extra_messages``) and the server seconds it took to choose,
+  weigh and observe (``selector_seconds``; waiting on the clients it asked is not its compute).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -141,6 +144,7 @@ class Selection:
         self.params, self.cap, self.rng = params, cap, rng
         self.picks: dict[str, int] = {}
         self.pair_links: dict[Pair, int] = {}
+        self.seconds, self.sent = 0.0, 0  # this round's cost so far (costs())
 
     def choose(self, keys: Sequence[str], server_round: int, k: int,
                ask: AskClients | None = None) -> Choice:
@@ -154,29 +158,40 @@ class Selection:
                                 self.groups(keys), server_round, k, self.cap)
         pool = np.flatnonzero(eligible) if eligible.sum() >= k else np.arange(len(keys))
         pool_keys = tuple(keys[i] for i in pool.tolist())
-        sent = [0]
+        self.seconds, self.sent = 0.0, 0
+        waited = 0.0
 
         def ask_pool(indices: Sequence[int], config: Mapping[str, ConfigValue],
                      with_model: bool = True) -> list[RecordDict | None]:
+            nonlocal waited
             if ask is None:
                 raise ValueError(f"selection={self.name!r} asks clients before it chooses: "
                                  "pass ask (the strategy's query to clients)")
-            sent[0] += len(indices)
-            return ask([int(pool[i]) for i in indices], config, with_model)
+            self.sent += len(indices)
+            start = time.perf_counter()
+            try:
+                return ask([int(pool[i]) for i in indices], config, with_model)
+            finally:
+                waited += time.perf_counter() - start
 
+        start = time.perf_counter()
         choice = self.selector.choose(Pool(pool_keys, k, server_round,
                                            self.arms(pool_keys)), self.rng, ask_pool)
+        self.seconds += time.perf_counter() - start - waited
         chosen = np.sort(pool[np.asarray(choice.indices, dtype=np.int64)])
         for i in chosen.tolist():
             self.picks[keys[i]] = self.picks.get(keys[i], 0) + 1
-        if choice.record is None:
-            return Choice(chosen, choice.how, None)
-        record = dict(choice.record)
+        record = dict(choice.record or {})
         if self.cap:
             record["capped"] = len(keys) - int(eligible.sum())
-        if sent[0]:
-            record["query_messages"] = sent[0]
         return Choice(chosen, choice.how, {**record, "how": choice.how})
+
+    def costs(self) -> dict[str, float | int]:
+        """The round's selector cost, for its record once the round is observed:
+        ``extra_messages`` (the ``query`` messages the selector sent before it chose) and
+        ``selector_seconds`` (server seconds in its choose, weigh and observe, less the time
+        spent waiting on the clients it asked)."""
+        return {"extra_messages": self.sent, "selector_seconds": round(self.seconds, 6)}
 
     def groups(self, keys: Sequence[str]) -> NDArray[np.int64]:
         """Each key's identity for the cap: its lasting link group's, else its own."""
@@ -196,12 +211,18 @@ class Selection:
         round."""
         if self.params.link_memory and links:
             self.pair_links = count_links(self.pair_links, links)
+        start = time.perf_counter()
         self.selector.observe(seen)
+        self.seconds += time.perf_counter() - start
 
     def weigh(self, clients: Sequence[str], weights: NDArray[np.float64]
               ) -> NDArray[np.float64]:
         """The selector's aggregation weights (:meth:`Selector.weigh`)."""
-        return self.selector.weigh(clients, weights)
+        start = time.perf_counter()
+        try:
+            return self.selector.weigh(clients, weights)
+        finally:
+            self.seconds += time.perf_counter() - start
 
     def step_weights(self) -> bool:
         """Whether the selector's weights are a step (:meth:`Selector.step_weights`)."""

@@ -78,13 +78,14 @@ COSTS = ("n_evals", "valuation_seconds", "selector_seconds", "extra_messages", "
 
 def round_cost(record: dict[str, Any]) -> dict[str, float | None]:
     """One round's costs, None where its record does not carry one: the valuation's game
-    evaluations and seconds; the selector's own seconds (``selection.server_seconds``, or
-    GreedyFed's ``choose_seconds`` + ``observe_seconds``) and its extra messages
-    (``selection.extra_messages``, or Power-of-Choice's ``query_messages``); the round's
-    wall seconds."""
+    evaluations and seconds; the selector's own seconds (``selection.selector_seconds``,
+    which every selector's record carries since the shared selection measures it; records
+    made before: ``selection.server_seconds``, or GreedyFed's ``choose_seconds`` +
+    ``observe_seconds``) and its extra messages (``selection.extra_messages``; before:
+    Power-of-Choice's ``query_messages``); the round's wall seconds."""
     sel = record.get("selection")
     sel = sel if isinstance(sel, dict) else {}
-    seconds = sel.get("server_seconds")
+    seconds = sel.get("selector_seconds", sel.get("server_seconds"))
     if seconds is None and "choose_seconds" in sel:
         seconds = sel["choose_seconds"] + sel.get("observe_seconds", 0.0)
     messages = sel.get("extra_messages", sel.get("query_messages"))
