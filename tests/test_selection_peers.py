@@ -347,3 +347,33 @@ def test_a_finished_cell_without_a_finite_val_counts_as_missing() -> None:
     assert scored(CellResult(cell, cell_rounds(70.0, 69.0)))
     assert not scored(CellResult(cell, nan))
     assert not scored(CellResult(cell, [])) and not scored(None)
+
+
+def test_the_peers_table_shows_where_the_adopted_default_falls_short() -> None:
+    from types import SimpleNamespace
+
+    from studies.selection.peers_markdown import peers_reached
+
+    # Prepare: the two settings of the first test, fedowen 1 below the best peer in a: it
+    # fails there, hics-phi fails b, delta-phi (level with both best peers) is adopted
+    a = setting("a", {"greedyfed-mean": 80, "greedyfed-m0.9": 81, "delta-s1": 79,
+                      "delta-s0": 78, "hics-t0.03": 77, "hics-t0.1": 82, "poc-d50": 83,
+                      "fedowen-random": 80, "fedowen": 82, "hics-phi": 84, "delta-phi": 83})
+    b = setting("b", {"greedyfed-mean": 70, "greedyfed-m0.9": 69, "delta-s1": 71,
+                      "delta-s0": 72, "hics-t0.03": 68, "hics-t0.1": 67, "oort-x0.1": 71.5,
+                      "fedowen-random": 70, "fedowen": 72.5, "hics-phi": 71, "delta-phi": 72})
+    reading = read([a, b], {"a": "poc-d50", "b": "oort-x0.1"}, total=2)
+    found = [SimpleNamespace(name=s.name, setting=s) for s in (a, b)]
+    # Execute
+    lines = peers_reached(found, reading)  # type: ignore[arg-type]
+    partial = peers_reached(found[:1], read([a], {"a": "poc-d50"}, total=2))  # type: ignore[arg-type]
+    # Assert: each peer tuned, the best peer, the default against random and the best peer
+    assert reading.adopted == "delta-phi"
+    assert lines[2] == ("| setting | greedyfed | delta | hics-fl | best peer | delta-phi "
+                        "(adopted) | - random | - best peer |")
+    assert lines[4] == ("| a | greedyfed-m0.9 81.00 (+1.00 ± 0.00) | delta-s1 79.00 (-1.00 ± "
+                        "0.00) | hics-t0.1 82.00 (+2.00 ± 0.00) | poc-d50 83.00 | 83.00 | "
+                        "+3.00 ± 0.00 | +0.00 ± 0.00 |")
+    assert lines[5].endswith("| delta-s0 72.00 | 72.00 | +2.00 ± 0.00 | +0.00 ± 0.00 |")
+    # before a default is adopted, only the peers
+    assert partial[2] == "| setting | greedyfed | delta | hics-fl | best peer |"

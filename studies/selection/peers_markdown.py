@@ -192,19 +192,34 @@ def rule_section(found: Sequence[SettingData], reading: Reading) -> list[str]:
     else:
         out += [f"The rule adopts **{reading.adopted}** (eligible, the highest mean val).", ""]
     if read_names:
-        out += ["What each new peer reached (tuned, mean val; paired val difference against "
-                "fedowen-random):", "",
-                "| setting | " + " | ".join(NEW_PEERS) + " | best peer |",
-                "|---" * (len(NEW_PEERS) + 2) + "|"]
-        for d in (d for d in found if d.name in reading.best):
-            cells = []
-            for family in NEW_PEERS:
-                arm = reading.tuned[d.name][family]
-                diff = d.setting.diff(arm, RANDOM)
-                cells.append(f"{arm} {d.setting.mean(arm):.2f} ({diff.text(signed=True)})")
-            out.append(f"| {d.name} | " + " | ".join(cells) + f" | {reading.best[d.name]} |")
-        out.append("")
+        out += peers_reached(found, reading)
     return out
+
+
+def peers_reached(found: Sequence[SettingData], reading: Reading) -> list[str]:
+    """Per setting read: each new peer tuned (mean val, paired val difference against
+    fedowen-random), the best peer and, once a default is adopted, the default's mean val and
+    paired val differences against fedowen-random and the best peer (where it falls short)."""
+    adopted = reading.adopted
+    head = ["setting", *NEW_PEERS, "best peer"]
+    if adopted is not None:
+        head += [f"{adopted} (adopted)", "- random", "- best peer"]
+    out = [f"What each new peer reached (tuned, mean val; paired val difference against "
+           f"{RANDOM})" + ("" if adopted is None else
+                           f", beside the adopted default {adopted}") + ":", "",
+           "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for d in (d for d in found if d.name in reading.best):
+        s, best = d.setting, reading.best[d.name]
+        cells = [d.name]
+        for family in NEW_PEERS:
+            arm = reading.tuned[d.name][family]
+            cells.append(f"{arm} {s.mean(arm):.2f} ({s.diff(arm, RANDOM).text(signed=True)})")
+        cells.append(f"{best} {s.mean(best):.2f}")
+        if adopted is not None:
+            cells += [f"{s.mean(adopted):.2f}", s.diff(adopted, RANDOM).text(signed=True),
+                      s.diff(adopted, best).text(signed=True)]
+        out.append("| " + " | ".join(cells) + " |")
+    return [*out, ""]
 
 
 def loo_section(loo: Mapping[str, tuple[str, int]], seeds: int) -> list[str]:
