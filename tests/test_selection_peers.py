@@ -37,16 +37,25 @@ def by_seed(name: str, values: dict[str, list[float]]) -> Setting:
                    {arm: dict.fromkeys(range(len(v)), 1.0) for arm, v in values.items()})
 
 
+def settings_ab(fedowen_a: float = 85) -> tuple[Setting, Setting]:
+    """Two settings: in a, the reference (poc-d50, 83) above every tuned new peer and fedowen
+    at ``fedowen_a``; in b, DELTA's diversity-only arm (72) above the reference (71.5),
+    hics-phi 1 below it, delta-phi level with it."""
+    a = setting("a", {"greedyfed-mean": 80, "greedyfed-m0.9": 81, "delta-s1": 79,
+                      "delta-s0": 78, "hics-t0.03": 77, "hics-t0.1": 82, "poc-d50": 83,
+                      "fedowen-random": 80, "fedowen": fedowen_a, "hics-phi": 84,
+                      "delta-phi": 83})
+    b = setting("b", {"greedyfed-mean": 70, "greedyfed-m0.9": 69, "delta-s1": 71,
+                      "delta-s0": 72, "hics-t0.03": 68, "hics-t0.1": 67, "oort-x0.1": 71.5,
+                      "fedowen-random": 70, "fedowen": 72.5, "hics-phi": 71, "delta-phi": 72})
+    return a, b
+
+
 def test_the_rule_tunes_the_peers_picks_the_best_and_adopts_the_best_eligible() -> None:
     # Prepare: in a, the reference (poc-d50, 83) above every tuned new peer; in b, DELTA's
     # diversity-only arm (72) above the reference (71.5); hics-phi 1 below it in b, delta-phi
     # level with it (upper bound exactly 0: not below)
-    a = setting("a", {"greedyfed-mean": 80, "greedyfed-m0.9": 81, "delta-s1": 79,
-                      "delta-s0": 78, "hics-t0.03": 77, "hics-t0.1": 82, "poc-d50": 83,
-                      "fedowen-random": 80, "fedowen": 85, "hics-phi": 84, "delta-phi": 83})
-    b = setting("b", {"greedyfed-mean": 70, "greedyfed-m0.9": 69, "delta-s1": 71,
-                      "delta-s0": 72, "hics-t0.03": 68, "hics-t0.1": 67, "oort-x0.1": 71.5,
-                      "fedowen-random": 70, "fedowen": 72.5, "hics-phi": 71, "delta-phi": 72})
+    a, b = settings_ab()
     reference = {"a": "poc-d50", "b": "oort-x0.1"}
     # Execute
     reading = read([a, b], reference, total=2)
@@ -356,12 +365,7 @@ def test_the_peers_table_shows_where_the_adopted_default_falls_short() -> None:
 
     # Prepare: the two settings of the first test, fedowen 1 below the best peer in a: it
     # fails there, hics-phi fails b, delta-phi (level with both best peers) is adopted
-    a = setting("a", {"greedyfed-mean": 80, "greedyfed-m0.9": 81, "delta-s1": 79,
-                      "delta-s0": 78, "hics-t0.03": 77, "hics-t0.1": 82, "poc-d50": 83,
-                      "fedowen-random": 80, "fedowen": 82, "hics-phi": 84, "delta-phi": 83})
-    b = setting("b", {"greedyfed-mean": 70, "greedyfed-m0.9": 69, "delta-s1": 71,
-                      "delta-s0": 72, "hics-t0.03": 68, "hics-t0.1": 67, "oort-x0.1": 71.5,
-                      "fedowen-random": 70, "fedowen": 72.5, "hics-phi": 71, "delta-phi": 72})
+    a, b = settings_ab(fedowen_a=82)
     reading = read([a, b], {"a": "poc-d50", "b": "oort-x0.1"}, total=2)
     found = [SimpleNamespace(name=s.name, setting=s) for s in (a, b)]
     # Execute
