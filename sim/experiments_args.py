@@ -43,6 +43,15 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         sub_parser.add_argument("--backend", choices=BACKENDS, default=None,
                                 help="flwr (a real flwr run per cell) or inline (no Ray); "
                                      "default: the preset's")
+    status.add_argument("-v", "--verbose", action="store_true", help="list every cell")
+    add_run_flags(run)
+    add_report_flags(report)
+    return p
+
+
+def add_run_flags(run: argparse.ArgumentParser) -> None:
+    """``run``'s own flags: parallelism (jobs, a Ray cluster), which cells, and restoring
+    archived or carried cells first."""
     run.add_argument("--jobs", type=int, default=1,
                      help="cells at once (inline backend only; one process each; with "
                           "--ray-address: cells in flight, default what the cluster fits)")
@@ -65,14 +74,6 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                      help="only cells whose grid point (or run config) has this value, e.g. "
                           "alpha=0.01 (a setting's cells alone, so that a short call finishes "
                           "one setting whole); repeatable, all must hold")
-    status.add_argument("-v", "--verbose", action="store_true", help="list every cell")
-    report.add_argument("--out", type=Path, default=None,
-                        help="report dir (default docs/results/<preset name>)")
-    report.add_argument("--archive", action="store_true",
-                        help="also archive the finished cells' records (run --restore unpacks "
-                             "them) in parts under 1 MB, archives/<preset>/cells-partNN.tar.xz "
-                             f"for a report in docs/results/<preset>, and write {MANIFEST} "
-                             "beside the report")
     run.add_argument("--restore", type=Path, action="append", default=None, metavar="ARCHIVE",
                      help=f"first unpack archived cells into the results dir (finished cells "
                           f"are not run again): a report's {MANIFEST} or folder, a folder of "
@@ -83,9 +84,20 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                           "rows from this committed report's <grid>-rounds.csv (when its "
                           "records were lost; sim/carry.py says what a carried cell lacks); "
                           "with --limit 0 nothing else runs")
+
+
+def add_report_flags(report: argparse.ArgumentParser) -> None:
+    """``report``'s own flags: where the report goes, archiving the records, the command
+    note."""
+    report.add_argument("--out", type=Path, default=None,
+                        help="report dir (default docs/results/<preset name>)")
+    report.add_argument("--archive", action="store_true",
+                        help="also archive the finished cells' records (run --restore unpacks "
+                             "them) in parts under 1 MB, archives/<preset>/cells-partNN.tar.xz "
+                             f"for a report in docs/results/<preset>, and write {MANIFEST} "
+                             "beside the report")
     report.add_argument("--replace", action="store_true",
                         help="write the report even where --out holds more archived cells "
                              "than the results have finished (refused otherwise)")
     report.add_argument("--command-note", default=None,
                         help="the command that produced the results, quoted in the README")
-    return p
