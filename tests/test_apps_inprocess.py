@@ -268,7 +268,7 @@ def test_the_field_selectors_and_the_posterior_run_through_both_apps(
         choice = r["selection"]
         if selection == "power-of-choice":  # the 3 highest of the 5 reported local losses
             losses = dict(zip(choice["candidates"], choice["candidate_losses"], strict=True))
-            assert len(losses) == 5 and choice["query_messages"] == 5
+            assert len(losses) == 5 and choice["extra_messages"] == 5
             assert choice["query_examples"] >= 5
             top = sorted(losses, key=lambda c: -losses[c])[:3]
             assert sorted(r["selected"]) == sorted(top)
