@@ -22,7 +22,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 from numpy.typing import NDArray
 
 from fedowen_strategy import nodes, replies
@@ -168,6 +168,17 @@ class FedOwen(FedAvg):
         for settings in (self.valuation, self.chooser.settings, self.selection_params,
                          self.guards):
             log.info("FedOwen: %s", settings)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
+              timeout: float = 3600, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+              ) -> Result:
+        """Flower's round loop, the selector's run-length keys first resolved to the run's
+        rounds in all (``round_offset + num_rounds``: a resumed run's total, as the app's)."""
+        self.chooser.for_run(self.round_offset + num_rounds)
+        return super().start(grid, initial_arrays, num_rounds, timeout, train_config,
+                             evaluate_config, evaluate_fn)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:

@@ -14,6 +14,7 @@ import torch
 from scipy.special import softmax
 
 from client_app.app import app as client_app
+from fedowen_strategy.selectors.base import Pool
 from fedowen_strategy.selectors.hics import Hics, HicsSettings
 from fedowen_strategy.selectors.hics_estimates import (
     annealed_gamma,
@@ -198,7 +199,8 @@ def test_hics_rounds_default_to_the_runs_rounds(selection: str) -> None:
         return cfg.selector_settings().hics_rounds  # type: ignore[attr-defined, no-any-return]
     assert resolved({}) == 30
     assert resolved({"hics-rounds": 12}) == 12
-    # a strategy built by hand must resolve it: the error says how
+    # a selector driven by hand must resolve it before it draws (FedOwen.start does): the
+    # error says how
     with pytest.raises(ValueError, match=r"hics_rounds=0: 0 stands for the run's num-server"):
-        Hics(HicsSettings())
+        Hics(HicsSettings()).choose(Pool(("a", "b"), 1, 1), np.random.default_rng(0), never)
     assert Hics(HicsSettings().for_run(7)).settings.hics_rounds == 7

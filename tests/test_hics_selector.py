@@ -202,3 +202,13 @@ def run_hics_toy(selection: SelectorSettings, rounds: int, tmp_path: Any,
     strategy.start(grid=InProcessGrid(toy_handler, [{"partition-id": i} for i in range(6)]),
                    initial_arrays=state_to_record(init), num_rounds=rounds, evaluate_fn=evaluate)
     return strategy
+
+
+def test_fedowen_start_resolves_hics_rounds_to_the_runs_length(tmp_path: Any) -> None:
+    # a strategy built by hand with hics-rounds left at 0 (the run's length) anneals over the
+    # rounds its start runs
+    strategy = run_hics_toy(HicsSettings(), 4, tmp_path,
+                            ValuationSettings(method="none", aggregation="uniform"))
+    assert strategy.chooser.settings == HicsSettings(hics_rounds=4)
+    rounds = read_rounds(tmp_path)[1:]
+    assert [r["selection"]["gamma"] for r in rounds] == pytest.approx([4.0, 3.0, 2.0, 1.0])

@@ -139,6 +139,18 @@ class HicsSettings(SelectorSettings):
         return []
 
 
+def run_gamma(settings: HicsSettings, server_round: int) -> float:
+    """``hics-gamma`` annealed to round ``server_round`` over ``hics-rounds``
+    (:func:`~fedowen_strategy.selectors.hics_estimates.annealed_gamma`), which must be resolved
+    by then (0 stands for the run's length: the app and ``FedOwen.start`` resolve it)."""
+    if settings.hics_rounds < 1:
+        raise ValueError(f"hics_rounds={settings.hics_rounds!r}: 0 stands for the run's "
+                         "num-server-rounds, which the app and FedOwen.start resolve; a "
+                         "selector driven by hand is built from settings.for_run(num_rounds) "
+                         "or with hics_rounds set")
+    return annealed_gamma(settings.hics_gamma, server_round, settings.hics_rounds)
+
+
 def no_output_bias(selector: str) -> str:
     """The problem of a model without an output-layer bias, for ``selection = selector``."""
     return (f"selection={selector!r} estimates each client's label skew from its update of "
@@ -152,11 +164,7 @@ class Hics(Selector):
     step scale; records the round's clusters."""
 
     def __init__(self, settings: HicsSettings) -> None:
-        if settings.hics_rounds < 1:
-            raise ValueError(f"hics_rounds={settings.hics_rounds!r}: 0 stands for the run's "
-                             "num-server-rounds, which the app resolves; a strategy built by "
-                             "hand passes settings.for_run(num_rounds) or sets hics_rounds")
-        self.settings = settings
+        self.settings = settings  # hics_rounds = 0 until the run resolves it (run_gamma)
         self.updates: dict[str, list[float]] = {}  # client -> its last bias update per step
         self.tried: set[str] = set()  # clients ever selected
         self.examples: dict[str, float] = {}  # client -> num-examples of its last accepted reply
@@ -168,8 +176,7 @@ class Hics(Selector):
         fresh = [i for i, c in enumerate(pool.keys) if c not in self.tried]
         picked = [int(i) for i in rng.choice(fresh, size=min(len(fresh), pool.k),
                                              replace=False)] if fresh else []
-        gamma = annealed_gamma(self.settings.hics_gamma, pool.server_round,
-                               self.settings.hics_rounds)
+        gamma = run_gamma(self.settings, pool.server_round)
         record: dict[str, Any] = {"warmup": len(picked), "gamma": round(gamma, 6)}
         if len(picked) < pool.k:
             rows, matrix = self.known()

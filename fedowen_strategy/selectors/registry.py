@@ -102,4 +102,4 @@ def selection(name: str, settings: SelectorSettings | None, params: SelectionPar
     if not isinstance(settings, spec.settings):
         raise ValueError(f"selection={name!r} takes {spec.settings.__name__}, got "
                          f"{type(settings).__name__}")
-    return Selection(name, spec.make(settings), settings, params, cap, rng)
+    return Selection(name, spec.make(settings), settings, params, cap, rng, spec.make)

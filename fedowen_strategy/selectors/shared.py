@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,6 +36,7 @@ from fedowen_strategy.selectors.base import (
     Pool,
     Seen,
     Selector,
+    SelectorSettings,
 )
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key
 from fedowen_task import declare
@@ -136,11 +137,15 @@ class Selection:
     """A run's selection: ``selector`` behind the identity cap and the link groups (module
     docstring). ``name`` is the selector's name (checked when a checkpoint loads),
     ``settings`` its settings (logged), ``cap`` the resolved identity cap, ``rng`` the
-    selection stream."""
+    selection stream; ``make(settings)`` builds the selector again (:meth:`for_run`; default:
+    its class)."""
 
     def __init__(self, name: str, selector: Selector, settings: Settings,
-                 params: SelectionParams, cap: float, rng: np.random.Generator) -> None:
+                 params: SelectionParams, cap: float, rng: np.random.Generator,
+                 make: Callable[[Any], Selector] | None = None) -> None:
         self.name, self.selector, self.settings = name, selector, settings
+        # a selector's class is built from its settings (the protocol declares no __init__)
+        self.make = make or cast(Callable[[Any], Selector], type(selector))
         self.params, self.cap, self.rng = params, cap, rng
         self.picks: dict[str, int] = {}
         self.pair_links: dict[Pair, int] = {}
@@ -185,6 +190,20 @@ class Selection:
         if self.cap:
             record["capped"] = len(keys) - int(eligible.sum())
         return Choice(chosen, choice.how, {**record, "how": choice.how})
+
+    def for_run(self, num_rounds: int) -> None:
+        """Resolve the settings' keys whose default is the run's length for a run of
+        ``num_rounds`` rounds in all (:meth:`~fedowen_strategy.selectors.base.SelectorSettings.
+        for_run`, e.g. ``hics-rounds = 0``); the selector is built again from them, its memory
+        kept. Unchanged settings (the app resolves them first) leave it as it is."""
+        if not isinstance(self.settings, SelectorSettings):
+            return
+        settings = self.settings.for_run(num_rounds)
+        if settings == self.settings:
+            return
+        memory = self.selector.state()
+        self.selector, self.settings = self.make(settings), settings
+        self.selector.load(memory)
 
     def costs(self) -> dict[str, float | int]:
         """The round's selector cost, for its record once the round is observed:
