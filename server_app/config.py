@@ -156,8 +156,8 @@ class RunConfig(ServerKeys, TaskConfig):
         """The selector's problems with the run's model (its arrays by name, in order) on
         ``num_classes`` classes, checked before the first round (:meth:`~fedowen_strategy.
         selectors.base.SelectorSettings.model_problems`); none for a strategy that does not
-        select."""
-        spec = registry.SELECTORS.get(self.selection)
+        select (``auto`` resolved)."""
+        spec = registry.SELECTORS.get(self.choices().selection)
         if self.strategy != "fedowen" or spec is None:
             return []
         return spec.settings(**self.settings_values(spec.settings)).model_problems(

@@ -51,8 +51,9 @@ class ServerKeys:
     proximal_mu: float = key(0.0, "FedProx's mu", rule=at_least(0))
     valuation: str = owned(ValuationSettings, "method")
     valuation_params: str = key("", "the estimator's parameters: \"name=value ...\"")
-    selection: str = key("auto", f"{' | '.join(registry.SELECTORS)}; auto: the valuation's "
-                         "own")
+    selection: str = key("auto", f"{' | '.join(registry.SELECTORS)}; auto: "
+                         f"{registry.AUTO_WITH_PHI} when the valuation computes phi, else "
+                         f"{registry.AUTO_WITHOUT_PHI}")
     aggregation: str = owned(ValuationSettings, "aggregation")
     budget_m: int = owned(ValuationSettings, "budget_m")
     owen_q: int = key(2, "owen-paper's inclusion levels Q", rule=at_least(1))

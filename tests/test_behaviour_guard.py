@@ -19,6 +19,12 @@ The copy was recorded at 49be9f2, whose app code is the code that passed the has
 each round's ``selection`` field (how Algorithm 2 chose, its extra messages) was added to it
 when the shared selection began to record every selector's cost, from a run of that
 commit whose every other field matched the copy.
+Re-recorded at 0ac2020 (from a run of that commit), where the default selection (``auto``
+with a valuation that computes phi) changed from Algorithm 2 (``adaptive``) to ``hics-phi``,
+as selection-peers-dev's rule adopts (conf/selection-peers-dev.toml, step 4): its selections,
+and so the values, weights and accuracies of every round, differ from the earlier copy by
+design; the same run with ``selection = "adaptive"`` still reproduced the earlier copy, its
+records, ledger and payouts, with no difference at that commit.
 
 If this fails after a change that was *meant* to change behaviour, say so in the commit and
 record the new copy (``PYTHONPATH=. python tests/test_behaviour_guard.py --record DATA_DIR``);

@@ -148,9 +148,9 @@ def test_it_reads_hics_fls_and_algorithm_2s_keys() -> None:
             parse_run_config({"selection": "hics-phi", **bad})
         (problem,) = err.value.problems
         assert problem.startswith(name)
-    # the model check is HiCS-FL's, named by this selection
-    (problem,) = HicsPhiSettings().model_problems({"w": np.zeros(4)}, 4)
-    assert problem.startswith("selection='hics-phi' estimates each client's label skew")
+    # no model check: a model without a usable output bias runs as one cluster
+    # (tests/test_hics_phi_one_cluster.py), where hics-fl refuses it
+    assert HicsPhiSettings().model_problems({"w": np.zeros(4)}, 4) == []
 
 
 def test_four_rounds_through_fedowen(tmp_path: Any) -> None:

@@ -107,8 +107,10 @@ def impostor_handler(msg: Message, ctx: Context) -> Message:
 
 
 def test_impostor_is_refused_and_never_costs_the_victim(tmp_path: Any) -> None:
-    # Execute: 6 nodes, all selected each round; node 5 claims c0's id
-    strategy = run_toy("owen", rounds=2, k=5, tmp_path=tmp_path, handler=impostor_handler)
+    # Execute: 6 nodes, all selected each round; node 5 claims c0's id (Algorithm 2: its
+    # memory counts the credited returns)
+    strategy = run_toy("owen", rounds=2, k=5, tmp_path=tmp_path, handler=impostor_handler,
+                       selection="adaptive")
     # Assert: c0 credited with its own reply every round it was selected; the impostor never
     # selected (refused at identification), and not in the ledger
     rounds = read_rounds(tmp_path)
@@ -208,9 +210,11 @@ def test_a_clientapp_without_a_query_handler_is_asked_once() -> None:
     assert all(c.startswith("node:") for r in rounds for c in r["returned"])
 
 
-def test_a_quickstart_clientapp_under_fedowen_explores_every_node() -> None:
+@pytest.mark.parametrize("selection", ["adaptive", "auto"])
+def test_a_quickstart_clientapp_under_fedowen_explores_every_node(selection: str) -> None:
     # Prepare: Flower's quickstart shape (train only, no query handler, no client id), 8
-    # nodes, FedOwen's adaptive selection and a game it can value
+    # nodes, Algorithm 2 or the default selection (hics-phi: one cluster, the model has no
+    # output bias) and a game it can value
     from fedowen_strategy.strategy import FedOwen
     from sim.inline_grid import InProcessGrid
     from tests.test_defences import delta_utility
@@ -227,7 +231,7 @@ def test_a_quickstart_clientapp_under_fedowen_explores_every_node() -> None:
     rounds: list[dict[str, Any]] = []
     strategy = FedOwen(clients_per_round=4, utility_factory=delta_utility,
                        valuation=ValuationSettings(method="exact", game="delta"),
-                       guards=Guards(**BARE), seed=0,
+                       guards=Guards(**BARE), seed=0, selection=selection,
                        on_round=lambda r, rec, rows: rounds.append(rec))
     # Execute: 10 rounds
     strategy.start(grid=InProcessGrid(quickstart, [{"partition-id": i} for i in range(8)]),

@@ -86,19 +86,20 @@ def two_rounds(strategy: FedOwen, rounds: list[dict[str, Any]], model: torch.nn.
 
 def test_the_readme_example_runs_the_apps_game_value_for_value() -> None:
     # Prepare: the example's model and server data; the library as the example uses it (no
-    # settings) and the app's strategy from its default run config
+    # settings) and the app's strategy from its default run config, of the two rounds run
     example = load_example()
     torch.manual_seed(0)
     model = example.make_model()
     x, y = example.server_data()
-    cfg = RunConfig(clients_per_round=K, seed=SEED)
+    cfg = RunConfig(clients_per_round=K, seed=SEED, num_server_rounds=2)
     library = FedOwen(clients_per_round=K, seed=SEED,
                       utility_factory=CoalitionUtility(model, x, y))
     app = build_strategy(cfg, CoalitionUtility(model, x, y, metric=cfg.utility_metric), None)
     # Assert: the same settings, one by one
     assert library.valuation == app.valuation
     assert library.selection_params == app.selection_params
-    assert library.chooser.settings == app.chooser.settings
+    # the same, once the library's start resolves the run's length (hics-rounds = 0)
+    assert library.chooser.settings.for_run(2) == app.chooser.settings
     assert library.guards == app.guards
     assert (library.selection, library.norm_cap) == (app.selection, app.norm_cap)
     assert (library.node_wait_timeout, library.query_timeout) == (
@@ -107,6 +108,7 @@ def test_the_readme_example_runs_the_apps_game_value_for_value() -> None:
     seen: dict[str, list[dict[str, Any]]] = {"library": [], "app": []}
     two_rounds(library, seen["library"], model)
     two_rounds(app, seen["app"], model)
+    assert library.chooser.settings == app.chooser.settings
     # Assert: the same clients selected, the same values and weights (wall-clock aside: the
     # valuation's and, in the selection's record, the selector's seconds)
     lib, ours = ([without_seconds(r) for r in seen[name]] for name in ("library", "app"))

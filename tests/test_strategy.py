@@ -146,8 +146,8 @@ def test_start_runs_six_clients_three_rounds(method: str, tmp_path: Any) -> None
 
 
 def test_state_is_keyed_by_client_id_and_counts_only_returns() -> None:
-    # Prepare: client 2 crashes every round
-    strategy = run_toy("owen", rounds=2, node_extra={"crash-id": 2})
+    # Prepare: client 2 crashes every round; Algorithm 2's memory (its counts)
+    strategy = run_toy("owen", rounds=2, node_extra={"crash-id": 2}, selection="adaptive")
     # Assert: the crashed client is never counted nor valued; others counted twice
     memory = strategy.chooser.selector.state()
     assert "c2" not in memory["counts"] and "c2" not in memory["phi"]
@@ -157,7 +157,8 @@ def test_state_is_keyed_by_client_id_and_counts_only_returns() -> None:
 
 
 def test_silent_client_costs_nothing_but_its_update(tmp_path: Any) -> None:
-    strategy = run_toy("owen", rounds=2, tmp_path=tmp_path, node_extra={"silent-id": 3})
+    strategy = run_toy("owen", rounds=2, tmp_path=tmp_path, node_extra={"silent-id": 3},
+                       selection="adaptive")  # Algorithm 2's memory (its counts)
     rounds = read_rounds(tmp_path)
     assert all(len(r["returned"]) == 5 and "c3" not in r["returned"] for r in rounds[1:])
     memory = strategy.chooser.selector.state()
@@ -202,8 +203,9 @@ def test_no_single_reply_can_end_a_run(kind: str, tmp_path: Any) -> None:
         reply = toy_handler(msg, ctx)
         return _nasty(kind, reply) if int(ctx.node_config["partition-id"]) == 2 else reply
 
-    # Execute
-    strategy = run_toy("owen", rounds=2, tmp_path=tmp_path, handler=handler)
+    # Execute (Algorithm 2: its memory counts the returns)
+    strategy = run_toy("owen", rounds=2, tmp_path=tmp_path, handler=handler,
+                       selection="adaptive")
     # Assert: both rounds aggregated the five others; client 2 never counted
     rounds = read_rounds(tmp_path)
     assert [r["round"] for r in rounds] == [0, 1, 2]
@@ -231,8 +233,13 @@ def test_adaptive_selection_prefers_good_clients_over_rounds() -> None:
 
 
 def test_same_seed_same_run() -> None:
+    # the default selector (auto), and Algorithm 2 with its remembered phi
     a = run_toy("owen", rounds=3, k=3)
     b = run_toy("owen", rounds=3, k=3)
+    assert a.chooser.picks == b.chooser.picks
+    assert a.chooser.rng.bit_generator.state == b.chooser.rng.bit_generator.state
+    a = run_toy("owen", rounds=3, k=3, selection="adaptive")
+    b = run_toy("owen", rounds=3, k=3, selection="adaptive")
     assert a.chooser.selector.counts == b.chooser.selector.counts
     assert a.chooser.selector.phi == pytest.approx(b.chooser.selector.phi)
 

@@ -47,6 +47,22 @@ def output_bias_key(state: Mapping[str, Any]) -> str | None:
     return found
 
 
+def output_bias_problem(state: Mapping[str, Any]) -> str:
+    """Why the model state ``state`` (its arrays by name, in the model's order) has no output
+    bias HiCS-FL can read, '' when it has one: no :func:`output_bias_key`, or that bias is not
+    the output layer's (an array of two or more dimensions follows it: the output layer has no
+    bias or is not linear)."""
+    name = output_bias_key(state)
+    if name is None:
+        return "it has no '<layer>.bias' beside a '<layer>.weight' matrix"
+    names = list(state)
+    later = [n for n in names[names.index(name) + 1:] if np.ndim(state[n]) >= 2]
+    if later:
+        return (f"its last linear layer's bias {name!r} ({len(state[name])} entries) is not "
+                f"the output layer's: {later[-1]!r} follows it")
+    return ""
+
+
 def skew_entropy(updates: NDArray[np.float64], temperature: float) -> NDArray[np.float64]:
     """Each row's ``H(softmax(row / temperature))`` in nats (the paper's estimate of the
     entropy of the client's label distribution)."""
