@@ -2,8 +2,8 @@
 
 Paper: "FedOwen: Contribution-aware federated learning with Owen sampling" (shared/paper). The
 class is glue over pure parts: the run's selector behind the identity cap and the link groups
-(:mod:`~fedowen_strategy.selectors`: ``hics-phi`` by default, HiCS-FL's label-skew clusters filled
-by Algorithm 2's bandit on phi; the strategy calls the selector protocol and names no selector),
+(:mod:`~fedowen_strategy.selectors`: Algorithm 2's bandit by default; the strategy calls the
+selector protocol and names no selector),
 the identity roster (:mod:`~fedowen_strategy.defences.identity`: clients are keyed by the stable id
 each ClientApp sends, asked for with a ``query`` message, and selected in id order, so a run
 config and seed select the same clients in every run) and one aggregation round
@@ -46,7 +46,7 @@ MetricsAggr = Callable[[list[RecordDict], str], MetricRecord]
 
 
 class FedOwen(FedAvg):
-    """FedAvg with client selection (``hics-phi`` by default) and contribution-weighted
+    """FedAvg with client selection (Algorithm 2 by default) and contribution-weighted
     aggregation.
 
     Takes every argument of Flower's ``FedAvg``, plus those below; every default is the app's
@@ -68,7 +68,7 @@ class FedOwen(FedAvg):
     selection : str or SelectorSettings
         A name in :data:`~fedowen_strategy.selectors.registry.SELECTORS` (with its default
         settings), a selector's settings (e.g. ``PowerOfChoiceSettings(poc_d=50)``), or
-        ``auto``: ``hics-phi`` for a valuation method, random for ``none`` and ``multikrum``
+        ``auto``: adaptive for a valuation method, random for ``none`` and ``multikrum``
         (``choices``, with the aggregation and norm cap: :func:`~fedowen_strategy.round.
         contribution.resolve_auto`). A selector may ask clients before it chooses (``query``
         messages) and ask the trained clients for more in the train config. A key whose

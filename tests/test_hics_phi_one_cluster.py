@@ -134,14 +134,14 @@ def test_warm_up_first_then_one_cluster_and_the_state_round_trips() -> None:
     assert a.record == b.record and a.record is not None and a.record["clusters"] == 1
 
 
-def test_auto_runs_a_model_without_an_output_bias(shared_data_dir: Path, tmp_path: Path,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
-    # Prepare: the app's defaults (selection auto) with a user's model whose output layer has
-    # no bias; 3 clients, 2 a round
+def test_the_app_runs_a_model_without_an_output_bias(shared_data_dir: Path, tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    # Prepare: the app's defaults with hics-phi and a user's model whose output layer has no
+    # bias; 3 clients, 2 a round
     run_config = {"dataset": "mnist", "data-dir": str(shared_data_dir),
                   "output-dir": str(tmp_path), "num-server-rounds": 3, "clients-per-round": 2,
                   "client-max-samples": 50, "test-max-samples": 50,
-                  "model": "tests.test_hics:flat_without_bias"}
+                  "model": "tests.test_hics:flat_without_bias", "selection": "hics-phi"}
     cfg = parse_run_config(run_config)
     grid = InProcessGrid(client_app, [{"partition-id": i, "num-partitions": 3}
                                       for i in range(3)], run_config)

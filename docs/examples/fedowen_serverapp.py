@@ -29,9 +29,9 @@ def server_data(n: int = 300) -> tuple[torch.Tensor, torch.Tensor]:
 
 def run(grid: Grid, num_rounds: int) -> Result:
     model, (x, y) = make_model(), server_data()
-    # the app's defaults: owen-antithetic at M = 4 on the delta game with neg-loss, hics-phi's
-    # selection (HiCS-FL's label-skew clusters filled by Algorithm 2 on phi), the norm cap and
-    # the Sybil links (ValuationSettings, SelectionParams and Guards change them)
+    # the app's defaults: owen-antithetic at M = 4 on the delta game with neg-loss, Algorithm
+    # 2's selection, the norm cap and the Sybil links (ValuationSettings, SelectionParams and
+    # Guards change them)
     strategy = FedOwen(fraction_train=0.5, min_available_nodes=4,
                        utility_factory=CoalitionUtility(model, x, y))
 

@@ -139,7 +139,7 @@ class Choices:
 def resolve_auto(method: str, selection: str = "auto", aggregation: str = "auto",
                  norm_cap: str = "auto", cap: float = AUTO_CAP) -> Choices:
     """What ``auto`` means for valuation ``method``, the one place it is decided: FedOwen's
-    choices (``hics-phi`` selection, ``softmax`` aggregation, the norm cap
+    choices (``adaptive`` selection, Algorithm 2, ``softmax`` aggregation, the norm cap
     :data:`~fedowen_strategy.defences.bounds.AUTO_NORM_CAP`) for a method that computes
     contributions,
     FedAvg's (``random``, ``examples``, no norm cap) for the methods in :data:`NO_PHI` (the

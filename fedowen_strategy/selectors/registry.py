@@ -65,11 +65,12 @@ SELECTORS = MappingProxyType({spec.name: spec for spec in (
     SelectorSpec("hics-phi", HicsPhi, HicsPhiSettings, needs_phi=True),
     SelectorSpec("delta-phi", DeltaPhi, DeltaPhiSettings, needs_phi=True),
 )})
-#: What ``selection = "auto"`` means: ``hics-phi`` (HiCS-FL's label-skew clusters, each
-#: cluster's slots filled by Algorithm 2 on phi; one cluster for a model without an output-layer
-#: bias) when the valuation computes phi, adopted by conf/selection-peers-dev.toml's rule (step
-#: 4; Algorithm 2, ``adaptive``, before); FedAvg's uniform selection when it does not.
-AUTO_WITH_PHI, AUTO_WITHOUT_PHI = "hics-phi", "random"
+#: What ``selection = "auto"`` means: Algorithm 2 (``adaptive``, the paper's epsilon-greedy
+#: bandit) when the valuation computes phi, FedAvg's uniform selection when it does not.
+#: ``hics-phi`` was the default from 0ac2020 (selection-peers-dev's fallback) until issue 73: its
+#: margin over Algorithm 2 was a tie (+0.30 +- 2.01 paired), and a default changes only when a
+#: challenger beats the incumbent beyond the paired CI (docs/experiments.md).
+AUTO_WITH_PHI, AUTO_WITHOUT_PHI = "adaptive", "random"
 #: The selectors that rank clients by phi (the table's, for callers outside the library).
 NEEDS_PHI_SELECTIONS = tuple(name for name, spec in SELECTORS.items() if spec.needs_phi)
 
