@@ -6,6 +6,8 @@
   (``python -m studies.selection.peers``; :mod:`.peers_data` reads the cells and checks
   the anchor, :mod:`.peers_rule` the rule's steps, :mod:`.peers_report` and
   :mod:`.peers_markdown` its files);
+- :mod:`.incumbent`: a challenger against the incumbent default, paired by seed (issue 73:
+  hics-phi against Algorithm 2, ``python -m studies.selection.incumbent``);
 - :mod:`.writer_coverage`: writers a selector favours or neglects on FEMNIST
   (``python -m studies.selection.writer_coverage``);
 - :mod:`.cells`: what these read off one finished cell (scores, distinct clients, costs).
