@@ -15,7 +15,9 @@ drift of a number in each round, ``|got - recorded| / max(1, |recorded|)``.
 On an AMD EPYC with AVX2 and FMA, no AVX-512 (the kind of machine issue 74 failed on; its own
 kernels are torch's and oneDNN's AVX2, OpenBLAS's Haswell), the guard's pinned run
 (``--only native``, 2026-12-01) matched the copy recorded on the Intel machine with no
-discrete difference and a largest drift of 5.6e-17 (round 3), 0 in rounds 9 and 10.
+discrete difference and a largest drift of 5.6e-17 (round 3), 0 in rounds 9 and 10; unpinned
+(``--only native --unpinned``) the same machine drifts 1.8e-5 by round 4 and 3.6e-2 by round
+10, and in round 7 the value cap catches client 2 instead of client 1: issue 74's failure.
 
 **The suite's other pinned numbers** (issue 74, deliver 2): every other test that compares a
 float with a recorded copy, a hash or a number written into it, measured by
@@ -48,7 +50,7 @@ Decision: all five portable as they are (no pin, no wider tolerance). The select
 and valuation tests run numpy alone on closed-form games (no torch), and their bits did not
 move under any choice, numpy's SIMD loops and OpenBLAS's kernels switched included;
 test_utility compares two paths of one process, 100 times inside its tolerance. Under (a)-(d)
-each file's pytest passes whole (27, 6, 37, 13 tests; test_utility's 17 natively). They still
+each file's pytest passes whole (27, 6, 37, 13 tests; test_utility's 17 under (a)-(c)). They still
 catch a change of the size that matters: DELTA's score times (1 + 2e-16) fails
 test_delta_code's pinned test, Power-of-Choice's losses times (1 + 1e-8) fail 4 of
 test_selections_pinned's 27 (both one-line changes, reverted). Not measured, not at
