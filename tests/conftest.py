@@ -13,13 +13,17 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
-    """The offline dataset copies at ``<repo>/../shared/data``; skip when absent, except under
-    CI (``CI`` set), where missing data would make the data tests pass vacuously."""
-    if not SHARED_DATA.is_dir():
+    """The offline dataset copies: ``$FEDOWEN_DATA`` when set (as the apps read it; a checkout
+    elsewhere than beside ``shared/``), else ``<repo>/../shared/data``; skip when absent, except
+    under CI (``CI`` set), where missing data would make the data tests pass vacuously."""
+    env = os.environ.get("FEDOWEN_DATA", "").strip()
+    data = Path(env).expanduser().resolve() if env else SHARED_DATA
+    if not data.is_dir():
         if os.environ.get("CI"):
-            pytest.fail(f"CI is set but the datasets are missing at {SHARED_DATA}")
-        pytest.skip(f"offline datasets not found at {SHARED_DATA} (<repo>/../shared/data)")
-    return SHARED_DATA
+            pytest.fail(f"CI is set but the datasets are missing at {data}")
+        pytest.skip(f"offline datasets not found at {data} (set FEDOWEN_DATA, or put them at "
+                    "<repo>/../shared/data)")
+    return data
 
 
 @pytest.fixture(scope="session", autouse=True)

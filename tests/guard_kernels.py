@@ -11,6 +11,56 @@ child process), and every number is compared with the recorded copy round by rou
 
 prints, per kernel choice, the discrete differences (there should be none) and the largest
 drift of a number in each round, ``|got - recorded| / max(1, |recorded|)``.
+
+On an AMD EPYC with AVX2 and FMA, no AVX-512 (the kind of machine issue 74 failed on; its own
+kernels are torch's and oneDNN's AVX2, OpenBLAS's Haswell), the guard's pinned run
+(``--only native``, 2026-12-01) matched the copy recorded on the Intel machine with no
+discrete difference and a largest drift of 5.6e-17 (round 3), 0 in rounds 9 and 10; unpinned
+(``--only native --unpinned``) the same machine drifts 1.8e-5 by round 4 and 3.6e-2 by round
+10, and in round 7 the value cap catches client 2 instead of client 1: issue 74's failure.
+
+**The suite's other pinned numbers** (issue 74, deliver 2): every other test that compares a
+float with a recorded copy, a hash or a number written into it, measured by
+``PYTHONPATH=. python tests/pinned_kernels.py`` (each choice set before numpy and torch load)
+on the same AMD EPYC, 2026-12-01. Largest drift from what the test compares with, under:
+(a) native, (b) ``amd-like``, (c) ``torch-generic`` (``ATEN_CPU_CAPABILITY=default
+ONEDNN_MAX_CPU_ISA=SSE41``), (d) ``avx2-both``, and two more: ``generic`` (all four libraries'
+generic paths) and ``numpy-v2`` (OpenBLAS's Sandybridge kernels and numpy without its AVX2
+loops, ``NPY_DISABLE_CPU_FEATURES=X86_V3``):
+
+=========================  ============================  =========  =========================
+test (what it compares)    with                          tolerance  drift (a) (b) (c) (d) gen v2
+=========================  ============================  =========  =========================
+test_selections_pinned     tests/data/selections.json:   1e-9 rel   0 in all six; no decision
+(selected, selection;      13 scenarios x 20 rounds,                differs
+losses, p-values)          each resumed at round 10
+test_delta_code (draws,    PINNED_* literals (7b4f3d0)   ``==``     0 in all six
+weights, masses)
+test_valuation_accuracy    exact values of the recorded  band       0.0967 in all six, exact
+(first-order error, the    game tables in tests/data     0.05-0.15  values bit-identical
+unbiasedness t-tests)                                               (numpy only)
+test_utility (batched vs   naive reference, same run     1e-5 abs   8.9e-8 8.9e-8 5.0e-8
+naive, LeNet)              (accuracy: ``==``)                       8.9e-8 5.0e-8 8.9e-8;
+                                                                    no accuracy differs
+test_reports (sha256 of    the same cells archived       ``==``     bytes, no floats: passes
+archive parts)             twice in the test                        in (a)-(d)
+=========================  ============================  =========  =========================
+
+Decision: all five portable as they are (no pin, no wider tolerance). The selections, DELTA
+and valuation tests run numpy alone on closed-form games (no torch), and their bits did not
+move under any choice, numpy's SIMD loops and OpenBLAS's kernels switched included;
+test_utility compares two paths of one process, 100 times inside its tolerance. Under (a)-(d)
+each file's pytest passes whole (27, 6, 37, 13 tests; test_utility's 17 under (a)-(c)). They still
+catch a change of the size that matters: DELTA's score times (1 + 2e-16) fails
+test_delta_code's pinned test, Power-of-Choice's losses times (1 + 1e-8) fail 4 of
+test_selections_pinned's 27 (both one-line changes, reverted). Not measured, not at
+risk by construction: the hand-computed numbers (test_delta, test_hics, test_peers,
+test_byzantine, test_valuation_gtg, test_training: tolerances 1e-6 and up on closed forms),
+the config hashes of test_protocol (hashes of run-config text, no computed float), and the
+tests that compare two runs on one machine (test_resume, test_utility_memory,
+test_valuation_workers: the same kernels on both sides). Not measurable here: AVX-512
+(numpy's own AVX-512 exp and log, torch's AVX-512 kernels); the selections copy, recorded at
+9bb6e1a in another session (its CPU not written down), matches this machine's bits.
 """
 
 from __future__ import annotations
