@@ -46,7 +46,7 @@ sums are arranged so it does not, each in a stated way:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -218,16 +218,26 @@ def _squares(fresh: NDArray) -> float:
     return float(np.sum(np.square(fresh, out=fresh)))
 
 
+def _distances(pairs: Iterable[tuple[NDArray, NDArray]]) -> Iterator[float]:
+    """Each pair's sum of squared differences, summed pairwise in their :func:`work_dtype`, the
+    differences written into one scratch buffer (no fresh temporary per array)."""
+    scratch = np.empty(0, np.float32)
+    for a, b in pairs:
+        a, b = np.asarray(a), np.asarray(b)
+        dtype = work_dtype(a, b)
+        if scratch.size < a.size or scratch.dtype != dtype:
+            scratch = np.empty(max(a.size, scratch.size), dtype)
+        diff = scratch[:a.size].reshape(a.shape)
+        np.subtract(a, b, out=diff, dtype=dtype)
+        yield _squares(diff)
+
+
 def update_norm(state: State, reference: State) -> float:
     """L2 norm of ``state - reference`` over the update keys (buffers are ignored), each
     array's squares summed pairwise in its :func:`work_dtype`, the arrays' in float64 (module
     docstring)."""
-    total = 0.0
-    for key, ref in reference.items():
-        if is_update(key, ref):
-            arr = np.asarray(state[key])
-            total += _squares(np.subtract(arr, ref, dtype=work_dtype(arr, ref)))
-    return float(np.sqrt(total))
+    return float(np.sqrt(sum(_distances((state[k], ref) for k, ref in reference.items()
+                                        if is_update(k, ref)))))
 
 
 def model_norm(state: State) -> float:
@@ -252,12 +262,11 @@ def within(state: State, other: State, reference: State, limit: float) -> bool:
     distance: the reference cancels), summed as :func:`update_norm` sums, array by array,
     stopping at the first array that puts the pair beyond ``limit``."""
     total, bound = 0.0, limit * limit
-    for key, ref in reference.items():
-        if is_update(key, ref):
-            a, b = np.asarray(state[key]), np.asarray(other[key])
-            total += _squares(np.subtract(a, b, dtype=work_dtype(a, b)))
-            if total > bound:
-                return False
+    for squares in _distances((state[k], other[k]) for k, ref in reference.items()
+                              if is_update(k, ref)):
+        total += squares
+        if total > bound:
+            return False
     return True
 
 
