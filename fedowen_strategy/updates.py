@@ -243,12 +243,8 @@ def update_norm(state: State, reference: State) -> float:
 def model_norm(state: State) -> float:
     """L2 norm of ``state``'s update keys (the global model's size, for ``max-norm-ratio``),
     summed as :func:`update_norm` sums."""
-    total = 0.0
-    for key, arr in state.items():
-        if is_update(key, arr):
-            arr = np.asarray(arr)
-            total += _squares(np.array(arr, dtype=work_dtype(arr)))
-    return float(np.sqrt(total))
+    return float(np.sqrt(sum(_distances((arr, np.zeros((), np.asarray(arr).dtype))
+                                        for key, arr in state.items() if is_update(key, arr)))))
 
 
 def vector_norm(vector: NDArray[np.floating]) -> float:
