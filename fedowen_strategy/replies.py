@@ -16,7 +16,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import is_update
+from fedowen_strategy.updates import model_norm, update_norm
 
 # the message protocol the ClientApp shares (the library's one import from the task module)
 from fedowen_task.protocol import (
@@ -34,13 +34,17 @@ MAX_EXAMPLES = 2**53
 
 @dataclass(frozen=True)
 class ClientUpdate:
-    """One accepted training reply."""
+    """One accepted training reply. ``norm``: its update's
+    :func:`~fedowen_strategy.updates.update_norm` to the global model it was parsed against,
+    where the reply check measured it (``max-norm-ratio`` on), so the guards do not measure it
+    again; None when not measured, and reset by a guard that changes the update."""
 
     node_id: int
     client_id: str
     state: dict[str, NDArray]
     num_examples: int
     train_loss: float
+    norm: float | None = None
 
 
 @dataclass
@@ -112,13 +116,21 @@ def norm_ratio_limit(max_norm_ratio: float, global_norm: float) -> float | None:
 
 
 def _check_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
-                 max_norm_ratio: float) -> str | None:
-    """Reason the state is unusable, or None when it matches ``reference``."""
+                 max_norm_ratio: float, global_norm: float | None = None) -> str | None:
+    """Reason the state is unusable, or None when it matches ``reference`` (whose
+    :func:`~fedowen_strategy.updates.model_norm` is ``global_norm``, computed unless given)."""
+    checked = _measure(state, reference, max_norm_ratio, global_norm)
+    return checked if isinstance(checked, str) else None
+
+
+def _measure(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
+             max_norm_ratio: float, global_norm: float | None) -> str | float | None:
+    """:func:`_check_state`'s reason, else the update's norm where ``max_norm_ratio`` measured
+    it (None when the check is off)."""
     if list(state) != list(reference):
         missing = sorted(set(reference) - set(state))
         extra = sorted(set(state) - set(reference))
         return f"array keys differ from the global model (missing {missing}, extra {extra})"
-    ref_sq, upd_sq = 0.0, 0.0
     for key, ref in reference.items():
         arr = state[key]
         if arr.shape != ref.shape or arr.dtype != ref.dtype:
@@ -129,18 +141,20 @@ def _check_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
         if key.endswith("running_var") and np.any(arr < 0):
             return (f"array {key!r} holds a negative variance ({float(arr.min()):.3g}): a "
                     "normalisation layer's running variance is never below 0")
-        if is_update(key, ref):  # the norms of the update, not of the statistics
-            ref_sq += float(np.sum(np.square(ref, dtype=np.float64)))
-            upd_sq += float(np.sum(np.square(arr.astype(np.float64) - ref)))
-    limit = norm_ratio_limit(max_norm_ratio, float(np.sqrt(ref_sq)))
-    if limit is not None and np.sqrt(upd_sq) > limit:
-        return (f"update norm {np.sqrt(upd_sq):.3g} exceeds {max_norm_ratio} x the global "
-                f"model's norm {np.sqrt(ref_sq):.3g}")
-    return None
+    if global_norm is None:
+        global_norm = model_norm(reference) if max_norm_ratio > 0 else 0.0
+    limit = norm_ratio_limit(max_norm_ratio, global_norm)
+    if limit is None:
+        return None
+    norm = update_norm(state, reference)  # the norm of the update, not of the statistics
+    if norm > limit:
+        return (f"update norm {norm:.3g} exceeds {max_norm_ratio} x the global "
+                f"model's norm {global_norm:.3g}")
+    return norm
 
 
 def _parse_one(msg: Message, reference: Mapping[str, NDArray], arrays_key: str,
-               weight_key: str, max_norm_ratio: float) -> ClientUpdate | str:
+               weight_key: str, max_norm_ratio: float, global_norm: float) -> ClientUpdate | str:
     content = msg.content
     if arrays_key not in content.array_records:
         return f"reply has no ArrayRecord {arrays_key!r} (has {list(content.array_records)})"
@@ -152,9 +166,9 @@ def _parse_one(msg: Message, reference: Mapping[str, NDArray], arrays_key: str,
         return (f"{weight_key}={metrics[weight_key]!r} must be a positive integer "
                 f"(at most {MAX_EXAMPLES})")
     state = record_to_state(content.array_records[arrays_key])
-    reason = _check_state(state, reference, max_norm_ratio)
-    if reason is not None:
-        return reason
+    measured = _measure(state, reference, max_norm_ratio, global_norm)
+    if isinstance(measured, str):
+        return measured
     loss = metrics.get("train-loss", float("nan"))
     if isinstance(loss, list):
         return f"train-loss={loss!r} must be a number"
@@ -164,6 +178,7 @@ def _parse_one(msg: Message, reference: Mapping[str, NDArray], arrays_key: str,
         state=state,
         num_examples=num_examples,
         train_loss=float(loss) if np.isfinite(loss) else float("nan"),
+        norm=measured,
     )
 
 
@@ -202,6 +217,7 @@ def parse_replies(
     """
     out = ParsedReplies()
     seen: set[str] = set()
+    global_norm = model_norm(reference) if max_norm_ratio > 0 else 0.0  # once, not per reply
     for msg in replies:
         who = client_id_of(msg, known)
         if msg.has_error():
@@ -209,7 +225,8 @@ def parse_replies(
             log.warning("client %s failed this round: %s", who, out.failed[who])
             continue
         try:
-            result = _parse_one(msg, reference, arrays_key, weight_key, max_norm_ratio)
+            result = _parse_one(msg, reference, arrays_key, weight_key, max_norm_ratio,
+                                global_norm)
         except Exception as err:  # a malformed record (bad bytes, odd types) drops this reply
             result = f"malformed reply ({type(err).__name__}: {err})"
         if isinstance(result, str):

@@ -10,8 +10,8 @@ same under every strategy (FedOwen's and Flower's) and both backends (``flwr run
 simulation, the inline grid).
 
 This module is the attacks' eyes and hands, not the attacks: it decodes the round's train
-replies into flat float64 updates ``d_i = trained_i - global`` (floating arrays only,
-:mod:`fedowen_strategy.updates`), shows them to the row's ``server`` function as a
+replies into flat updates ``d_i = trained_i - global`` (floating arrays only, in the model's
+float type: :mod:`fedowen_strategy.updates`), shows them to the row's ``server`` function as a
 :class:`~fedowen_task.adversary.server.RoundView` together with the defence's bound
 (:func:`attacker_bound`: FedOwen's own :func:`fedowen_strategy.defences.guards.bound_in_force`, so
 ``max-norm-ratio``, ``update-bound`` and ``norm-cap`` as the guards apply them), adds
@@ -42,7 +42,14 @@ from fedowen_strategy.defences.bounds import lower_median
 from fedowen_strategy.defences.guard_settings import Defence
 from fedowen_strategy.defences.guards import Median, bound_in_force
 from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
-from fedowen_strategy.updates import State, apply_delta, flat_delta, flatten, update_keys
+from fedowen_strategy.updates import (
+    State,
+    apply_delta,
+    flat_delta,
+    model_norm,
+    update_keys,
+    vector_norm,
+)
 from fedowen_task.adversary.attacks import attack_of, server_side
 from fedowen_task.adversary.server import MARGIN, RoundView, jittered, median_faced
 from fedowen_task.protocol import NUM_EXAMPLES_FIELD
@@ -196,7 +203,7 @@ class ByzantineGrid(Grid):
         entry = {"round": server_round, "kind": self.adversary.kind,
                  "clients": [r.client_id for r in bad], "replies": len(rows),
                  "honest": len(honest), **params,
-                 "norms": [float(np.linalg.norm(d)) for d in deltas]}
+                 "norms": [vector_norm(d) for d in deltas]}
         self.log.append(entry)
         log.info("round %d: %s attack by clients %s (%d of %d replies; %s): sent update "
                  "norm(s) %s", server_round, entry["kind"], ", ".join(entry["clients"]),
@@ -213,12 +220,11 @@ class ByzantineGrid(Grid):
 
         @cache
         def facts() -> dict[str, Any]:
-            return {"norms": [float(np.linalg.norm(r.delta)) for r in rows],
+            return {"norms": [vector_norm(r.delta) for r in rows],
                     "examples": [r.examples for r in rows],
-                    "global_norm": float(np.linalg.norm(flatten(global_state,
-                                                                update_keys(global_state)))),
+                    "global_norm": model_norm(global_state),
                     "server_norm": self._server_norm(global_state, server_round),
-                    "others": [float(np.linalg.norm(r.delta)) for r in honest]}
+                    "others": [vector_norm(r.delta) for r in honest]}
 
         def bound(own_examples: int) -> float | None:
             return attacker_bound(self.defence, own_examples=own_examples, attackers=len(bad),
@@ -231,7 +237,7 @@ class ByzantineGrid(Grid):
         if self.server_step is None or self.defence is None or self.defence[1] != "server":
             return None
         step = self.server_step(global_state, server_round)
-        return float(np.linalg.norm(flat_delta(step, global_state)))
+        return vector_norm(flat_delta(step, global_state))
 
 
 def _describe(params: Mapping[str, Any]) -> str:

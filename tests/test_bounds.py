@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -75,3 +77,15 @@ def test_none_keeps_everything() -> None:
 def test_bad_settings_are_refused(mode: str, multiple: float, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         bound_updates([], REF, mode, multiple)
+
+
+def test_a_clipped_update_forgets_the_norm_its_reply_check_measured() -> None:
+    # Prepare: the attacker's norm 20 as the reply check measured it, the others unmeasured
+    updates = [upd("a", 1.0), upd("b", 0.0, 2.0),
+               dataclasses.replace(upd("x", -20.0), norm=20.0)]
+    # Execute: the bound reads the kept norm (20 > 6) and clips
+    out = bound_updates(updates, REF, "clip", 3.0)
+    # Assert: the clipped state's norm is 6 now, so the stale 20 is not carried on
+    assert out.clipped == {"x": pytest.approx(6.0 / 20.0)}
+    assert [u.norm for u in out.updates] == [None, None, None]
+    assert update_norm(out.updates[2].state, REF) == pytest.approx(6.0, rel=1e-6)

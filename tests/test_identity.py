@@ -241,3 +241,19 @@ def test_a_quickstart_clientapp_under_fedowen_explores_every_node(selection: str
     # (Algorithm 2's shift by the minimum had left the never-valued half at probability 0)
     assert [len(r["returned"]) for r in rounds] == [4] * 10
     assert len({c for r in rounds for c in r["selected"]}) >= 7
+
+
+def test_the_copies_screen_reads_the_norms_it_is_given() -> None:
+    # Prepare: two identical updates (norm 5) and a third of another direction, same norm
+    ref = {"w": np.zeros(2, np.float32)}
+    states = [{"w": np.array([3.0, 4.0], np.float32)}, {"w": np.array([3.0, 4.0], np.float32)},
+              {"w": np.array([4.0, 3.0], np.float32)}]
+    # Execute
+    measured = duplicate_groups(states, ref, 1e-6)
+    given = duplicate_groups(states, ref, 1e-6, norms=[5.0, 5.0, 5.0])
+    apart = duplicate_groups(states, ref, 1e-6, norms=[5.0, 6.0, 5.0])
+    # Assert: the copies found with the norms measured or given; the same norm in another
+    # direction is no copy (measured: distance sqrt(2)); norms 5 and 6 cannot be copies at a
+    # tolerance of 1e-6 (the triangle inequality), so that pair is never measured
+    assert measured == given == [[0, 1]]
+    assert apart == []

@@ -104,3 +104,15 @@ def test_short_labels_shorten_only_unnamed_nodes() -> None:
     assert short_label("node:12130585911003349460") == "node:..349460"
     assert short_label("site-a") == "site-a" and short_label("17") == "17"
     assert short_label("node:42") == "node:42"
+
+
+def test_the_check_keeps_each_updates_norm_for_the_guards() -> None:
+    # Prepare: w moves by 1 on each of its 6 entries, b by 0 (norm sqrt(6)); and a reply
+    # checked with max-norm-ratio off
+    moved = {"w": REF["w"] + 1.0, "b": REF["b"]}
+    # Execute
+    measured = parse_replies([reply(moved)], REF, max_norm_ratio=10.0).updates[0]
+    unmeasured = parse_replies([reply(moved)], REF, max_norm_ratio=0.0).updates[0]
+    # Assert: the norm the check measured rides along; none where nothing measured it
+    assert measured.norm == pytest.approx(np.sqrt(6.0), rel=1e-7)
+    assert unmeasured.norm is None

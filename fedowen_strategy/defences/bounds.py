@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import is_update, update_norm
+from fedowen_strategy.updates import combine, is_update, update_norm
 
 if TYPE_CHECKING:  # only a type here: the numpy-only valuation side imports NORM_CAPS
     from fedowen_strategy.replies import ClientUpdate
@@ -96,17 +96,11 @@ def example_bound(norms: Sequence[float], examples: Sequence[int], multiple: flo
 
 def clip_state(state: Mapping[str, NDArray], reference: Mapping[str, NDArray],
                factor: float) -> dict[str, NDArray]:
-    """``reference + factor * (state - reference)`` on the update keys, the buffers as the
-    client sent them (:mod:`fedowen_strategy.updates`)."""
-    out: dict[str, NDArray] = {}
-    for key, ref in reference.items():
-        arr = state[key]
-        if is_update(key, ref):
-            delta = arr.astype(np.float64) - ref
-            out[key] = (ref + factor * delta).astype(ref.dtype)
-        else:
-            out[key] = arr
-    return out
+    """``reference + factor * (state - reference)`` on the update keys (in their dtype:
+    :func:`fedowen_strategy.updates.combine`), the buffers as the client sent them
+    (:mod:`fedowen_strategy.updates`)."""
+    return {key: combine(ref, [state[key]], [factor]) if is_update(key, ref) else state[key]
+            for key, ref in reference.items()}
 
 
 def bound_updates(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArray],
@@ -124,7 +118,7 @@ def bound_updates(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArr
         raise ValueError(f"update-bound-multiple={multiple!r} must be > 1 (e.g. 3)")
     if mode == "none" or not updates:
         return BoundedRound(list(updates))
-    norms = [update_norm(u.state, reference) for u in updates]
+    norms = norms_of(updates, reference)
     per_example = example_bound(norms, [u.num_examples for u in updates], multiple)
     out = BoundedRound([], bound=per_example)
     for upd, norm in zip(updates, norms, strict=True):
@@ -140,10 +134,18 @@ def bound_updates(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArr
         else:
             factor = bound / norm
             out.clipped[upd.client_id] = factor
-            out.updates.append(replace(upd, state=clip_state(upd.state, reference, factor)))
+            out.updates.append(replace(upd, state=clip_state(upd.state, reference, factor),
+                                       norm=None))
             log.info("clipped the update of client %s from norm %.3g to %.3g", upd.client_id,
                      norm, bound)
     return out
+
+
+def norms_of(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArray]) -> list[float]:
+    """Each update's :func:`update_norm` to ``reference``: the one the reply check measured
+    (``ClientUpdate.norm``, against the same global model) where it did."""
+    return [upd.norm if upd.norm is not None else update_norm(upd.state, reference)
+            for upd in updates]
 
 
 def lower_median(values: Sequence[float]) -> float | None:
@@ -169,12 +171,13 @@ def cap_norms(updates: Sequence[ClientUpdate], reference: Mapping[str, NDArray],
     """
     out = BoundedRound([], bound=cap)
     if norms is None:
-        norms = [update_norm(upd.state, reference) for upd in updates]
+        norms = norms_of(updates, reference)
     for upd, norm in zip(updates, norms, strict=True):
         if cap is None or norm == 0.0 or norm == cap or (norm < cap and not exactly):
             out.updates.append(upd)
             continue
         factor = cap / norm
         out.clipped[upd.client_id] = factor
-        out.updates.append(replace(upd, state=clip_state(upd.state, reference, factor)))
+        out.updates.append(replace(upd, state=clip_state(upd.state, reference, factor),
+                                       norm=None))
     return out

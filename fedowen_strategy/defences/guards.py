@@ -38,7 +38,13 @@ from typing import Any
 
 from numpy.typing import NDArray
 
-from fedowen_strategy.defences.bounds import bound_updates, cap_norms, example_bound, lower_median
+from fedowen_strategy.defences.bounds import (
+    bound_updates,
+    cap_norms,
+    example_bound,
+    lower_median,
+    norms_of,
+)
 from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.defences.links import (
     duplicate_groups,
@@ -51,7 +57,7 @@ from fedowen_strategy.defences.server_direction import filter_server_direction
 from fedowen_strategy.defences.statistics import cap_statistics
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ClientUpdate, norm_ratio_limit
-from fedowen_strategy.updates import cosine_matrix, gram_matrix, update_norm
+from fedowen_strategy.updates import cosine_matrix, update_norm
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +166,7 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
                                                                 server_update())
         out.rejected.update(against)
         out.record["server_cosines"] = cosines
-    reference = _cap(out, global_state, guards, norm_cap, server_update)
+    reference, norms = _cap(out, global_state, guards, norm_cap, server_update)
     statistics = cap_statistics(out.updates, global_state, guards.statistics_cap)
     if statistics.cap is not None:
         out.updates = statistics.updates
@@ -171,11 +177,12 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
     if reference and guards.value_cap_multiple > 0 and value_players:
         value_cap = guards.value_cap_multiple * reference
         valued = cap_norms(out.updates, global_state, value_cap,
-                           exactly=guards.value_cap_mode == "exactly")
+                           exactly=guards.value_cap_mode == "exactly",
+                           norms=[norms[u.client_id] for u in out.updates] if norms else None)
         out.valued = [u.state for u in valued.updates]
         out.record.update(value_cap=value_cap, value_capped=valued.clipped)
     if out.updates:
-        out.groups = _groups(out, global_state, guards, value_players)
+        out.groups = _groups(out, global_state, guards, value_players, norms)
     if out.copies:
         log.warning("round %d: copies share one weight and are linked (not selected again, no "
                     "payout): %s", server_round, out.copies)
@@ -186,33 +193,40 @@ def guard_round(updates: Sequence[ClientUpdate], global_state: Mapping[str, NDAr
 
 
 def _cap(out: GuardedRound, global_state: Mapping[str, NDArray], guards: Guards, norm_cap: str,
-         server_update: Callable[[], Mapping[str, NDArray]] | None) -> float | None:
-    """The norm cap applied to ``out.updates`` (recorded); returns its reference norm."""
+         server_update: Callable[[], Mapping[str, NDArray]] | None
+         ) -> tuple[float | None, dict[str, float]]:
+    """The norm cap applied to ``out.updates`` (recorded); returns its reference norm and the
+    updates' norms after it by client id (empty when no norm was measured), so the value cap
+    and the copies screen measure no update twice."""
     if norm_cap == "none" or not out.updates:
-        return None
+        return None, {}
     server_norm = (update_norm(server_update(), global_state)
                    if norm_cap == "server" and server_update is not None else None)
-    norms = [] if server_norm is not None else [update_norm(u.state, global_state)
-                                                for u in out.updates]
+    norms = [] if server_norm is not None else norms_of(out.updates, global_state)
     reference = cap_reference(norm_cap, norms, server_norm)
     cap = norm_cap_at(guards, reference)
     capped = cap_norms(out.updates, global_state, cap, norms=norms or None)
     out.updates = capped.updates
     out.record.update(norm_cap=cap, capped=capped.clipped)
-    return reference
+    if not norms:
+        return reference, {}
+    return reference, {u.client_id: update_norm(u.state, global_state)
+                       if u.client_id in capped.clipped else norm
+                       for u, norm in zip(capped.updates, norms, strict=True)}
 
 
 def _groups(out: GuardedRound, global_state: Mapping[str, NDArray], guards: Guards,
-            value_players: bool) -> list[list[int]]:
-    """Copies merged with near-parallel updates; fills ``copies``, ``cosines``, ``links``."""
+            value_players: bool, norms: Mapping[str, float]) -> list[list[int]]:
+    """Copies merged with near-parallel updates; fills ``copies``, ``cosines``, ``links``.
+    ``norms``: the updates' norms by client id, where the norm cap measured them."""
     states = [u.state for u in out.updates]
     ids = [u.client_id for u in out.updates]
-    gram = gram_matrix(states, global_state)  # once: the copy screen and the cosines
-    copies = duplicate_groups(states, global_state, guards.duplicate_tolerance, gram)
+    copies = duplicate_groups(states, global_state, guards.duplicate_tolerance,
+                              [norms[c] for c in ids] if norms else None)
     out.copies = [[ids[i] for i in g] for g in copies]
     if not value_players or len(states) < 2:
         return copies
-    cosines = cosine_matrix(states, global_state, gram)
+    cosines = cosine_matrix(states, global_state)
     if len(states) <= RECORD_COSINES_UP_TO:  # the honest pairs' distribution (links)
         out.record["cosines"] = upper_triangle(cosines)
     near = link_groups(cosines, guards.link_cosine)

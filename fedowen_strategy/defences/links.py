@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import State, flat_delta, gram_matrix, update_keys
+from fedowen_strategy.updates import State, combine, is_update, update_norm, within
 
 
 def components(n: int, edges: Sequence[tuple[int, int]]) -> list[list[int]]:
@@ -117,16 +117,25 @@ def quotient(states: Sequence[State], num_examples: Sequence[int],
              ) -> tuple[list[list[int]], list[dict[str, NDArray]], list[int]]:
     """The quotient game's players: each group of linked updates becomes one player whose
     state is its members' mean and whose example count is their mean (k copies count as one);
-    the others stay as they are. Players are ordered by their first member."""
+    the others stay as they are. Players are ordered by their first member. The update keys'
+    mean is a step from the first member (:func:`fedowen_strategy.updates.combine`), the
+    buffers' a float64 mean."""
     grouped = {i for g in groups for i in g}
     players = sorted([sorted(g) for g in groups] + [[i] for i in range(len(states))
                                                     if i not in grouped])
-    merged = [dict(states[p[0]]) if len(p) == 1 else
-              {key: np.mean([np.asarray(states[i][key], np.float64) for i in p], axis=0)
-               .astype(np.asarray(states[p[0]][key]).dtype) for key in states[p[0]]}
+    merged = [dict(states[p[0]]) if len(p) == 1 else _mean_state([states[i] for i in p])
               for p in players]
     examples = [round(float(np.mean([num_examples[i] for i in p]))) for p in players]
     return players, merged, examples
+
+
+def _mean_state(members: Sequence[State]) -> dict[str, NDArray]:
+    """The members' mean state, key by key, in the first member's dtypes."""
+    first = members[0]
+    weights = [1.0 / len(members)] * len(members)
+    return {key: combine(arr, [m[key] for m in members], weights) if is_update(key, arr) else
+            np.mean([np.asarray(m[key], np.float64) for m in members], axis=0)
+            .astype(np.asarray(arr).dtype) for key, arr in first.items()}
 
 
 def split_among(values: NDArray[np.float64], players: Sequence[Sequence[int]]
@@ -139,8 +148,12 @@ def split_among(values: NDArray[np.float64], players: Sequence[Sequence[int]]
     return out
 
 
+#: The copies screen's allowance for the rounding of two update norms (relative).
+NORM_SLACK = 1e-4
+
+
 def duplicate_groups(states: Sequence[State], reference: State, tolerance: float,
-                     gram: NDArray[np.float64] | None = None) -> list[list[int]]:
+                     norms: Sequence[float] | None = None) -> list[list[int]]:
     """Groups (of two or more) of near-duplicate updates: ``i`` and ``j`` are near-duplicates
     when ``||d_i - d_j|| <= tolerance * max(||d_i||, ||d_j||)`` for their deltas ``d`` to
     ``reference``; groups are connected components. An unchanged model (``d = 0``) is no one's
@@ -148,27 +161,19 @@ def duplicate_groups(states: Sequence[State], reference: State, tolerance: float
     one-class clients of a collapsed model, docs/results/duplicates/), and it is a null player
     in the delta game anyway.
 
-    The pairs are screened on the updates' Gram matrix (:func:`~fedowen_strategy.updates.
-    gram_matrix`, computed unless given): ``||d_i - d_j||^2 = G_ii + G_jj - 2 G_ij`` up to a
-    rounding error below ``4 D eps max(G_ii, G_jj)`` for ``D`` entries, so only the pairs within
-    the tolerance plus twice that margin are measured on their flat deltas, as every pair was
-    before (the same decisions; on ResNet-18's 11M entries the flat copies of every update
-    were most of a round's server time: benchmarks/bench_server_numpy.py)."""
+    ``norms``: the updates' :func:`~fedowen_strategy.updates.update_norm` where the caller has
+    them (computed unless given). A pair can be near-duplicates only if their norms differ by at
+    most ``tolerance`` x the larger (the triangle inequality), so only pairs within that plus
+    :data:`NORM_SLACK` (far above the norms' rounding, about 1e-8) are measured, and
+    ``d_i - d_j = W_i - W_j`` is measured array by array, stopping at the first array that puts
+    the pair beyond the tolerance: a pair that is no copy costs a few arrays, not a flat
+    float64 copy of both updates (on ResNet-18's 11M entries those copies were most of a
+    round's server time: benchmarks/bench_server_numpy.py)."""
     if tolerance <= 0 or len(states) < 2:
         return []
-    gram = gram_matrix(states, reference) if gram is None else gram
-    keys = update_keys(reference)
-    entries = sum(np.asarray(reference[k]).size for k in keys)
-    screen = tolerance ** 2 + 8 * entries * float(np.finfo(np.float64).eps)
-    sq = np.diag(gram)
+    norms = [update_norm(s, reference) for s in states] if norms is None else list(norms)
     n = len(states)
-    near = [(i, j) for i in range(n) for j in range(i + 1, n) if sq[i] > 0 and sq[j] > 0
-            and sq[i] + sq[j] - 2 * gram[i, j] <= screen * max(sq[i], sq[j])]
-    deltas: dict[int, NDArray[np.float64]] = {}
-    norms: dict[int, float] = {}
-    for i in sorted({i for pair in near for i in pair}):
-        deltas[i] = flat_delta(states[i], reference, keys)
-        norms[i] = float(np.linalg.norm(deltas[i][None, :], axis=1)[0])
-    return components(n, [(i, j) for i, j in near if norms[i] > 0 and norms[j] > 0
-                          and np.linalg.norm(deltas[i] - deltas[j])
-                          <= tolerance * max(norms[i], norms[j])])
+    near = [(i, j) for i in range(n) for j in range(i + 1, n) if norms[i] > 0 and norms[j] > 0
+            and abs(norms[i] - norms[j]) <= (tolerance + NORM_SLACK) * max(norms[i], norms[j])]
+    return components(n, [(i, j) for i, j in near if within(
+        states[i], states[j], reference, tolerance * max(norms[i], norms[j]))])

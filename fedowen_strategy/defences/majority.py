@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import flat_deltas
+from fedowen_strategy.updates import flat_deltas, gram_cosines, row_gram
 
 if TYPE_CHECKING:
     from fedowen_strategy.replies import ClientUpdate
@@ -31,14 +31,13 @@ UPDATE_FILTERS = ("none", "majority", "server-direction")
 FLAME_NOISE = 0.001
 
 
-def cosine_distances(flat: NDArray[np.float64]) -> NDArray[np.float64]:
-    """``1 - cos`` between every pair of rows (a zero row is at distance 1 from all)."""
-    norms = np.linalg.norm(flat, axis=1)
-    unit = flat / np.where(norms > 0, norms, 1.0)[:, None]
-    return np.clip(1.0 - unit @ unit.T, 0.0, 2.0)
+def cosine_distances(flat: NDArray[np.floating]) -> NDArray[np.float64]:
+    """``1 - cos`` between every pair of rows (a zero row is at distance 1 from all), the
+    cosines in float64 (:func:`fedowen_strategy.updates.row_gram`)."""
+    return np.clip(1.0 - gram_cosines(row_gram(flat)), 0.0, 2.0)
 
 
-def majority_cluster(flat: NDArray[np.float64]) -> NDArray[np.bool_]:
+def majority_cluster(flat: NDArray[np.floating]) -> NDArray[np.bool_]:
     """Which rows lie in HDBSCAN's largest cluster of cosine distances (min cluster size a
     strict majority); every row when there are fewer than 3, or when no cluster forms."""
     n = len(flat)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import State, update_keys, update_norm
+from fedowen_strategy.updates import State, update_keys, update_norm, work_dtype
 
 
 def sign_agreement(deltas: NDArray[np.floating]) -> NDArray[np.float64]:
@@ -50,10 +50,14 @@ def guard_aggregate(average: Mapping[str, NDArray], states: Sequence[State],
     keys = update_keys(global_state)
     if robust_lr_threshold > 0:
         reversed_, total = 0, 0
-        for key in keys:
-            ref = global_state[key].astype(np.float64)
-            mask = robust_lr_mask(np.stack([s[key] - ref for s in states]), robust_lr_threshold)
-            out[key] = (ref + mask * (out[key] - ref)).astype(global_state[key].dtype)
+        for key in keys:  # in the model's float type (fedowen_strategy.updates)
+            ref = np.asarray(global_state[key])
+            dtype = work_dtype(ref, *(s[key] for s in states))
+            mask = robust_lr_mask(np.stack([np.subtract(s[key], ref, dtype=dtype)
+                                            for s in states]), robust_lr_threshold)
+            step = np.subtract(out[key], ref, dtype=dtype)
+            step *= mask.astype(dtype)
+            out[key] = (step + ref).astype(ref.dtype, copy=False)
             reversed_ += int(np.count_nonzero(mask < 0))
             total += mask.size
         record["robust_lr_reversed"] = reversed_ / max(total, 1)

@@ -30,7 +30,7 @@ from fedowen_strategy.updates import (
     State,
     apply_delta,
     average_buffers,
-    flat_delta,
+    flat_deltas,
     update_keys,
 )
 
@@ -50,8 +50,8 @@ class UpdateWeighted(FedAvg):
 
     @abstractmethod
     def combine(self, server_round: int, reference: State, client_ids: list[str],
-                deltas: NDArray[np.float64], keys: list[str]
-                ) -> tuple[NDArray[np.float64] | None, NDArray[np.float64], dict[str, Any]]:
+                deltas: NDArray[np.floating], keys: list[str]
+                ) -> tuple[NDArray[np.floating] | None, NDArray[np.float64], dict[str, Any]]:
         """(aggregate delta or None to keep the global model, per-client weights, extra
         record fields) for one round's flat updates ``deltas`` (one row per client)."""
 
@@ -77,7 +77,7 @@ class UpdateWeighted(FedAvg):
             self.round_record["kept_global"] = "no usable update"
             return None, MetricRecord({"num-returned": 0})
         keys = update_keys(reference)
-        deltas = np.stack([flat_delta(u.state, reference, keys) for u in parsed.updates])
+        deltas = flat_deltas([u.state for u in parsed.updates], reference, keys)
         delta, weights, extra = self.combine(server_round, reference, ids, deltas, keys)
         if delta is not None and not np.isfinite(delta).all():
             delta, extra = None, {**extra, "kept_global": "the aggregate is not finite"}

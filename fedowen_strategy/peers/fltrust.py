@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
 from fedowen_strategy.peers import UpdateWeighted
-from fedowen_strategy.updates import State, cosines_to, flat_delta
+from fedowen_strategy.updates import State, cosines_to, flat_delta, vector_norm
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,14 @@ log = logging.getLogger(__name__)
 ServerUpdate = Callable[[dict[str, NDArray], int], Mapping[str, NDArray]]
 
 
-def trust_scores(deltas: NDArray[np.float64], server_delta: NDArray[np.float64]
+def trust_scores(deltas: NDArray[np.floating], server_delta: NDArray[np.floating]
                  ) -> NDArray[np.float64]:
     """``ReLU(cos(g_i, g0))`` per row of ``deltas``; 0 where either vector is 0."""
     return np.maximum(cosines_to(deltas, server_delta), 0.0)
 
 
-def fltrust_aggregate(deltas: NDArray[np.float64], server_delta: NDArray[np.float64]
-                      ) -> tuple[NDArray[np.float64] | None, NDArray[np.float64],
+def fltrust_aggregate(deltas: NDArray[np.floating], server_delta: NDArray[np.floating]
+                      ) -> tuple[NDArray[np.floating] | None, NDArray[np.float64],
                                  NDArray[np.float64]]:
     """(aggregate update or None when no client is trusted, weights ``TS_i / sum TS``,
     trust scores ``TS_i``) of one round; every update is rescaled to ``||g0||``."""
@@ -62,10 +62,11 @@ def fltrust_aggregate(deltas: NDArray[np.float64], server_delta: NDArray[np.floa
     if total == 0.0:
         return None, np.zeros(len(deltas)), trust
     weights = trust / total
-    norms = np.linalg.norm(deltas, axis=1)
-    scale = np.divide(np.linalg.norm(server_delta), norms, out=np.zeros(len(deltas)),
+    norms = np.array([vector_norm(row) for row in deltas])
+    scale = np.divide(vector_norm(server_delta), norms, out=np.zeros(len(deltas)),
                       where=norms > 0)
-    return (weights * scale) @ deltas, weights, trust
+    # one matrix-vector product in the updates' dtype (no float64 copy of them)
+    return (weights * scale).astype(deltas.dtype) @ deltas, weights, trust
 
 
 class FLTrust(UpdateWeighted):
@@ -101,8 +102,8 @@ class FLTrust(UpdateWeighted):
         super().summary()
 
     def combine(self, server_round: int, reference: State, client_ids: list[str],
-                deltas: NDArray[np.float64], keys: list[str]
-                ) -> tuple[NDArray[np.float64] | None, NDArray[np.float64], dict[str, Any]]:
+                deltas: NDArray[np.floating], keys: list[str]
+                ) -> tuple[NDArray[np.floating] | None, NDArray[np.float64], dict[str, Any]]:
         server_state = self.server_update(dict(reference), server_round)
         g0 = flat_delta(server_state, reference, keys)
         if not np.isfinite(g0).all():
@@ -112,7 +113,7 @@ class FLTrust(UpdateWeighted):
                                "training diverged)"}
         delta, weights, trust = fltrust_aggregate(deltas, g0)
         extra: dict[str, Any] = {"trust": dict(zip(client_ids, trust.tolist(), strict=True)),
-                                 "server_update_norm": float(np.linalg.norm(g0))}
+                                 "server_update_norm": vector_norm(g0)}
         if delta is None:
             extra["kept_global"] = ("every trust score is 0 (no update points the server "
                                     "update's way)")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from fedowen_strategy.updates import State, average_buffers
+from fedowen_strategy.updates import State, average_buffers, combine
 
 #: How a round's updates are weighted: softmax(phi / T), softmax over the updates with
 #: phi > 0 only (the others get 0), FedAvg's num-examples, equal.
@@ -105,7 +105,9 @@ def mix_and_cap(weights: NDArray[np.float64], uniform_mix: float = 0.0,
 def weighted_average(states: Sequence[State], weights: NDArray[np.float64]) -> dict[str, NDArray]:
     """Weighted sum ``sum_i w_i * states[i]`` key by key (weights must sum to 1).
 
-    Floating arrays keep their dtype; buffers (BatchNorm's running statistics and its
+    Floating arrays keep their dtype, summed in it as a step from ``states[0]``
+    (:func:`fedowen_strategy.updates.combine`: ``W states[0] + sum_i w_i (states[i] -
+    states[0])``, ``W`` the weights' sum); buffers (BatchNorm's running statistics and its
     ``num_batches_tracked``) follow the buffer rule of :mod:`fedowen_strategy.updates`: the same
     weighted average, counters rounded. Every array keeps its shape, 0-d included.
     """
@@ -120,10 +122,8 @@ def weighted_average(states: Sequence[State], weights: NDArray[np.float64]) -> d
         if key in buffers:
             out[key] = buffers[key]
             continue
-        acc = np.zeros(np.shape(first), dtype=np.float64)
-        for w, state in zip(weights, states, strict=True):
-            acc += w * state[key]
-        out[key] = acc.astype(np.asarray(first).dtype)
+        out[key] = combine(first, [state[key] for state in states], weights,
+                           float(weights.sum()))
     return out
 
 
@@ -148,9 +148,5 @@ def step_average(states: Sequence[State], weights: NDArray[np.float64], referenc
         if key in buffers:
             out[key] = buffers[key]
             continue
-        base = np.asarray(ref, dtype=np.float64)
-        acc = base.copy()
-        for w, state in zip(weights, states, strict=True):
-            acc += w * (np.asarray(state[key], np.float64) - base)
-        out[key] = acc.astype(np.asarray(ref).dtype)
+        out[key] = combine(ref, [state[key] for state in states], weights)
     return out
