@@ -80,7 +80,7 @@ class _DataKeys:
                                rule=within(0, 1, closed="()"))
     validation_fraction: float = key(0.0, "a validation set's share (0: none)")
     seed: int = key(0, "the run's seed")
-    # the local-training recipe's keys (fedowen_task.recipe) declares these
+    # the local-training recipe's keys (fedowen_task.recipe declares them)
     lr: float = owned(RecipeKeys, "lr")
     momentum: float = owned(RecipeKeys, "momentum")
     batch_size: int = owned(RecipeKeys, "batch_size")

@@ -26,7 +26,7 @@ def test_keys_left_unset_take_the_models_recipe() -> None:
         "resnet18", 0.01, 0.5, 10)
     assert cifar.train_config() == model_recipe("resnet18") == TrainConfig(lr=0.01)
     assert mnist.train_config() == TrainConfig() and mnist.lr == 0.05
-    assert (gn.lr, gn.weight_decay, gn.local_epochs) == (0.01, 0.0, 1)
+    assert (gn.lr, gn.weight_decay, gn.local_epochs) == (0.003, 0.0, 1)
 
 
 def test_a_key_that_is_set_overrides_its_field_alone() -> None:
@@ -45,7 +45,7 @@ def test_resolving_twice_changes_nothing_and_the_client_resolves_as_the_server()
     client = parse_task_config(run_config)
     # Assert
     assert server.with_recipe() == server
-    assert server.train_config() == client.train_config() == TrainConfig(lr=0.01,
+    assert server.train_config() == client.train_config() == TrainConfig(lr=0.003,
                                                                            batch_size=20)
     assert TaskConfig().lr == FROM_MODEL["lr"] == 0.0
 
