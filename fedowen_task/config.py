@@ -16,8 +16,8 @@ from __future__ import annotations
 import difflib
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Self, TypeVar
 
 from fedowen_task.adversary.keys import AdversaryConfig, Trigger
 from fedowen_task.declare import (
@@ -31,10 +31,10 @@ from fedowen_task.declare import (
     rule_problems,
     within,
 )
-from fedowen_task.recipe import TrainConfig, recipe_problems
+from fedowen_task.recipe import RecipeKeys, TrainConfig, keys_problems
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
-_RECIPE_KEYS = {f.name: f.name.replace("_", "-") for f in fields(TrainConfig)}
+_RECIPE_KEYS = {f.name: f.name.replace("_", "-") for f in fields(RecipeKeys)}
 
 
 class ConfigError(ValueError):
@@ -65,8 +65,8 @@ class _DataKeys:
     """The data, partition and local-training keys."""
 
     dataset: str = key("mnist", "mnist | fashion-mnist | cifar10 | femnist | medmnist[:flag]")
-    model: str = key("auto", "a built-in network or module:factory; auto: resnet18 for cifar10, "
-                     "else lenet")
+    model: str = key("auto", "lenet | cnn | resnet18 | resnet18-gn (GroupNorm) | module:factory;"
+                     " auto: resnet18 for cifar10, else lenet")
     data_dir: str = key("", "where the data is (empty: $FEDOWEN_DATA, else "
                         "~/.cache/fedowen/data)", rule=ABSOLUTE_PATH)
     download: bool = key(False, "fetch a missing dataset (needs internet)")
@@ -80,12 +80,12 @@ class _DataKeys:
                                rule=within(0, 1, closed="()"))
     validation_fraction: float = key(0.0, "a validation set's share (0: none)")
     seed: int = key(0, "the run's seed")
-    # the local-training recipe (fedowen_task.recipe) declares these
-    lr: float = owned(TrainConfig, "lr")
-    momentum: float = owned(TrainConfig, "momentum")
-    batch_size: int = owned(TrainConfig, "batch_size")
-    local_epochs: int = owned(TrainConfig, "local_epochs")
-    weight_decay: float = owned(TrainConfig, "weight_decay")
+    # the local-training recipe's keys (fedowen_task.recipe declares them)
+    lr: float = owned(RecipeKeys, "lr")
+    momentum: float = owned(RecipeKeys, "momentum")
+    batch_size: int = owned(RecipeKeys, "batch_size")
+    local_epochs: int = owned(RecipeKeys, "local_epochs")
+    weight_decay: float = owned(RecipeKeys, "weight_decay")
     client_max_samples: int = key(0, "a cap on each client's examples (0: none)",
                                   rule=at_least(0, " (0 = no cap)"))
     device: str = key("auto", "where to train, value and evaluate: auto | cpu | cuda | cuda:N")
@@ -141,8 +141,21 @@ class TaskConfig(_AdversaryKeys, _DataKeys):
         return "resnet18" if self.dataset == "cifar10" else "lenet"
 
     def train_config(self) -> TrainConfig:
-        """The local-training recipe these keys describe (the one mapping)."""
-        return TrainConfig(**{f.name: getattr(self, f.name) for f in fields(TrainConfig)})
+        """The local-training recipe the run trains with, resolved here alone: the model
+        (``auto`` as :meth:`model_name` says), its recipe
+        (:func:`fedowen_task.models.model_recipe`), and over it every recipe key that is set
+        (:meth:`fedowen_task.recipe.RecipeKeys.over`; a key at its "not set" value leaves the
+        model's field)."""
+        from fedowen_task.models import model_recipe  # imports torch: only when training
+
+        keys = RecipeKeys(**{f.name: getattr(self, f.name) for f in fields(RecipeKeys)})
+        return keys.over(model_recipe(self.model_name()))
+
+    def with_recipe(self) -> Self:
+        """These keys with the recipe's in place of each "not set" value: what
+        :func:`parse_config` returns, so ``config.json`` records the recipe the run trains
+        with (and a cell's record compares with today's as it ran: ``sim.results``)."""
+        return replace(self, **asdict(self.train_config()))
 
     def problems(self) -> list[str]:
         """Out-of-range values of the task keys."""
@@ -160,14 +173,25 @@ class TaskConfig(_AdversaryKeys, _DataKeys):
         ]
         bad = [message for ok, message in checks if not ok] + rule_problems(self)
         bad += self.adversary_problems()
-        bad += recipe_problems(self, _RECIPE_KEYS)
+        bad += keys_problems(self, _RECIPE_KEYS)
         bad += one_of("dataset", self.dataset.split(":", 1)[0], DATASETS)
         bad += (model_problems(self.model) if ":" in self.model  # a user's module:factory
                 else one_of("model", self.model, ("auto", *MODELS)))
+        if not bad:  # the model's own recipe (a user's factory may declare a bad one)
+            bad += recipe_problems_of(self)
         bad += device_problems(self.device)
         bad += one_of("partition-scheme", self.partition_scheme, SCHEMES)
         bad += one_of("adversary-kind", self.adversary_kind, kinds())
         return bad
+
+
+def recipe_problems_of(cfg: TaskConfig) -> list[str]:
+    """Why ``cfg``'s recipe cannot be resolved (a user's factory's declared recipe)."""
+    try:
+        cfg.train_config()
+    except ValueError as err:
+        return [str(err)]
+    return []
 
 
 C = TypeVar("C", bound=TaskConfig)
@@ -187,7 +211,8 @@ def _typed(key: str, value: Any, type_name: str) -> tuple[Any, str | None]:
 
 
 def parse_config(cls: type[C], run_config: Mapping[str, Any], *, strict: bool = True) -> C:
-    """Validate ``run_config`` against ``cls`` and freeze it.
+    """Validate ``run_config`` against ``cls`` and freeze it, the recipe's keys resolved
+    (:meth:`TaskConfig.with_recipe`: each "not set" one holds the model's value).
 
     Parameters
     ----------
@@ -223,7 +248,7 @@ def parse_config(cls: type[C], run_config: Mapping[str, Any], *, strict: bool = 
     problems += cfg.problems()
     if problems:
         raise ConfigError(problems)
-    return cfg
+    return cfg.with_recipe()
 
 
 def parse_task_config(run_config: Mapping[str, Any]) -> TaskConfig:

@@ -1,5 +1,6 @@
 """Models shared by the client and server apps: LeNet-5, a small CNN for 32x32 images, a
-CIFAR-style ResNet-18, or the user's own network.
+CIFAR-style ResNet-18 with BatchNorm (``resnet18``) or with GroupNorm (``resnet18-gn``), or
+the user's own network.
 
 ``model = "package.module:factory"`` names a callable ``factory(in_channels, num_classes) ->
 nn.Module``, imported the same way by the ServerApp and every ClientApp (so the module must be
@@ -7,14 +8,18 @@ importable by both: inside the app's folder, which ``flwr run`` ships, or instal
 network with BatchNorm works: its buffers travel with the parameters (the buffer rule of
 :mod:`fedowen_strategy.updates`).
 
+Each built-in carries its local-training recipe as a ``recipe`` attribute (a
+:class:`~fedowen_task.recipe.TrainConfig`; :func:`model_recipe`); a user's factory may carry
+one the same way (a ``TrainConfig`` or a mapping of its fields), else it trains with the base
+recipe (LeNet's). The run-config keys override any of it (``TaskConfig.train_config``).
+
 The first layer of each is called ``stem`` (its arrays are ``stem.weight`` / ``stem.bias`` in
 every checkpoint and ArrayRecord).
 
 References
 ----------
 LeCun et al., "Gradient-based learning applied to document recognition", Proc. IEEE 1998.
-He et al., "Deep residual learning for image recognition", CVPR 2016 (CIFAR variant: 3x3 stem
-conv, stride 1, no max-pool).
+ResNet-18 and its references: :mod:`fedowen_task.resnet`.
 """
 
 from __future__ import annotations
@@ -22,15 +27,20 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import fields
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedowen_task.recipe import TrainConfig
+from fedowen_task.resnet import ResNet18, ResNet18GN
+
 logger = logging.getLogger(__name__)
 
-MODELS = ("lenet", "resnet18", "cnn")
+MODELS = ("lenet", "resnet18", "resnet18-gn", "cnn")
 
 
 class LeNet5(nn.Module):
@@ -38,6 +48,9 @@ class LeNet5(nn.Module):
 
     #: The first convolution's padding: 2 keeps a 28x28 input's 5x5 maps after two pools.
     STEM_PADDING = 2
+    #: The recipe the confirmation's tuning picked (:class:`~fedowen_task.recipe.TrainConfig`'s
+    #: defaults; the small CNN inherits it).
+    recipe = TrainConfig()
 
     def __init__(self, in_channels: int, num_classes: int) -> None:
         super().__init__()
@@ -68,53 +81,8 @@ class SmallCNN(LeNet5):
     STEM_PADDING = 0
 
 
-class BasicBlock(nn.Module):
-    """ResNet basic block: two 3x3 convs with BatchNorm, identity or 1x1-conv shortcut."""
-
-    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.shortcut: nn.Module = nn.Identity()
-        if stride != 1 or in_planes != planes:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), nn.BatchNorm2d(planes)
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
-
-
-class ResNet18(nn.Module):
-    """ResNet-18 for 32x32 inputs (CIFAR variant): 3x3 stride-1 stem, no max-pool."""
-
-    def __init__(self, in_channels: int, num_classes: int) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        layers: list[nn.Module] = []
-        in_planes = 64
-        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            layers.append(
-                nn.Sequential(BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes))
-            )
-            in_planes = planes
-        self.layer1, self.layer2, self.layer3, self.layer4 = layers
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.relu(self.bn1(self.stem(x)))
-        h = self.layer4(self.layer3(self.layer2(self.layer1(h))))
-        return self.fc(torch.flatten(self.avgpool(h), 1))
-
-
-_BUILDERS: dict[str, Callable[[int, int], nn.Module]] = {"lenet": LeNet5, "resnet18": ResNet18,
-                                                         "cnn": SmallCNN}
+_BUILDERS: dict[str, Callable[[int, int], nn.Module]] = {
+    "lenet": LeNet5, "resnet18": ResNet18, "resnet18-gn": ResNet18GN, "cnn": SmallCNN}
 
 
 Factory = Callable[[int, int], nn.Module]
@@ -160,6 +128,38 @@ def model_problems(name: str) -> list[str]:
     except ValueError as err:
         return [str(err)]
     return []
+
+
+def model_recipe(name: str) -> TrainConfig:
+    """The recipe ``model = name`` trains with where no run-config key overrides it.
+
+    A built-in's ``recipe`` attribute; a user's factory's ``recipe`` attribute, a
+    :class:`~fedowen_task.recipe.TrainConfig` or a mapping of some of its fields (snake- or
+    kebab-case: ``{"lr": 0.01, "batch-size": 20}``; the rest are the base recipe's, LeNet's);
+    a factory without one: the base recipe, ``TrainConfig()``.
+
+    Raises
+    ------
+    ValueError
+        Naming the ``model`` key when the declared recipe is not one, or invalid.
+    """
+    declared: Any = getattr(model_factory(name), "recipe", None)
+    if declared is None or isinstance(declared, TrainConfig):
+        return declared or TrainConfig()
+    if not isinstance(declared, Mapping):
+        raise ValueError(f"model={name!r}: its recipe attribute is a {type(declared).__name__};"
+                         " expected a fedowen_task.recipe.TrainConfig or a mapping of its "
+                         "fields (e.g. {'lr': 0.01})")
+    names = [f.name for f in fields(TrainConfig)]
+    given = {str(k).replace("-", "_"): v for k, v in declared.items()}
+    if unknown := sorted(set(given) - set(names)):
+        raise ValueError(f"model={name!r}: its recipe names {', '.join(unknown)}, not fields "
+                         f"of the recipe ({', '.join(names)})")
+    try:
+        return TrainConfig(**given)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"model={name!r}: its recipe {dict(declared)!r} is invalid: "
+                         f"{err}") from err
 
 
 def build_model(

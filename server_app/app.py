@@ -132,7 +132,8 @@ def record_start(cfg: RunConfig, recorder: RunRecorder, done: int, num_nodes: in
     not recompute it. Simulation only: partitions are numbered 0..N-1 with N the nodes
     connected at the start (``num-supernodes``)."""
     if not done:
-        recorder.write_json("config.json", asdict(cfg))
+        recorder.write_json("config.json", asdict(cfg))  # the recipe's keys as resolved
+    log.info("Model %s, local recipe %s", cfg.model_name(), asdict(cfg.train_config()))
     if cfg.adversary_fraction > 0:
         recorder.write_json(ADVERSARIES_FILE, adversaries_record(cfg.adversary(), num_nodes))
 

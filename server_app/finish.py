@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,9 @@ def run_summary(cfg: RunConfig, out_dir: Path, done: int, seconds: float) -> dic
     acc = last.get("test_accuracy") if last else None
     aggregated = sum(1 for r in rounds if r.get("returned"))
     summary = {"rounds": cfg.num_server_rounds, "strategy": cfg.strategy,
-               "valuation": cfg.valuation, "resumed_after_round": done,
+               "valuation": cfg.valuation, "model": cfg.model_name(),
+               # the local-training recipe the clients trained with (the model's, under the keys)
+               "recipe": asdict(cfg.train_config()), "resumed_after_round": done,
                "aggregated_rounds": aggregated,
                "final_test_accuracy": acc if isinstance(acc, float) else None,
                "seconds": seconds, "output_dir": str(out_dir)}

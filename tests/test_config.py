@@ -26,8 +26,10 @@ def problems_of(run_config: dict[str, object]) -> list[str]:
 
 
 def test_pyproject_defaults_parse_to_dataclass_defaults() -> None:
-    # The embedded defaults and the dataclass must not drift apart
-    assert parse_run_config(pyproject_defaults()) == RunConfig()
+    # The embedded defaults and the dataclass must not drift apart (parsing fills the
+    # recipe's "not set" keys with the model's recipe: LeNet's for the default MNIST)
+    assert parse_run_config(pyproject_defaults()) == RunConfig().with_recipe()
+    assert (RunConfig().lr, RunConfig().with_recipe().lr) == (0.0, 0.05)
 
 
 def test_overrides_are_typed() -> None:
@@ -82,7 +84,7 @@ ONE_MISTAKE = {
     "dataset": "mnsit", "model": "lenet5", "data-dir": "data", "download": "yes",
     "output-dir": "out", "alpha": 0.0, "imbalance-factor": 2.0, "partition-scheme": "classes",
     "min-partition-size": -1, "eval-fraction": 0.0, "validation-fraction": 0.995, "seed": "one",
-    "lr": 0.0, "momentum": 1.0, "batch-size": 0, "local-epochs": 0, "weight-decay": -1.0,
+    "lr": -0.1, "momentum": 1.0, "batch-size": -1, "local-epochs": -2, "weight-decay": -0.5,
     "client-max-samples": -1, "test-max-samples": -1, "eval-every": 0, "strategy": "fedprx",
     "strategy-params": "eta=0.1", "proximal-mu": -1.0, "valuation": "owne",
     "valuation-params": "eta", "selection": "bandit", "aggregation": "mean", "budget-m": 0,
@@ -195,6 +197,6 @@ def test_estimator_params_and_model_choice() -> None:
 def test_client_reads_only_its_keys() -> None:
     # Server keys and a user's own keys are ignored; the task keys are still validated
     cfg = parse_task_config({"alpha": 0.5, "valuation": "whatever", "my-own-key": 1})
-    assert cfg == TaskConfig(alpha=0.5)
-    with pytest.raises(ConfigError, match=r"lr=0\.0 must be > 0"):
-        parse_task_config({"lr": 0.0, "valuation": "whatever"})
+    assert cfg == TaskConfig(alpha=0.5).with_recipe()
+    with pytest.raises(ConfigError, match=r"lr=-0\.1 must be > 0 \(or 0\.0: the model's recipe\)"):
+        parse_task_config({"lr": -0.1, "valuation": "whatever"})

@@ -126,6 +126,25 @@ def test_committed_presets_parse_with_the_documented_sizes() -> None:
     assert krum == {(0.2, 2), (0.3, 3)}
 
 
+def test_the_backbone_grid_is_equal_weight_fedavg_on_the_papers_cifar10_setting() -> None:
+    # Execute
+    preset = load_preset(CONF / "backbone-dev.toml")
+    cells = preset.cells()
+    # Assert: 2 models x 2 lrs x seeds 0-2, every cell equal-weight FedAvg on CIFAR-10 at
+    # IF 0.01, alpha 0.1, validation 5%, 100-image clients, 8 rounds
+    assert len(cells) == 12
+    arms = {(c.run_config["model"], c.run_config["lr"]) for c in cells}
+    assert arms == {("resnet18", 0.01), ("resnet18", 0.03), ("resnet18-gn", 0.003),
+                    ("resnet18-gn", 0.01)}
+    assert {c.run_config["seed"] for c in cells} == {0, 1, 2}
+    for cell in cells:
+        cfg = parse_run_config(cell.run_config)
+        assert (cfg.valuation, cfg.selection, cfg.aggregation) == ("none", "random", "uniform")
+        assert (cfg.dataset, cfg.imbalance_factor, cfg.alpha, cfg.validation_fraction) == (
+            "cifar10", 0.01, 0.1, 0.05)
+        assert (cfg.client_max_samples, cfg.num_server_rounds, cfg.momentum) == (100, 8, 0.5)
+
+
 # ---------------------------------------------------------------- runner (flwr run faked)
 
 def test_done_cells_are_not_run_again(tmp_path: Path) -> None:
