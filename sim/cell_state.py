@@ -87,10 +87,35 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The CPU's instruction sets that decide which kernels torch, oneDNN and OpenBLAS pick (and so
+#: the last bits of every run): a virtual machine's model name ("AMD EPYC") hides them.
+KERNEL_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "avx2", "fma", "avx")
+
+
+def cpu_kernels() -> str:
+    """The kernels a run picks on this CPU: torch's CPU capability (``AVX512``, ``AVX2``,
+    ``DEFAULT``; ``ATEN_CPU_CAPABILITY`` moves it) and the CPU's :data:`KERNEL_FLAGS`, e.g.
+    ``AVX2 [avx2 fma avx]``. Two machines of one model name that differ here run the same
+    commit and seed to other numbers (issue 74; issue 73's anchor cells, 2026-12-01)."""
+    import torch
+
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    have = " ".join(f for f in KERNEL_FLAGS if f in flags)
+    return f"{torch.backends.cpu.get_cpu_capability()} [{have}]"
+
+
 def machine_state(device: str = "auto") -> dict[str, Any]:
     """What this machine is, for a cell's record: a hash of the host name (not the name),
-    CPU model, core count, torch and CUDA versions and the torch device ``device`` resolves
-    to here (with the GPU's name where it is one)."""
+    CPU model, the kernels it picks (:func:`cpu_kernels`), core count, torch and CUDA
+    versions and the torch device ``device`` resolves to here (with the GPU's name where it
+    is one)."""
     import torch
 
     from fedowen_task.device import resolve
@@ -98,14 +123,18 @@ def machine_state(device: str = "auto") -> dict[str, Any]:
     used = resolve(device)
     gpu = torch.cuda.get_device_name(used) if used.type == "cuda" else None
     return {"host": hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12],
-            "cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "device": str(used), "gpu": gpu}
+            "cpu": cpu_model(), "kernels": cpu_kernels(), "cores": os.cpu_count(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "device": str(used),
+            "gpu": gpu}
 
 
 def machine_key(machine: dict[str, Any]) -> str:
-    """One machine in words: ``host 1a2b3c4d5e6f, cuda (NVIDIA H200)`` or ``..., cpu``."""
+    """One machine in words: ``host 1a2b3c4d5e6f, cuda (NVIDIA H200)`` or ``..., cpu``, and
+    the CPU's kernels where the record has them (records before 2026-12-01 do not: their CPU
+    kind is unknown, and they read as before)."""
     gpu = f" ({machine['gpu']})" if machine.get("gpu") else ""
-    return f"host {machine.get('host')}, {machine.get('device')}{gpu}"
+    kernels = f", {machine['kernels']}" if machine.get("kernels") else ""
+    return f"host {machine.get('host')}, {machine.get('device')}{gpu}{kernels}"
 
 
 def record_machine(out: Path, machine: dict[str, Any]) -> None:

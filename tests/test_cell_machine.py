@@ -75,3 +75,25 @@ def test_the_runner_warns_when_a_settings_cells_ran_on_two_machines(tmp_path: Pa
     assert "the cells of grid t ran on 2 machines" in warning
     assert "host feedfacecafe, cuda (NVIDIA H200)" in warning
     assert mixed_machines(runner.results, {"just the old one": [cells[2].name]}) == {}
+
+
+def test_two_cpus_of_one_model_name_that_pick_other_kernels_are_two_machines(
+        tmp_path: Path) -> None:
+    # Prepare: one setting, two seeds on one host whose CPU model name is the same; the
+    # second seed's record says its CPU had AVX-512 (another kind of virtual "AMD EPYC")
+    messages: list[str] = []
+    runner = make_runner(tmp_path, FakeFlwr([]), small_preset(
+        axes={"seed": [0, 1], "valuation": ["owen"]}))
+    runner.progress = messages.append
+    runner.run()
+    here = machine_state("cpu")["kernels"]
+    cells = [runner.results / c.cell_id for c in runner.preset.cells()]
+    code = json.loads((cells[1] / CODE_FILE).read_text())
+    code[-1]["machine"] = {**code[-1]["machine"], "kernels": "AVX512 [avx512f avx2 fma avx]"}
+    (cells[1] / CODE_FILE).write_text(json.dumps(code))
+    # Execute
+    runner.warn_mixed_machines()
+    # Assert: this CPU's kernels are recorded (torch's capability first) and the two differ
+    assert here.split(" [")[0] == torch.backends.cpu.get_cpu_capability()
+    (warning,) = [m for m in messages if m.startswith("warning")]
+    assert "AVX512 [avx512f avx2 fma avx]" in warning and here in warning
