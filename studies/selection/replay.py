@@ -181,26 +181,36 @@ def compare(setting: str, cell_id: str, archived: list[dict[str, Any]],
     return rows
 
 
+def gaps(rows: list[dict[str, Any]]) -> str:
+    """The largest weight, val and test accuracy differences over ``rows`` (accuracy in
+    points)."""
+    if not rows:
+        return "none"
+    val = max(abs(r["val_replay"] - r["val_archived"]) for r in rows)
+    test = max(abs(r["test_replay"] - r["test_archived"]) for r in rows)
+    weight = max(r["weights_max_diff"] for r in rows)
+    return f"weights {weight:.1e}, val {100 * val:.2f} and test {100 * test:.2f} points"
+
+
 def sentence(setting: str, archived: Archived, rows: list[dict[str, Any]],
              drift: dict[str, tuple[Any, Any]]) -> str:
     """What the replay of one setting's cell found, in one sentence."""
     equal = sum(r["selected_equal"] for r in rows)
     first = next((r["round"] for r in rows if not r["selected_equal"]), None)
-    weights = max(r["weights_max_diff"] for r in rows)
-    val = max(abs(r["val_replay"] - r["val_archived"]) for r in rows)
-    test = max(abs(r["test_replay"] - r["test_archived"]) for r in rows)
     commits = ", ".join(sorted({c["commit"][:7] for c in archived.code}))
     moved = "; ".join(f"{k} {a!r} -> {b!r}" for k, a, b in
                       ((k, *v) for k, v in sorted(drift.items()))) or "none"
     where = "" if first is None else f" (first difference at round {first})"
+    before = [] if first is None else [r for r in rows if r["round"] < first]
     pinned = [r["pin_equal"] for r in rows if r["pin_equal"] != ""]
     at_pin = (f"; at {commits} on this machine the same config ran {sum(pinned)} of "
               f"{len(pinned)} rounds identically to the replay" if pinned else "")
     return (f"- **{setting}** (cell {archived.cell.cell_id}, seed {archived.cell.config.seed}, "
             f"archived at {commits}): selections equal in {equal} of {len(rows)} rounds{where}; "
-            f"largest weight difference {weights:.2e}; validation accuracy within {val:.2e} "
-            f"and test accuracy within {test:.2e} of the archive in every round{at_pin}; "
-            f"settings that resolve otherwise now: {moved}.")
+            f"largest differences from the archive in rounds 1-3: {gaps(rows[:3])}"
+            + (f"; before round {first}: {gaps(before)}" if before else "")
+            + f"; over all {len(rows)}: {gaps(rows)}{at_pin}; settings that resolve otherwise "
+            f"now: {moved}.")
 
 
 def csv_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
