@@ -4,21 +4,31 @@ The selectors moved behind one protocol (issue 62): each must still select the s
 for a fixed seed. This test runs FedOwen itself (``start`` over an in-process grid: the
 roster, the Power-of-Choice loss query as messages, Oort's squared losses in the train
 config, the guards, the valuation and the round record) on a closed-form task of 20 clients
-(no torch): honest clients pull the model toward their own targets, two push it away, one
-returns the model unchanged, four Sybils send near-parallel updates (links) and one copies
-client 0 exactly (banned). Each scenario (every selector with its published or default
-settings, plus variants that turn on the identity cap, link memory and the other keys)
+(no torch; tests/pinned_task.py): honest clients pull the model toward their own targets, two
+push it away, one returns the model unchanged, four Sybils send near-parallel updates (links)
+and one copies client 0 exactly (banned). Each scenario (every selector with its published or
+default settings, plus variants that turn on the identity cap, link memory and the other keys)
 runs 20 rounds; the records' ``selected`` and ``selection`` fields must match the copy in
 ``tests/data/selections.json``, recorded at 7518e93 (before the protocol; 33f049d, the
 last commit before it, selects the same) by this file as committed in 9bb6e1a, whose
 ``strategy_of`` passed every key on the one ``SelectionParams`` of then.
 
+HiCS-FL and hics-phi (issue 73) read each client's update of the output layer's bias, which
+that model (one vector ``w``) lacks: their scenarios (:data:`WITH_BIAS`, at their defaults)
+run the same task with an output layer beside ``w`` (``out.weight``, fixed, and ``out.bias``,
+which each client moves toward its own label distribution by a cross-entropy step:
+:func:`tests.pinned_task.bias_step`); the copy's ``added`` names the commit they were
+recorded at. The other scenarios' model is ``w`` alone, as recorded; their entries were kept
+as they were when these were added (``--record NAME``, below), and their rounds at that
+commit are byte-identical to the copy's.
+
 A second check resumes each scenario from the strategy state its run held after round 10
-(as the ServerApp checkpoints it; saved by 7518e93's code, so an old checkpoint's state):
-rounds 11-20 must select as the uninterrupted run did.
+(as the ServerApp checkpoints it; for the 7518e93 scenarios saved by that code, so an old
+checkpoint's state): rounds 11-20 must select as the uninterrupted run did.
 
 To record a new copy after a change *meant* to change selections (say so in the commit):
-``PYTHONPATH=. python tests/test_selections_pinned.py --record``.
+``PYTHONPATH=. python tests/test_selections_pinned.py --record``; to add a new scenario's entry
+(or record some again) and keep the others as they are: ``--record NAME ...``.
 """
 
 from __future__ import annotations
@@ -30,25 +40,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord
 
 from fedowen_strategy import FedOwen, Guards, SelectionParams, ValuationSettings
 from fedowen_strategy.replies import record_to_state, state_to_record
 from fedowen_strategy.selectors import SELECTORS
-from fedowen_task.protocol import LOCAL_LOSS_FIELD, LOSS_SQUARES_FIELD
 from sim.inline_grid import InProcessGrid, task_identity
+from tests.pinned_task import CLIENTS, handler, model_of, utility_factory
 
 RECORDED = Path(__file__).parent / "data" / "selections.json"
-CLIENTS, K, ROUNDS, RESUME_AT, DIM, SEED = 20, 6, 20, 10, 16, 11
-BAD, FREE_RIDER, SYBILS, COPIER = (12, 13), 11, (14, 15, 16, 17), 19
-#: Each client's target: a common one plus its own offset (fixed, not drawn at run time).
-_TABLE = np.random.default_rng(2024)
-COMMON = _TABLE.normal(size=DIM)
-TARGETS = COMMON + 0.8 * _TABLE.normal(size=(CLIENTS, DIM))
-TARGETS[list(SYBILS)] = TARGETS[SYBILS[0]]
-EXAMPLES = 20 + _TABLE.integers(0, 80, size=CLIENTS)
+K, ROUNDS, RESUME_AT, SEED = 6, 20, 10, 11
 
 OWEN = {"method": "owen", "budget_m": 10, "game": "average"}
 NONE = {"method": "none", "aggregation": "uniform"}
@@ -69,63 +71,11 @@ SCENARIOS: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {
     "screened-cap": (OWEN, "screened", {"cap": 2.0, "resolve_level": 0.2}),
     "power-of-choice-owen": (OWEN, "power-of-choice", {"poc_d": 8, "link_memory": 1}),
     "oort-owen-cap": (OWEN, "oort", {"cap": 2.0}),
+    "hics-fl": (NONE, "hics-fl", {}),
+    "hics-phi": (OWEN, "hics-phi", {}),
 }
-
-
-def step(pid: int, w: np.ndarray, server_round: int) -> np.ndarray:
-    """Client ``pid``'s new model from ``w`` in ``server_round`` (deterministic)."""
-    if pid == COPIER:
-        return step(0, w, server_round)
-    if pid == FREE_RIDER:
-        return w.copy()
-    noise = np.random.default_rng([pid, server_round]).normal(size=DIM)
-    scale = 1e-3 if pid in SYBILS else 0.05
-    toward = TARGETS[pid] - w
-    move = -toward if pid in BAD else 0.5 * toward
-    return (w + move + scale * noise).astype(np.float32)
-
-
-def local_loss(pid: int, w: np.ndarray) -> float:
-    """The model's loss on client ``pid``'s data: the squared distance to its target."""
-    return float(np.sum((TARGETS[pid] - w) ** 2))
-
-
-def handler(msg: Message, ctx: Context) -> Message:
-    pid = int(ctx.node_config["partition-id"])
-    client = ConfigRecord({"client-id": f"c{pid}"})
-    config = msg.content.config_records.get("config")
-    if msg.metadata.message_type == "query":
-        content = RecordDict({"client": client})
-        if config is not None and config.get(LOCAL_LOSS_FIELD):
-            w = record_to_state(msg.content["arrays"])["w"]
-            content["metrics"] = MetricRecord({LOCAL_LOSS_FIELD: local_loss(pid, w),
-                                               "num-examples": int(EXAMPLES[pid])})
-        return Message(content, reply_to=msg)
-    assert config is not None
-    w = record_to_state(msg.content["arrays"])["w"]
-    server_round = int(config["server-round"])  # type: ignore[arg-type]
-    new = step(pid, w, server_round)
-    loss = local_loss(pid, new)
-    metrics = MetricRecord({"num-examples": int(EXAMPLES[pid]), "train-loss": loss})
-    if config.get(LOSS_SQUARES_FIELD):
-        metrics[LOSS_SQUARES_FIELD] = float(EXAMPLES[pid]) * loss ** 2
-    return Message(RecordDict({"arrays": state_to_record({"w": new}), "metrics": metrics,
-                               "client": client}), reply_to=msg)
-
-
-def utility_factory(global_state: Mapping[str, np.ndarray],
-                    states: Sequence[Mapping[str, np.ndarray]], examples: Sequence[int]) -> Any:
-    ws = np.stack([s["w"] for s in states]).astype(np.float64)
-    n_ex = np.asarray(examples, dtype=np.float64)
-
-    def utility(masks: np.ndarray) -> np.ndarray:
-        out = np.empty(len(masks))
-        for r, m in enumerate(masks):
-            w = global_state["w"] if not m.any() else (n_ex[m] @ ws[m]) / n_ex[m].sum()
-            out[r] = -float(np.sum((w - COMMON) ** 2))
-        return out
-
-    return utility
+#: The scenarios whose model has an output layer (``out.weight``, ``out.bias``) beside ``w``.
+WITH_BIAS = frozenset({"hics-fl", "hics-phi"})
 
 
 def strategy_of(name: str, on_round: Any) -> FedOwen:
@@ -141,12 +91,13 @@ def strategy_of(name: str, on_round: Any) -> FedOwen:
                    on_round=on_round, node_wait_timeout=5.0)
 
 
-def run(name: str, rounds: int = ROUNDS, w0: Sequence[float] | None = None,
-        state: Mapping[str, Any] | None = None, offset: int = 0) -> dict[str, Any]:
+def run(name: str, rounds: int = ROUNDS, saved: Mapping[str, Any] | None = None,
+        offset: int = 0) -> dict[str, Any]:
     """One scenario's rounds (``selected`` and ``selection``), and, at round
-    :data:`RESUME_AT`, the strategy's state and model as a checkpoint keeps them."""
+    :data:`RESUME_AT`, the strategy's state and model as a checkpoint keeps them; from a
+    copy's entry ``saved`` (its model and ``state``), a resumed run after round ``offset``."""
     rounds_out: list[dict[str, Any]] = []
-    saved: dict[str, Any] = {}
+    keep: dict[str, Any] = {}
 
     def on_round(server_round: int, record: dict[str, Any], rows: Any) -> None:
         kept = {"round": server_round, "selected": record["selected"]}
@@ -155,23 +106,25 @@ def run(name: str, rounds: int = ROUNDS, w0: Sequence[float] | None = None,
         rounds_out.append(json.loads(json.dumps(kept)))
 
     strategy = strategy_of(name, on_round)
-    if state is not None:
-        strategy.load_state_dict(json.loads(json.dumps(state)))
+    if saved is not None:
+        strategy.load_state_dict(json.loads(json.dumps(saved["state"])))
         strategy.round_offset = offset
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        if server_round + offset == RESUME_AT and state is None:
-            saved["state"] = json.loads(json.dumps(strategy.state_dict()))
-            saved["w"] = [float(x) for x in record_to_state(arrays)["w"]]
+        if server_round + offset == RESUME_AT and saved is None:
+            model = record_to_state(arrays)
+            keep["state"] = json.loads(json.dumps(strategy.state_dict()))
+            keep["w"] = [float(x) for x in model["w"]]
+            if "out.bias" in model:
+                keep["bias"] = [float(x) for x in model["out.bias"]]
         return MetricRecord({})
 
-    start = np.zeros(DIM, np.float32) if w0 is None else np.asarray(w0, np.float32)
     with task_identity():
         strategy.start(grid=InProcessGrid(handler, [{"partition-id": i}
                                                     for i in range(CLIENTS)]),
-                       initial_arrays=state_to_record({"w": start}), num_rounds=rounds,
-                       evaluate_fn=evaluate)
-    return {"rounds": rounds_out, **saved}
+                       initial_arrays=state_to_record(model_of(name in WITH_BIAS, saved)),
+                       num_rounds=rounds, evaluate_fn=evaluate)
+    return {"rounds": rounds_out, **keep}
 
 
 def as_in_copy(selection: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -235,7 +188,7 @@ def test_a_run_resumed_from_a_recorded_state_selects_as_the_uninterrupted_one(na
     # Prepare: the strategy state 7518e93's code held after round 10 (what its checkpoint keeps)
     want = recorded()["scenarios"][name]
     # Execute
-    got = run(name, ROUNDS - RESUME_AT, want["w"], want["state"], RESUME_AT)
+    got = run(name, ROUNDS - RESUME_AT, want, RESUME_AT)
     # Assert: rounds 11-20 as recorded
     assert differences(got["rounds"], want["rounds"][RESUME_AT:]) == []
 
@@ -244,29 +197,43 @@ def test_the_scenarios_exercise_every_selector_and_the_shared_parts() -> None:
     # Prepare / Execute
     data = recorded()["scenarios"]
     rounds = [r for s in data.values() for r in s["rounds"]]
-    # Assert: every selector ran; the cap and the link groups acted somewhere
+    # Assert: every selector ran; the cap and the link groups acted somewhere; HiCS-FL and
+    # hics-phi drew from more than one label-skew cluster (their model's output bias read)
     assert {SCENARIOS[n][1] for n in data} == {"adaptive", "random", "posterior", "screened",
-                                               "power-of-choice", "oort"}
+                                               "power-of-choice", "oort", "hics-fl",
+                                               "hics-phi"}
     assert any(r.get("selection", {}).get("capped", 0) > 0 for r in rounds)
     assert any(s["state"].get("pair_links") for s in data.values())
+    for name in WITH_BIAS:
+        drawn = [r["selection"] for r in data[name]["rounds"] if "clusters" in r["selection"]]
+        assert len(drawn) >= ROUNDS - RESUME_AT
+        assert all("output_bias" not in d for d in drawn)
+        assert max(len(d["slots"]) if "slots" in d else len(d["cluster_p"]) for d in drawn) > 1
 
 
-def record() -> None:
-    """Run every scenario and keep its rounds and round-10 state as the new copy."""
+def record(names: Sequence[str]) -> None:
+    """Run the scenarios ``names`` (every one when empty) and keep their rounds and round-10
+    state: every one as a new copy, else those in the copy beside the others as they are (and
+    the commit they were recorded at in its ``added``)."""
     import subprocess
 
+    unknown = sorted(set(names) - set(SCENARIOS))
+    if unknown:
+        raise SystemExit(f"no scenario {unknown}: choose among {sorted(SCENARIOS)}")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()
-    scenarios = {}
-    for name in SCENARIOS:
-        scenarios[name] = run(name)
-        print(f"{name}: {[r['selected'] for r in scenarios[name]['rounds']][:2]} ...")
-    RECORDED.write_text(json.dumps({"commit": commit, "scenarios": scenarios},
-                                   sort_keys=True, separators=(",", ":")) + "\n")
+    copy = recorded() if names else {"commit": commit, "scenarios": {}}
+    for name in names or SCENARIOS:
+        copy["scenarios"][name] = run(name)
+        if names:
+            copy.setdefault("added", {})[name] = commit
+        print(f"{name}: {[r['selected'] for r in copy['scenarios'][name]['rounds']][:2]} ...")
+    RECORDED.write_text(json.dumps(copy, sort_keys=True, separators=(",", ":")) + "\n")
     print(f"recorded {RECORDED}")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--record"]:
-        raise SystemExit("usage: PYTHONPATH=. python tests/test_selections_pinned.py --record")
-    record()
+    if sys.argv[1:2] != ["--record"]:
+        raise SystemExit("usage: PYTHONPATH=. python tests/test_selections_pinned.py --record "
+                         "[SCENARIO ...]")
+    record(sys.argv[2:])

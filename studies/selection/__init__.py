@@ -8,6 +8,8 @@
   :mod:`.peers_markdown` its files);
 - :mod:`.incumbent`: a challenger against the incumbent default, paired by seed (issue 73:
   hics-phi against Algorithm 2, ``python -m studies.selection.incumbent``);
+- :mod:`.replay`: a preset's archived cells replayed at this checkout, round by round (issue
+  73: one hics-phi cell per setting of selection-peers-dev, ``python -m studies.selection.replay``);
 - :mod:`.writer_coverage`: writers a selector favours or neglects on FEMNIST
   (``python -m studies.selection.writer_coverage``);
 - :mod:`.cells`: what these read off one finished cell (scores, distinct clients, costs).
