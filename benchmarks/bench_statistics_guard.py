@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python -m benchmarks.bench_statistics_guard", *sys.argv[1:]]),
         "machine": f"{platform.node()}: {os.cpu_count()} CPUs ({platform.processor() or 'cpu'})"
                    f", torch {torch.__version__}, {torch.get_num_threads()} threads",
-        "models": {m: MODELS[m] for m in args.models}, "rules": RULES, "partitions": PARTITIONS, "rows": rows}, indent=1))
+        "models": {m: MODELS[m] for m in args.models}, "rules": RULES,
+        "partitions": PARTITIONS, "rows": rows}, indent=1))
     return 0
 
 
