@@ -40,7 +40,7 @@ RULES = {"off": {"statistics-rule": "mean", "statistics-cap": 0.0},
          "median": {"statistics-rule": "median", "statistics-cap": 0.0}}
 ATTACKS = ("none", "huge-statistics", "scaled-statistics")
 #: model -> its run size (ResNet-18 on 2 shared CPU cores: kept to a few minutes a run).
-MODELS = {
+MODELS: dict[str, dict[str, Any]] = {
     "tests.user_models:tiny_bn": {"num-server-rounds": 4, "client-max-samples": 200,
                                   "test-max-samples": 1000},
     # ResNet-18 on 2 shared CPU cores: FedOwen's owen-antithetic valuation of 10 ResNet-18
