@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp import strategy as flwr_strategies
 from flwr.serverapp.strategy import Result, Strategy
@@ -265,7 +265,9 @@ class Recorded(Strategy):
                                    rule=self.statistics_rule, cap_multiple=self.statistics_cap)
         if guarded is None:
             return result, {}
-        arrays = state_to_record({**record_to_state(result[0]), **guarded.statistics})
+        arrays = result[0]
+        for key, value in guarded.statistics.items():  # only the statistics re-encoded
+            arrays[key] = Array(np.ascontiguousarray(value))
         return (arrays, result[1]), guarded.record
 
 
