@@ -28,16 +28,20 @@ sums are arranged so it does not, each in a stated way:
 :func:`restore_counters`, and the peer defences through :func:`average_buffers`):
 
 * normalisation statistics (floating arrays named ``*running_mean`` / ``*running_var``, as
-  every torch BatchNorm and InstanceNorm layer names them) are averaged with the round's
-  aggregation weights (normalised to sum 1), as the parameters are, but are **not part of the
-  update**: no norm, cosine, clip, bound or vote reads them, and a clipped update keeps the
-  statistics its client sent. Measured (ResNet-18, CIFAR-10, one local epoch from the
-  initial model): the statistics moved by 27-183 in L2 against 4.5-7.3 for the parameters, so
-  in the update they would decide every norm-based guard alone. A reply with a negative
-  running variance is rejected (:func:`fedowen_strategy.replies.parse_replies`); a large but
-  valid one is averaged as sent unless the opt-in ``statistics-cap`` bounds each client's
-  statistics by the round's median deviation (:mod:`fedowen_strategy.defences.statistics`; off
-  by default until its cost on honest BatchNorm runs is measured);
+  every torch BatchNorm and InstanceNorm layer names them) are **not part of the update**: no
+  norm, cosine, clip, bound or vote reads them, and a clipped update keeps the statistics its
+  client sent. Measured (ResNet-18, CIFAR-10, one local epoch from the initial model): the
+  statistics moved by 27-183 in L2 against 4.5-7.3 for the parameters, so in the update they
+  would decide every norm-based guard alone. A reply with a negative running variance is
+  rejected (:func:`fedowen_strategy.replies.parse_replies`). The aggregate's statistics are,
+  by default (``statistics-rule = "median"``), the coordinate-wise **weighted median** of the
+  clients' under the round's aggregation weights (:mod:`fedowen_strategy.defences.statistics`:
+  one client in ten sending ``running_var`` 1e6 moves it no further than an honest client
+  could; docs/results/statistics-guard/), in FedOwen, in Flower's strategies as the ServerApp
+  wraps them (weights: num-examples) and in the peers (their weights) alike; the functions
+  here average them (``statistics-rule = "mean"``, the rule before issue 70; the valuation's
+  coalition models too), and the opt-in ``statistics-cap`` bounds each client's deviation
+  first;
 * integer buffers (BatchNorm's ``num_batches_tracked``: a count of training steps, read only
   when ``momentum=None``) are the same weighted average of the clients' counters, rounded to
   the nearest integer, in the global model's dtype and shape (0-d stays 0-d);

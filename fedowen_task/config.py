@@ -113,6 +113,8 @@ class _AdversaryKeys:
     adversary_trigger_position: str = key("bottom-right", "bottom-right | top-left | center")
     adversary_target: int = key(0, "the backdoor's target class")
     adversary_poison_fraction: float = key(0.5, "the share of the attacker's images stamped")
+    adversary_statistics_scale: float = key(4.0, "scaled-statistics' factor on its running "
+                                            "statistics", rule=finite(above(0)))
 
     def adversary_problems(self) -> list[str]:
         """The backdoor trigger's problems (:class:`Trigger` owns them; the other keys' rules

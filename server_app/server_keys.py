@@ -90,6 +90,7 @@ class ServerKeys:
     aggregate_noise: float = owned(Guards, "aggregate_noise")
     # BatchNorm statistics bounded (opt-in): see fedowen_strategy.defences.statistics.
     statistics_cap: float = owned(Guards, "statistics_cap")
+    statistics_rule: str = owned(Guards, "statistics_rule")
     uniform_mix: float = owned(ValuationSettings, "uniform_mix")
     weight_cap: float = owned(ValuationSettings, "weight_cap")
     bandit_memory: str = owned(AdaptiveSettings, "memory")

@@ -17,8 +17,10 @@ from fedowen_task.adversary.client import (
     colluding_copy,
     disguised_update,
     flip_labels,
+    huge_statistics,
     noise_update,
     replay_update,
+    scaled_statistics,
     sign_flipped_update,
 )
 from fedowen_task.adversary.keys import adversary_ids
@@ -239,3 +241,50 @@ def test_client_app_sign_flip_and_server_side_kinds(kind: str, shared_data_dir: 
             assert torch.equal(out[k], honest[k])
         else:
             torch.testing.assert_close(out[k] - glob[k], -(honest[k] - glob[k]))
+
+
+# The statistics attacks (issue 70): honest parameters, attacked BatchNorm statistics
+
+def _bn_trained() -> dict[str, torch.Tensor]:
+    return {"conv.weight": torch.full((2, 2), 0.3), "bn.weight": torch.ones(2),
+            "bn.running_mean": torch.tensor([0.5, -1.0]),
+            "bn.running_var": torch.tensor([2.0, 0.25]),
+            "bn.num_batches_tracked": torch.tensor(7)}
+
+
+def test_huge_statistics_sends_valid_huge_statistics_and_the_honest_parameters() -> None:
+    # Prepare
+    trained = _bn_trained()
+    # Execute
+    out = huge_statistics(trained)
+    # Assert: variance 1e6 and mean 1e3 in every channel (float32 kept), the rest as trained
+    assert torch.equal(out["bn.running_var"], torch.full((2,), 1e6))
+    assert torch.equal(out["bn.running_mean"], torch.full((2,), 1e3))
+    assert out["bn.running_var"].dtype == torch.float32
+    for key in ("conv.weight", "bn.weight", "bn.num_batches_tracked"):
+        assert torch.equal(out[key], trained[key])
+
+
+def test_scaled_statistics_multiplies_them_by_the_key() -> None:
+    # Prepare: adversary-statistics-scale 4 (the default)
+    trained = _bn_trained()
+    turn = ClientTurn(TaskConfig().adversary(), server_round=1, seed=0, attack_seed=1,
+                      memory=RecordDict())
+    assert turn.cfg.statistics_scale == 4.0
+    # Execute
+    out = ATTACKS["scaled-statistics"].client_reply(trained, trained, turn)
+    # Assert: 4 x (0.5, -1) and 4 x (2, 0.25), by hand; the parameters as trained
+    torch.testing.assert_close(out["bn.running_mean"], torch.tensor([2.0, -4.0]))
+    torch.testing.assert_close(out["bn.running_var"], torch.tensor([8.0, 1.0]))
+    assert torch.equal(out["conv.weight"], trained["conv.weight"])
+    assert torch.equal(scaled_statistics(trained, 0.5)["bn.running_var"],
+                       torch.tensor([1.0, 0.125]))
+
+
+def test_a_model_without_statistics_gets_its_honest_update_from_both() -> None:
+    glob, trained = _lenet_pair()
+    turn = ClientTurn(TaskConfig().adversary(), server_round=1, seed=0, attack_seed=1,
+                      memory=RecordDict())
+    for kind in ("huge-statistics", "scaled-statistics"):
+        out = ATTACKS[kind].client_reply(glob, trained, turn)
+        assert all(torch.equal(out[k], trained[k]) for k in trained)

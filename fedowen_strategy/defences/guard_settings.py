@@ -14,6 +14,7 @@ from functools import partial
 
 from fedowen_strategy.defences.bounds import NORM_CAPS, UPDATE_BOUNDS, VALUE_CAP_MODES
 from fedowen_strategy.defences.majority import UPDATE_FILTERS
+from fedowen_strategy.defences.statistics import STATISTICS_RULES
 from fedowen_strategy.settings import NO_KEYS, Keys, Settings, key, one_of
 from fedowen_task import declare
 
@@ -84,9 +85,18 @@ class Guards(Settings):
         > 0: each update's normalisation statistics (``running_mean``, ``running_var``)
         moved back towards the global model's until their deviation from them is at most this
         multiple of the round's lower-median deviation, the update keys untouched
-        (:mod:`fedowen_strategy.defences.statistics`); 0 (the default): off, the statistics
-        averaged as sent. A value below 1 caps the median client too. Off until its cost on
-        honest BatchNorm runs is measured (models without statistics: nothing to do).
+        (:mod:`fedowen_strategy.defences.statistics`); 0 (the default): off. A value below 1
+        caps the median client too. Opt-in beside ``statistics_rule``: measured, the cap at 2
+        or 3 also held the huge-statistics attacker but clipped honest clients in clean runs
+        (docs/results/statistics-guard/).
+    statistics_rule : {"median", "mean"}
+        How the aggregate combines the clients' normalisation statistics: their
+        coordinate-wise weighted median under the round's aggregation weights (``median``, the
+        default: one client in ten sending ``running_var`` 1e6 or its own x 4 leaves them
+        where honest clients put them) or the weighted mean (``mean``, the rule before issue
+        70). FedOwen, Flower's strategies and the peers alike
+        (:func:`fedowen_strategy.defences.statistics.guard_statistics`); models without
+        statistics: nothing to do.
     """
 
     max_norm_ratio: float = declare.key(
@@ -116,6 +126,9 @@ class Guards(Settings):
     statistics_cap: float = declare.key(
         0.0, "cap BatchNorm statistics' deviation at this x its median (0: off; < 1 "
         "caps the median client too)", name="statistics-cap")
+    statistics_rule: str = declare.key(
+        "median", "median | mean: how the aggregate combines the clients' BatchNorm statistics",
+        name="statistics-rule")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""
@@ -151,6 +164,7 @@ class Guards(Settings):
         found += one_of(k("norm_cap"), self.norm_cap, NORM_CAPS)
         found += one_of(k("value_cap_mode"), self.value_cap_mode, VALUE_CAP_MODES)
         found += one_of(k("update_filter"), self.update_filter, UPDATE_FILTERS)
+        found += one_of(k("statistics_rule"), self.statistics_rule, STATISTICS_RULES)
         if self.value_cap_mode == "exactly" and self.value_cap_multiple == 0:
             found.append(f"{k('value_cap_mode')}='exactly' values every update at "
                          f"{k('value_cap_multiple')} x the norm cap's reference: set "

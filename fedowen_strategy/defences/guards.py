@@ -13,7 +13,8 @@ the global model:
    default) the updates are valued at a tighter cap of the same reference than they are
    averaged at (``value-cap-mode``: at most that norm, or every update at exactly it);
    ``statistics-cap`` (off by default) bounds the BatchNorm statistics no other guard reads
-   (:mod:`fedowen_strategy.defences.statistics`);
+   (:mod:`fedowen_strategy.defences.statistics`; the default ``statistics-rule``, their
+   weighted median, acts when the round averages, :mod:`fedowen_strategy.round.round_step`);
 3. groups: exact copies (``duplicate-tolerance``; their ids are banned by the strategy) merged
    with near-parallel updates (``link-cosine``), each group one player of the game
    (:mod:`fedowen_strategy.defences.links`).

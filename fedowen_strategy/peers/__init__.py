@@ -24,6 +24,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
+from fedowen_strategy.defences.guard_settings import Guards
+from fedowen_strategy.defences.statistics import guard_statistics
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import parse_replies, record_to_state, state_to_record
 from fedowen_strategy.updates import (
@@ -35,6 +37,8 @@ from fedowen_strategy.updates import (
 )
 
 log = logging.getLogger(__name__)
+#: The app's defaults of the guards (the statistics rule's).
+GUARDS = Guards()
 
 
 class UpdateWeighted(FedAvg):
@@ -42,6 +46,12 @@ class UpdateWeighted(FedAvg):
     :meth:`combine` only. ``round_record`` holds the last round's decisions."""
 
     name = "update-weighted"
+    #: The statistics rule (:func:`fedowen_strategy.defences.statistics.guard_statistics`,
+    #: the app's defaults; the ServerApp sets its run's ``statistics-rule`` and
+    #: ``statistics-cap``), applied with the peer's weights.
+    statistics_rule: str = GUARDS.statistics_rule
+    statistics_cap: float = GUARDS.statistics_cap
+    guards_statistics_itself = True
 
     def __init__(self, **fedavg: Any) -> None:
         super().__init__(**fedavg)
@@ -93,6 +103,12 @@ class UpdateWeighted(FedAvg):
         log.info("aggregate_train: round %d, %s weights %s", server_round, self.name,
                  ", ".join(f"{c}={w:.3f}" for c, w in zip(ids, weights, strict=True)))
         # statistics and counters: the buffer rule (fedowen_strategy.updates), peer's weights
-        buffers = average_buffers([u.state for u in parsed.updates], weights, reference)
+        states = [u.state for u in parsed.updates]
+        buffers = average_buffers(states, weights, reference)
+        guarded = guard_statistics(states, ids, weights, reference, rule=self.statistics_rule,
+                                   cap_multiple=self.statistics_cap)
+        if guarded is not None:
+            buffers.update(guarded.statistics)
+            self.round_record.update(guarded.record)
         return state_to_record(apply_delta(reference, delta, keys,
                                            others={**reference, **buffers})), metrics

@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.defences.guards import guard_round
 from fedowen_strategy.defences.robust_lr import guard_aggregate
+from fedowen_strategy.defences.statistics import median_statistics
 from fedowen_strategy.replies import ParsedReplies
 from fedowen_strategy.round import round_record
 from fedowen_strategy.round.aggregation import step_average, weighted_average
@@ -111,6 +112,12 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
         fields["global_weight"] = 1.0 - float(np.sum(val.weights))
     else:
         combined = weighted_average(states, val.weights)
+    if guards.statistics_rule == "median":  # the cap acted in guard_round, before valuation
+        median = median_statistics(states, [u.client_id for u in parsed.updates], val.weights,
+                                   global_state)
+        if median is not None:
+            combined.update(median.statistics)
+            fields.update(median.record)
     state, robust = guard_aggregate(combined, states, global_state,
                                     robust_lr_threshold=guards.robust_lr_threshold,
                                     aggregate_noise=guards.aggregate_noise, rng=rng)

@@ -34,6 +34,11 @@ as ``adversary-kind`` says. Every kind is one row of the table
 - ``sign-flip``: trains honestly and returns ``global - (trained - global)``: the honest
   update reversed (the sign-flipping attack of Byzantine-robustness benchmarks such as
   Blades and ByzFL);
+- ``huge-statistics``: trains honestly and sends its parameters as trained, but every
+  BatchNorm running variance 1e6 and every running mean 1e3 (valid: finite, non-negative; a
+  model without normalisation statistics sends its honest update);
+- ``scaled-statistics``: trains honestly and multiplies its running variances and means by
+  ``adversary-statistics-scale`` (default 4): the subtler statistics attack;
 - ``alie``, ``ipm``, ``adaptive``: omniscient attacks that need the round's honest updates
   ("a little is enough", Baruch et al., NeurIPS 2019; inner-product manipulation, Xie et al.,
   UAI 2020; an adaptive booster that sits just under the defence's bound). Their clients

@@ -64,6 +64,8 @@ ATTACKS: dict[str, Attack] = {
     "ipm": Attack(server=server.ipm),
     "adaptive": Attack(server=server.adaptive),
     "backdoor": Attack(data=client.backdoored, reply=client.boosted),
+    "huge-statistics": Attack(reply=client.huge),
+    "scaled-statistics": Attack(reply=client.scaled),
 }
 
 

@@ -131,6 +131,40 @@ def colluding_copy(global_state: TorchState, trained: TorchState, relative_noise
     return _plus(trained, _gaussian(trained, norm, seed))
 
 
+#: ``huge-statistics``' running statistics: a variance of 1e6 and a mean of 1e3 in every
+#: channel, finite and non-negative, so the reply checks pass them.
+HUGE_VARIANCE, HUGE_MEAN = 1e6, 1e3
+
+
+def with_statistics(trained: TorchState, variance: Callable[[torch.Tensor], torch.Tensor],
+                    mean: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``trained`` with every ``*running_var`` through ``variance`` and every
+    ``*running_mean`` through ``mean`` (each tensor's dtype kept); everything else, the
+    update included, as trained."""
+    out = {}
+    for key, value in trained.items():
+        if key.endswith("running_var"):
+            out[key] = variance(value).to(value.dtype)
+        elif key.endswith("running_mean"):
+            out[key] = mean(value).to(value.dtype)
+        else:
+            out[key] = value.clone()
+    return out
+
+
+def huge_statistics(trained: TorchState) -> dict[str, torch.Tensor]:
+    """``trained`` with every running variance :data:`HUGE_VARIANCE` and every running mean
+    :data:`HUGE_MEAN`: valid statistics, honest parameters."""
+    return with_statistics(trained, lambda v: torch.full_like(v, HUGE_VARIANCE),
+                           lambda m: torch.full_like(m, HUGE_MEAN))
+
+
+def scaled_statistics(trained: TorchState, factor: float) -> dict[str, torch.Tensor]:
+    """``trained`` with its running variances and means multiplied by ``factor`` (> 0: a
+    variance stays non-negative), honest parameters."""
+    return with_statistics(trained, lambda v: v * factor, lambda m: m * factor)
+
+
 REPLAY_MODEL, REPLAY_ROUND = "replay-global", "replay-round"
 
 
@@ -218,3 +252,15 @@ def sign_flip(global_state: TorchState, trained: TorchState, turn: ClientTurn
               ) -> dict[str, torch.Tensor]:
     """:func:`sign_flipped_update`."""
     return sign_flipped_update(global_state, trained)
+
+
+def huge(global_state: TorchState, trained: TorchState, turn: ClientTurn
+         ) -> dict[str, torch.Tensor]:
+    """``huge-statistics``: :func:`huge_statistics` of the honest training."""
+    return huge_statistics(trained)
+
+
+def scaled(global_state: TorchState, trained: TorchState, turn: ClientTurn
+           ) -> dict[str, torch.Tensor]:
+    """``scaled-statistics``: :func:`scaled_statistics` by ``adversary-statistics-scale``."""
+    return scaled_statistics(trained, turn.cfg.statistics_scale)

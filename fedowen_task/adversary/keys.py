@@ -93,6 +93,7 @@ class AdversaryConfig:
     trigger_position: str
     target: int
     poison_fraction: float
+    statistics_scale: float
     seed: int
 
     @classmethod
