@@ -16,6 +16,7 @@ import torch
 from numpy.typing import NDArray
 
 from client_app.app import app as client_app
+from fedowen_strategy.updates import vector_norm
 from fedowen_task.adversary.attacks import ATTACKS, Attack, kinds, server_side
 from fedowen_task.adversary.client import ClientTurn, TorchState
 from fedowen_task.adversary.keys import AdversaryConfig
@@ -45,7 +46,9 @@ def _marker(global_state: TorchState, trained: TorchState, turn: ClientTurn
 
 def _reverse(view: RoundView, cfg: AdversaryConfig) -> tuple[NDArray, dict[str, Any]]:
     """The server side: each attacker's own update reversed, and what it saw."""
-    return -view.own, {"own_norms": [float(np.linalg.norm(r)) for r in view.own],
+    # measured as the records measure the sent rows (float32 updates summed pairwise): numpy's
+    # BLAS norm of the same float32 vector differs from it in the 7th digit
+    return -view.own, {"own_norms": [vector_norm(r) for r in view.own],
                        "honest_seen": int(view.honest.shape[0])}
 
 
