@@ -19,6 +19,12 @@ Phases of the ``gpu`` profile (the order is the priority; caps in seconds):
   rounds each (80 / 100 / 90): seconds a round under contention (16 runs only where time is
   left: a phase with under ``MIN_CAP_S`` seconds is skipped).
 
+Both arms train CIFAR-10's ``model = "auto"`` with that model's own recipe (issue 70: the
+per-model recipe; ``TaskConfig.model_name`` says which model). The ``gpu-backbone`` profile
+runs backbone-dev's four arms (``conf/backbone-dev.toml``: equal-weight FedAvg, ``resnet18`` at
+lr 0.01 / 0.03, ``resnet18-gn`` at 0.003 / 0.01, its caps) at once for 30 rounds on seed 0:
+the CPU grid's 8-round picks re-read over more rounds, by validation accuracy.
+
 The ``smoke`` profile is the same on MNIST LeNet with tiny caps on the CPU, 2 rounds (its
 ``concurrent-2`` phase asks for more rounds than its cap allows, so the cut path runs too)::
 
@@ -44,30 +50,33 @@ from typing import Any
 from benchmarks.gpu_resnet18_summary import pack_records, write_summary
 from fedowen_deploy.procs import stop_tree
 from sim.inline import child_env
+from sim.presets import load_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SUPERNODES = 100
 #: A phase with less time than this left is skipped (16 processes take ~20 s to start).
 MIN_CAP_S = 45.0
+#: The development grid whose cells the ``gpu-backbone`` profile re-reads at 30 rounds.
+BACKBONE = load_preset(ROOT / "conf" / "backbone-dev.toml")
 #: The arms: FedOwen as shipped, and equal-weight FedAvg as conf/confirm2/ names it.
 ARMS: dict[str, dict[str, Any]] = {
     "fedowen": {},
     "fedavg-equal": {"valuation": "none", "selection": "random", "aggregation": "uniform"},
-    # the client recipe's lr (0.05, tuned on LeNet and the small CNN) against 0.01: ResNet-18's
-    # first local epoch at 0.05 diverged on the CPU here (train loss 2.99 against 1.19)
-    "fedowen-lr0.01": {"lr": 0.01},
-    "fedavg-equal-lr0.01": {"valuation": "none", "selection": "random", "aggregation": "uniform",
-                            "lr": 0.01},
+    # backbone-dev's four cells of seed 0 (conf/backbone-dev.toml: each grid's model at its
+    # lrs), re-read at 30 rounds where the CPU grid ran 8; their base keys are the profile's
+    **{f"fedavg-equal-{grid.fixed['model']}-lr{lr}": {"model": grid.fixed["model"], "lr": lr}
+       for grid in BACKBONE.grids for lr in grid.axes["lr"]},
 }
 #: The run config both profiles share: 10 clients a round, evaluation every round.
 COMMON: dict[str, Any] = {"clients-per-round": 10, "eval-every": 1, "torch-threads": 1}
 PROFILES: dict[str, dict[str, Any]] = {
-    # the second confirmation's CIFAR-10 setting (conf/confirm2/cifar10.toml) with ResNet-18;
-    # no caps: partitions hold ~110 images at IF 0.01 and alpha 0.1
-    "gpu": {"dataset": "cifar10", "model": "resnet18", "validation-fraction": 0.05,
-            "device": "cuda"},
-    "gpu-lr": {"dataset": "cifar10", "model": "resnet18", "validation-fraction": 0.05,
-               "device": "cuda"},
+    # the second confirmation's CIFAR-10 setting (conf/confirm2/cifar10.toml) with CIFAR-10's
+    # auto model and that model's own recipe (fedowen_task/models.py, issue 70); no caps:
+    # partitions hold ~110 images at IF 0.01 and alpha 0.1
+    "gpu": {"dataset": "cifar10", "validation-fraction": 0.05, "device": "cuda"},
+    # backbone-dev's base (equal-weight FedAvg, its caps and pinned guards) on the GPU
+    "gpu-backbone": {**{k: v for k, v in BACKBONE.base.items() if k != "num-server-rounds"},
+                     "device": "cuda"},
     "smoke": {"dataset": "mnist", "model": "lenet", "device": "cpu",
               "client-max-samples": 20, "test-max-samples": 200},
 }
@@ -92,11 +101,10 @@ PHASES: dict[str, tuple[Phase, ...]] = {
             Phase("concurrent-4", "fedowen", 4, 8, 80, first_seed=1),
             Phase("concurrent-8", "fedowen", 8, 8, 100, first_seed=1),
             Phase("concurrent-16", "fedowen", 16, 8, 90, first_seed=1)),
-    # the four arms at once (CONCURRENT): both arms at both learning rates, seed 0 (a
-    # development seed), the pick by validation accuracy; their rounds run 4 at a time
-    "gpu-lr": tuple(Phase(f"alone-{arm}", arm, 1, 30, 400)
-                    for arm in ("fedowen", "fedavg-equal", "fedowen-lr0.01",
-                                "fedavg-equal-lr0.01")),
+    # backbone-dev's four arms at once (CONCURRENT), seed 0 (a development seed), 30 rounds:
+    # the CPU grid's picks (8 rounds) re-read by validation accuracy over more rounds
+    "gpu-backbone": tuple(Phase(f"alone-{arm}", arm, 1, 30, 400)
+                          for arm in ARMS if arm.startswith("fedavg-equal-resnet")),
     "smoke": (Phase("alone-fedowen", "fedowen", 1, 2, 60),
               Phase("alone-fedavg-equal", "fedavg-equal", 1, 2, 60),
               Phase("concurrent-2", "fedowen", 2, 200, 50, first_seed=1)),
@@ -104,7 +112,7 @@ PHASES: dict[str, tuple[Phase, ...]] = {
 
 
 #: Profiles whose phases run at the same time (each phase in its own thread).
-CONCURRENT = ("gpu-lr",)
+CONCURRENT = ("gpu-backbone",)
 
 
 def run_config(profile: str, phase: Phase, seed: int, out_dir: Path,

@@ -126,3 +126,19 @@ def test_write_summary_and_pack(tmp_path: Path) -> None:
         names = tar.getnames()
     assert "runs/alone-fedowen/s0/rounds.jsonl" in names
     assert not any(n.endswith(".pt") for n in names)
+
+
+def test_gpu_backbone_arms_are_the_backbone_grid_cells(tmp_path: Path) -> None:
+    # Prepare: backbone-dev's cells of seed 0 (model, lr) and its base keys
+    preset = load_preset(ROOT / "conf" / "backbone-dev.toml")
+    base = {k: v for k, v in preset.base.items() if k != "num-server-rounds"}
+    cells = {(g.fixed["model"], lr) for g in preset.grids for lr in g.axes["lr"]}
+    # Execute
+    configs = [run_config("gpu-backbone", phase, 0, tmp_path / phase.name, "/tmp/data")
+               for phase in PHASES["gpu-backbone"]]
+    # Assert: one phase per cell, each the cell's keys on the GPU at 30 rounds
+    assert len(configs) == 4
+    assert {(c["model"], c["lr"]) for c in configs} == cells
+    for cfg in configs:
+        assert {k: cfg[k] for k in base} == base
+        assert (cfg["device"], cfg["num-server-rounds"]) == ("cuda", 30)
