@@ -1,0 +1,284 @@
+"""The attacks the backdoor peers were measured against (issue 72), on hand-built data:
+DBA's distributed trigger (the bars by hand), Neurotoxin's mask (by hand, and the local steps
+it leaves alone), and the adaptive backdoor's update passing a hand-set cap."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import RecordDict
+
+from fedowen_task.adversary.attacks import ATTACKS, measured_trigger, server_side
+from fedowen_task.adversary.backdoor import stamp, trigger_box, trigger_mask
+from fedowen_task.adversary.client import ClientTurn, distributed
+from fedowen_task.adversary.keys import AdversaryConfig, Trigger
+from fedowen_task.adversary.neurotoxin import (
+    LAST_ROUND,
+    confine,
+    coordinate_mask,
+    last_change,
+    masked_gradients,
+    remember,
+    reply,
+)
+from fedowen_task.adversary.server import (
+    RoundView,
+    adaptive_backdoor,
+    cone_projection,
+    cosine,
+    honest_alignment,
+)
+from fedowen_task.config import ConfigError
+from fedowen_task.data import white
+from server_app.config import parse_run_config
+
+DBA_MNIST = Trigger(shape="bars", size=4, position="top-left", parts=4, gap=2)
+
+
+def adversary(**keys: object) -> AdversaryConfig:
+    return parse_run_config({"adversary-fraction": 0.2, **keys}).adversary()
+
+
+# DBA ---------------------------------------------------------------------------------------
+
+def test_dba_bars_are_the_papers_mnist_pattern_and_split_into_its_bars() -> None:
+    # Prepare: DBA's MNIST trigger, 4 bars of 1x4, gap 2 (rows 0 and 3, columns 0-3 and 6-9
+    # of its box), one pixel from the top-left corner
+    expected = torch.zeros(28, 28, dtype=torch.bool)
+    bars = [(1, slice(1, 5)), (1, slice(7, 11)), (4, slice(1, 5)), (4, slice(7, 11))]
+    for row, cols in bars:
+        expected[row, cols] = True
+    # Execute
+    whole = trigger_mask(DBA_MNIST, 28, 28)
+    parts = [trigger_mask(DBA_MNIST, 28, 28, part) for part in range(4)]
+    # Assert: the whole pattern by hand; each part one bar where the pattern puts it
+    assert torch.equal(whole, expected) and int(whole.sum()) == 16
+    for (row, cols), part in zip(bars, parts, strict=True):
+        alone = torch.zeros(28, 28, dtype=torch.bool)
+        alone[row, cols] = True
+        assert torch.equal(part, alone)
+    assert torch.equal(parts[0] | parts[1] | parts[2] | parts[3], whole)
+
+
+def test_bars_of_three_parts_and_their_bottom_right_place() -> None:
+    # Prepare: 3 bars of 2 -> 2 columns, 2 rows; box 3 (rows 0, 2) x 5 (columns 0-1, 3-4)
+    trigger = Trigger(shape="bars", size=2, parts=3, gap=1)
+    # Execute
+    box = trigger_box(trigger)
+    mask = trigger_mask(trigger, 10, 10)
+    # Assert
+    by_hand = torch.tensor([[1, 1, 0, 1, 1], [0, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    assert torch.equal(box, by_hand)
+    assert torch.equal(mask[6:9, 4:9], by_hand) and int(mask.sum()) == 6  # margin row/col 9
+
+
+def test_parts_that_do_not_exist_are_refused() -> None:
+    with pytest.raises(ValueError, match="has no parts"):
+        trigger_box(Trigger(shape="square"), 0)
+    with pytest.raises(ValueError, match="part 4 is not a bar of a 4-bar trigger"):
+        trigger_box(DBA_MNIST, 4)
+    with pytest.raises(ValueError, match=r"\(4x10 pixels\) does not fit a 8x8 image"):
+        trigger_mask(DBA_MNIST, 8, 8)
+
+
+def test_a_dba_client_stamps_the_bar_of_its_rank() -> None:
+    # Prepare: the 6th adversary (rank 5) of a 4-bar DBA plants bar 5 mod 4 = 1
+    cfg = adversary(**{"adversary-kind": "dba", "adversary-trigger": "bars",
+                       "adversary-trigger-size": 4, "adversary-trigger-position": "top-left",
+                       "adversary-poison-fraction": 1.0, "adversary-target": 7})
+    x, y = torch.zeros(3, 1, 28, 28), torch.tensor([1, 2, 3])
+    turn = ClientTurn(cfg, 1, 0, 0, RecordDict(), 10, "mnist", white("mnist"), rank=5)
+    # Execute
+    px, py = distributed(x, y, turn)
+    # Assert: every image (fraction 1) changed exactly on bar 1, relabelled to 7
+    bar = torch.zeros(28, 28, dtype=torch.bool)
+    bar[1, 7:11] = True
+    assert torch.equal((px != x).any(dim=(0, 1)), bar) and torch.all(py == 7)
+    assert torch.equal(px, stamp(x, DBA_MNIST, white("mnist"), 1))
+    with pytest.raises(ValueError, match="needs the client's rank"):
+        distributed(x, y, ClientTurn(cfg, 1, 0, 0, RecordDict(), 10, "mnist", white("mnist")))
+
+
+def test_rank_orders_the_adversaries_by_id() -> None:
+    # Prepare
+    cfg = adversary()
+    ids = sorted(cfg.ids(20))
+    honest = next(i for i in range(20) if i not in ids)
+    # Execute / Assert: 4 adversaries of 20 ranked 0..3 by id; an honest partition -1
+    assert [cfg.rank(i, 20) for i in ids] == [0, 1, 2, 3]
+    assert cfg.rank(honest, 20) == -1
+
+
+def test_the_attack_keys_are_checked_with_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="adversary-kind='dba' works with adversary-trigger "
+                       "bars only, got 'square': set adversary-trigger='bars'"):
+        parse_run_config({"adversary-kind": "dba"})
+    with pytest.raises(ConfigError, match=r"adversary-dba-parts=0 must be >= 1"):
+        parse_run_config({"adversary-dba-parts": 0})
+    with pytest.raises(ConfigError, match=r"adversary-dba-gap=-1 must be >= 0"):
+        parse_run_config({"adversary-dba-gap": -1})
+    with pytest.raises(ConfigError, match=r"adversary-neurotoxin-top=1.0 must lie in"):
+        parse_run_config({"adversary-neurotoxin-top": 1.0})
+    # the bars trigger also serves the centralised backdoor (DBA's baseline)
+    assert parse_run_config({"adversary-trigger": "bars"}).adversary().backdoor().shape == "bars"
+
+
+def test_the_backdoor_rows_measure_attack_success_with_the_whole_trigger() -> None:
+    # Prepare / Execute
+    dba = measured_trigger(adversary(**{"adversary-kind": "dba", "adversary-trigger": "bars"}))
+    # Assert: DBA's global pattern at test time; no trigger for other attacks or no attackers
+    assert dba == Trigger(shape="bars", size=3, parts=4, gap=2)
+    for kind in ("backdoor", "neurotoxin", "adaptive-backdoor"):
+        assert measured_trigger(adversary(**{"adversary-kind": kind})) == Trigger()
+    assert measured_trigger(adversary(**{"adversary-kind": "boosted"})) is None
+    inactive = parse_run_config({"adversary-kind": "backdoor"}).adversary()
+    assert measured_trigger(inactive) is None
+    assert {k for k, row in ATTACKS.items() if row.backdoor} == {
+        "backdoor", "dba", "neurotoxin", "adaptive-backdoor"}
+    assert "adaptive-backdoor" in server_side()
+
+
+# Neurotoxin ---------------------------------------------------------------------------------
+
+def test_the_mask_leaves_the_largest_coordinates_of_the_change_alone() -> None:
+    # Prepare: 5 coordinates over two tensors; 40% of them: the 2 largest |change|
+    change = {"a": torch.tensor([0.1, -0.5, 0.3]), "b": torch.tensor([[0.05, 0.9]])}
+    # Execute
+    mask = coordinate_mask(change, 0.4)
+    # Assert: 0.9 (b[0, 1]) and -0.5 (a[1]) masked off, ranked over both tensors together
+    assert mask["a"].tolist() == [True, False, True]
+    assert mask["b"].tolist() == [[True, False]]
+    assert all(bool(m.all()) for m in coordinate_mask(change, 0.0).values())
+    assert int(sum(m.numel() - m.sum() for m in coordinate_mask(change, 0.5).values())) == 2
+    with pytest.raises(ValueError, match=r"adversary-neurotoxin-top=1\.0 must lie in"):
+        coordinate_mask(change, 1.0)
+
+
+def test_the_change_is_the_last_global_model_it_was_sent() -> None:
+    # Prepare: round 3's model kept; round 5's global
+    memory = RecordDict()
+    remember({"w": torch.tensor([1.0, 2.0]), "bn.running_var": torch.ones(2)}, memory, 3)
+    now = {"w": torch.tensor([1.5, 1.0]), "bn.running_var": torch.full((2,), 4.0)}
+    # Execute / Assert: the parameters' change (no statistics); none from a later round
+    change = last_change(now, memory, 5)
+    assert change is not None and list(change) == ["w"]
+    assert change["w"].tolist() == [0.5, -1.0]
+    assert last_change(now, memory, 3) is None and last_change(now, RecordDict(), 5) is None
+
+
+def test_masked_local_steps_never_move_the_masked_coordinates() -> None:
+    # Prepare: a linear model, its weight's second and fourth coordinates masked off
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 2)
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    mask = {"weight": torch.tensor([[True, False], [True, False]])}
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    x, y = torch.randn(16, 2), torch.randint(0, 2, (16,))
+    # Execute: 5 steps under the mask
+    with masked_gradients(model, mask):
+        for _ in range(5):
+            optimiser.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimiser.step()
+    moved = model.weight.detach() - start["weight"]
+    # Assert: the masked column exactly still, the free one and the bias moved
+    assert torch.all(moved[:, 1] == 0) and torch.all(moved[:, 0] != 0)
+    assert not torch.equal(model.bias.detach(), start["bias"])
+    # the hooks are gone once closed: a later step moves every coordinate
+    optimiser.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    grad = model.weight.grad
+    assert grad is not None and torch.all(grad[:, 1] != 0)
+
+
+def test_the_reply_is_confined_then_boosted_and_the_model_kept() -> None:
+    # Prepare: top 50% of 4 coordinates; last change [0.1, 3, -2, 0.2]: w[1] and w[2] off
+    cfg = adversary(**{"adversary-kind": "neurotoxin", "adversary-neurotoxin-top": 0.5,
+                       "adversary-boost": 2.0})
+    memory = RecordDict()
+    glob = {"w": torch.tensor([1.0, 1.0, 1.0, 1.0]), "n": torch.tensor(3)}
+    remember({"w": torch.tensor([0.9, -2.0, 3.0, 0.8]), "n": torch.tensor(2)}, memory, 1)
+    trained = {"w": torch.tensor([1.5, 0.0, 2.0, 0.5]), "n": torch.tensor(4)}
+    turn = ClientTurn(cfg, 4, 0, 0, memory)
+    # Execute
+    out = reply(glob, trained, turn)
+    # Assert: update [0.5, 0, 0, -0.5] x 2 on the free coordinates; counters as trained
+    assert out["w"].tolist() == [2.0, 1.0, 1.0, 0.0] and int(out["n"]) == 4
+    assert memory.config_records[LAST_ROUND]["round"] == 4
+    # the next round's mask reads this round's model (no earlier model: nothing masked)
+    assert torch.equal(confine(glob, trained, None)["w"], trained["w"])
+    fresh = reply(glob, trained, ClientTurn(cfg, 1, 0, 0, RecordDict()))
+    assert fresh["w"].tolist() == [2.0, -1.0, 3.0, 0.0]
+
+
+def test_the_neurotoxin_row_masks_the_clients_training() -> None:
+    # Prepare: the row's training context with a kept model whose change is all in weight[0, 0]
+    cfg = adversary(**{"adversary-kind": "neurotoxin", "adversary-neurotoxin-top": 0.25})
+    model = torch.nn.Linear(2, 2)
+    glob = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    past = {k: v.clone() for k, v in glob.items()}
+    past["weight"][0, 0] -= 10.0
+    memory = RecordDict()
+    remember(past, memory, 1)
+    x, y = torch.randn(8, 2), torch.randint(0, 2, (8,))
+    # Execute: one gradient under the row's context (6 coordinates, the largest 25%: 2 off)
+    with ATTACKS["neurotoxin"].training(model, glob, ClientTurn(cfg, 2, 0, 0, memory)):
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    # Assert: weight[0, 0] (change 10) and one tie (0: first in order, weight[0, 1]) are off
+    grad = model.weight.grad
+    assert grad is not None and grad[0, 0] == 0 and grad[0, 1] == 0
+    assert torch.all(grad[1] != 0)
+
+
+# The adaptive backdoor -------------------------------------------------------------------------
+
+ROOT10 = math.sqrt(10)
+
+
+def test_the_cone_projection_by_hand() -> None:
+    # Execute / Assert: [0, 1] turned to cosine 0.6 with [1, 0]; inside the cone: unchanged
+    assert np.allclose(cone_projection(np.array([0.0, 1.0]), np.array([1.0, 0.0]), 0.6),
+                       [0.6, 0.8])
+    inside = np.array([0.8, 0.6])
+    assert np.array_equal(cone_projection(inside, np.array([1.0, 0.0]), 0.6), inside)
+    # exactly against it: turned towards the axis where the reference is smallest, norm kept
+    back = cone_projection(np.array([-2.0, 0.0]), np.array([1.0, 0.0]), 0.6)
+    assert np.allclose(back, [1.2, 1.6])
+    with pytest.raises(ValueError, match="a cosine must lie in"):
+        cone_projection(inside, inside, 1.5)
+
+
+def test_the_adaptive_backdoor_passes_a_hand_set_cap() -> None:
+    # Prepare: honest [1, 0, 0] and [0.8, 0.6, 0] (mean [0.9, 0.3, 0]; each at cosine
+    # 3/sqrt(10) with it); two backdoored updates off that direction; a cap of 1
+    honest = np.array([[1.0, 0.0, 0.0], [0.8, 0.6, 0.0]])
+    own = np.array([[0.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    view = RoundView(honest, own, 4, [10, 10], lambda examples: 1.0)
+    cfg = adversary(**{"adversary-kind": "adaptive-backdoor"})
+    # Execute
+    sent, params = adaptive_backdoor(view, cfg)
+    # Assert: each turned onto the cone (by hand: [0.9, 0.3, 1/sqrt(10)] and [0.8, 0.6, 0]),
+    # at 0.99 x the cap: under it, and as aligned with the honest mean as an honest update
+    assert honest_alignment(honest) == pytest.approx(3 / ROOT10)
+    assert np.allclose(sent, 0.99 * np.array([[0.9, 0.3, 1 / ROOT10], [0.8, 0.6, 0.0]]))
+    mean = honest.mean(axis=0)
+    for row in sent:
+        assert np.linalg.norm(row) == pytest.approx(0.99) and np.linalg.norm(row) <= 1.0
+        assert cosine(row, mean) == pytest.approx(3 / ROOT10)
+    assert params["least_cosine"] == pytest.approx(3 / ROOT10)
+    assert params["cosines_before"] == pytest.approx([0.0, 1 / ROOT10])
+    assert params["factors"] == pytest.approx([0.99 / 2, 0.99 / 3])
+
+
+def test_without_a_bound_or_honest_updates_it_boosts_as_trained() -> None:
+    # Prepare: one honest update only, no bound in force, boost 2.5
+    view = RoundView(np.array([[1.0, 0.0]]), np.array([[0.0, 2.0]]), 2, [5],
+                     lambda examples: None)
+    cfg = adversary(**{"adversary-kind": "adaptive-backdoor", "adversary-boost": 2.5})
+    # Execute
+    sent, params = adaptive_backdoor(view, cfg)
+    # Assert: no honest direction to read: the direction as trained, x adversary-boost
+    assert np.allclose(sent, [[0.0, 5.0]]) and params["least_cosine"] is None
