@@ -207,9 +207,10 @@ def train_handler(msg: Message, context: Context) -> Message:
                       _seed(cfg.seed, server_round, f"attack-{client_id}"), context.state,
                       ds.num_classes, ds.name, white(ds.name), _rank(cfg, context, attack))
     if attack is None or not attack.idle:
-        if attack is not None and attack.data is not None:  # the model's classes: the data's
-            x, y = attack.data(x, y, turn)
-        with attack.training(model, global_state, turn) if attack is not None else nullcontext():
+        with (attack.training(model, global_state, x, y, turn) if attack is not None
+              else nullcontext()):  # a gradient mask is read from the clean data
+            if attack is not None and attack.data is not None:  # the model's classes: the data's
+                x, y = attack.data(x, y, turn)
             stats = train(model, x, y, **cfg.train_config().train_kwargs(),
                           proximal_mu=float(mu), seed=seed, loss_squares=squares,
                           grad_variance=variance, device=_device(cfg, context))

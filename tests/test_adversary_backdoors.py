@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from fedowen_task.adversary.attacks import ATTACKS, measured_trigger, server_side
 from fedowen_task.adversary.backdoor import stamp, trigger_box, trigger_mask
@@ -17,12 +17,16 @@ from fedowen_task.adversary.client import ClientTurn, distributed
 from fedowen_task.adversary.keys import AdversaryConfig, Trigger
 from fedowen_task.adversary.neurotoxin import (
     LAST_ROUND,
+    MASK,
+    MASK_SOURCE,
+    clean_gradient,
     confine,
     coordinate_mask,
     last_change,
     masked_gradients,
     remember,
     reply,
+    training_mask,
 )
 from fedowen_task.adversary.server import (
     RoundView,
@@ -194,24 +198,53 @@ def test_masked_local_steps_never_move_the_masked_coordinates() -> None:
     assert grad is not None and torch.all(grad[:, 1] != 0)
 
 
-def test_the_reply_is_confined_then_boosted_and_the_model_kept() -> None:
-    # Prepare: top 50% of 4 coordinates; last change [0.1, 3, -2, 0.2]: w[1] and w[2] off
-    cfg = adversary(**{"adversary-kind": "neurotoxin", "adversary-neurotoxin-top": 0.5,
-                       "adversary-boost": 2.0})
+def test_the_reply_is_confined_to_the_kept_mask_then_boosted_and_the_model_kept() -> None:
+    # Prepare: this round's mask kept by the training (w[1] and w[2] off), boost 2
+    cfg = adversary(**{"adversary-kind": "neurotoxin", "adversary-boost": 2.0})
     memory = RecordDict()
+    memory[MASK] = ArrayRecord({"w": torch.tensor([1, 0, 0, 1], dtype=torch.uint8)})
     glob = {"w": torch.tensor([1.0, 1.0, 1.0, 1.0]), "n": torch.tensor(3)}
-    remember({"w": torch.tensor([0.9, -2.0, 3.0, 0.8]), "n": torch.tensor(2)}, memory, 1)
     trained = {"w": torch.tensor([1.5, 0.0, 2.0, 0.5]), "n": torch.tensor(4)}
-    turn = ClientTurn(cfg, 4, 0, 0, memory)
     # Execute
-    out = reply(glob, trained, turn)
-    # Assert: update [0.5, 0, 0, -0.5] x 2 on the free coordinates; counters as trained
+    out = reply(glob, trained, ClientTurn(cfg, 4, 0, 0, memory))
+    # Assert: update [0.5, 0, 0, -0.5] x 2 on the free coordinates; counters as trained; the
+    # round's model kept for the next change, the mask dropped
     assert out["w"].tolist() == [2.0, 1.0, 1.0, 0.0] and int(out["n"]) == 4
-    assert memory.config_records[LAST_ROUND]["round"] == 4
-    # the next round's mask reads this round's model (no earlier model: nothing masked)
-    assert torch.equal(confine(glob, trained, None)["w"], trained["w"])
+    assert memory.config_records[LAST_ROUND]["round"] == 4 and MASK not in memory.array_records
+    # without a mask (a share of 0): the backdoor's boosted update, every coordinate
     fresh = reply(glob, trained, ClientTurn(cfg, 1, 0, 0, RecordDict()))
     assert fresh["w"].tolist() == [2.0, -1.0, 3.0, 0.0]
+    assert torch.equal(confine(glob, trained, None)["w"], trained["w"])
+
+
+def zero_linear() -> torch.nn.Linear:
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight.zero_()
+        model.bias.zero_()
+    return model
+
+
+def test_without_an_earlier_model_the_mask_ranks_its_own_clean_gradient() -> None:
+    # Prepare: zero weights (softmax 0.5, 0.5), x = [1, 0] and [0, 3], both of class 0: the
+    # summed gradient by hand is W: [[-0.5, -1.5], [0.5, 1.5]], b: [-1, 1]
+    model = zero_linear()
+    x, y = torch.tensor([[1.0, 0.0], [0.0, 3.0]]), torch.tensor([0, 0])
+    cfg = adversary(**{"adversary-kind": "neurotoxin", "adversary-neurotoxin-top": 1 / 3})
+    memory = RecordDict()
+    glob = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # Execute
+    grad = clean_gradient(model, x, y)
+    mask = training_mask(model, glob, x, y, ClientTurn(cfg, 1, 0, 0, memory))
+    # Assert: the gradient by hand, the model untouched; the 2 largest (W[:, 1]) left alone
+    assert torch.allclose(grad["weight"], torch.tensor([[-0.5, -1.5], [0.5, 1.5]]))
+    assert torch.allclose(grad["bias"], torch.tensor([-1.0, 1.0]))
+    assert model.weight.grad is None and torch.all(model.weight == 0)
+    assert mask is not None and mask["weight"].tolist() == [[True, False], [True, False]]
+    assert mask["bias"].tolist() == [True, True]
+    assert memory.config_records[MASK_SOURCE]["source"] == "own-gradient"
+    assert torch.equal(memory.array_records[MASK].to_torch_state_dict()["weight"].bool(),
+                       mask["weight"])
 
 
 def test_the_neurotoxin_row_masks_the_clients_training() -> None:
@@ -224,13 +257,15 @@ def test_the_neurotoxin_row_masks_the_clients_training() -> None:
     memory = RecordDict()
     remember(past, memory, 1)
     x, y = torch.randn(8, 2), torch.randint(0, 2, (8,))
+    turn = ClientTurn(cfg, 2, 0, 0, memory)
     # Execute: one gradient under the row's context (6 coordinates, the largest 25%: 2 off)
-    with ATTACKS["neurotoxin"].training(model, glob, ClientTurn(cfg, 2, 0, 0, memory)):
+    with ATTACKS["neurotoxin"].training(model, glob, x, y, turn):
         torch.nn.functional.cross_entropy(model(x), y).backward()
     # Assert: weight[0, 0] (change 10) and one tie (0: first in order, weight[0, 1]) are off
     grad = model.weight.grad
     assert grad is not None and grad[0, 0] == 0 and grad[0, 1] == 0
     assert torch.all(grad[1] != 0)
+    assert memory.config_records[MASK_SOURCE]["source"] == "global-change"
 
 
 # The adaptive backdoor -------------------------------------------------------------------------

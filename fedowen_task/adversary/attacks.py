@@ -37,8 +37,9 @@ from fedowen_task.adversary.keys import AdversaryConfig, Trigger
 from fedowen_task.adversary.server import ServerAttack
 
 #: The coordinates the local steps may move, per parameter (True: free), or None for all:
-#: ``(global_state, turn) -> mask``.
-GradientMask = Callable[[TorchState, ClientTurn], dict[str, torch.Tensor] | None]
+#: ``(model, global_state, x, y, turn) -> mask``, from the client's clean data.
+GradientMask = Callable[[torch.nn.Module, TorchState, torch.Tensor, torch.Tensor, ClientTurn],
+                        dict[str, torch.Tensor] | None]
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,12 @@ class Attack:
         return self.reply(global_state, trained, turn)
 
     @contextmanager
-    def training(self, model: torch.nn.Module, global_state: TorchState, turn: ClientTurn
-                 ) -> Iterator[None]:
-        """Open while the client trains: ``mask``'s gradient mask on ``model``
+    def training(self, model: torch.nn.Module, global_state: TorchState, x: torch.Tensor,
+                 y: torch.Tensor, turn: ClientTurn) -> Iterator[None]:
+        """Open while the client poisons its data and trains: ``mask``'s gradient mask on
+        ``model``, worked out on entry from the clean ``(x, y)``
         (:func:`fedowen_task.adversary.neurotoxin.masked_gradients`); nothing without one."""
-        mask = self.mask(global_state, turn) if self.mask is not None else None
+        mask = self.mask(model, global_state, x, y, turn) if self.mask is not None else None
         with neurotoxin.masked_gradients(model, mask):
             yield
 

@@ -12,13 +12,17 @@ on the mask once more (:func:`confine`: weight decay and momentum move no masked
 but a recipe with weight decay would nudge them; this makes the sent update exactly
 confined) and boosted by ``adversary-boost`` like the backdoor's.
 
-In the round it first takes part it has no earlier model and so no estimate: it plants a
-plain backdoor that round (no coordinate left alone). Running statistics (BatchNorm) are no
-coordinates of the gradient; they are sent as trained.
+An attacker is drawn about one round in ten, so most of its turns are its first, with no
+earlier model: then it ranks the reference code's estimate instead (``grad_mask_cv``), the
+gradient of its own clean data at the model it was sent (:func:`clean_gradient`). The mask is
+worked out before the data is poisoned and kept in the context state until the reply
+(:data:`MASK`). Running statistics (BatchNorm) are no coordinates of the gradient; they are
+sent as trained.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -34,6 +38,10 @@ log = logging.getLogger(__name__)
 
 #: The context-state records of the model the attacker was sent last, and its round.
 LAST_MODEL, LAST_ROUND = "neurotoxin-global", "neurotoxin-round"
+#: The context-state records of this round's mask (1: free) and what it was ranked on.
+MASK, MASK_SOURCE = "neurotoxin-mask", "neurotoxin-mask-source"
+#: Images a batch when :func:`clean_gradient` sums the loss's gradient.
+GRADIENT_BATCH = 256
 TorchState = Mapping[str, torch.Tensor]
 
 
@@ -77,16 +85,20 @@ def last_change(global_state: TorchState, memory: RecordDict, server_round: int
     return {k: global_state[k] - past[k] for k in coordinates(global_state)}
 
 
-def round_mask(global_state: TorchState, memory: RecordDict, server_round: int, top: float
-               ) -> dict[str, torch.Tensor] | None:
-    """This round's mask (:func:`coordinate_mask` of :func:`last_change`), None when the
-    attacker has no earlier model."""
-    change = last_change(global_state, memory, server_round)
-    if change is None:
-        log.debug("round %d: neurotoxin has no earlier global model: no coordinate left alone",
-                  server_round)
-        return None
-    return coordinate_mask(change, top)
+def clean_gradient(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+                   ) -> dict[str, torch.Tensor]:
+    """The gradient of the summed cross-entropy of ``(x, y)`` at ``model``'s weights, per
+    parameter (computed on a copy in evaluation mode: the model and its running statistics
+    are left as they are)."""
+    probe = copy.deepcopy(model).eval()
+    probe.zero_grad(set_to_none=True)
+    device = next(probe.parameters()).device
+    for start in range(0, len(y), GRADIENT_BATCH):
+        xb = x[start:start + GRADIENT_BATCH].to(device)
+        yb = y[start:start + GRADIENT_BATCH].to(device, dtype=torch.long)
+        torch.nn.functional.cross_entropy(probe(xb), yb, reduction="sum").backward()
+    return {name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu()
+            for name, p in probe.named_parameters() if p.requires_grad}
 
 
 def remember(global_state: TorchState, memory: RecordDict, server_round: int) -> None:
@@ -135,17 +147,38 @@ def confine(global_state: TorchState, trained: TorchState,
 
 # The table's hooks (fedowen_task.adversary.attacks).
 
-def training_mask(global_state: TorchState, turn: ClientTurn
-                  ) -> dict[str, torch.Tensor] | None:
-    """``neurotoxin``'s mask for the local steps (:func:`round_mask`)."""
-    return round_mask(global_state, turn.memory, turn.server_round, turn.cfg.neurotoxin_top)
+def training_mask(model: torch.nn.Module, global_state: TorchState, x: torch.Tensor,
+                  y: torch.Tensor, turn: ClientTurn) -> dict[str, torch.Tensor] | None:
+    """``neurotoxin``'s mask for the local steps, from its clean data ``(x, y)`` and the model
+    it was sent: :func:`coordinate_mask` of :func:`last_change`, or of :func:`clean_gradient`
+    without an earlier model; kept in the context state for :func:`reply` (None at a share
+    of 0: nothing left alone)."""
+    top = turn.cfg.neurotoxin_top
+    if top == 0.0:
+        return None
+    change = last_change(global_state, turn.memory, turn.server_round)
+    source = "global-change"
+    if change is None:
+        free = set(coordinates(global_state))
+        change = {k: v for k, v in clean_gradient(model, x, y).items() if k in free}
+        source = "own-gradient"
+    mask = coordinate_mask(change, top)
+    turn.memory[MASK] = ArrayRecord({k: m.to(torch.uint8) for k, m in mask.items()})
+    turn.memory[MASK_SOURCE] = ConfigRecord({"source": source, "round": turn.server_round})
+    log.debug("round %d: neurotoxin mask from its %s", turn.server_round, source)
+    return mask
 
 
 def reply(global_state: TorchState, trained: TorchState, turn: ClientTurn
           ) -> dict[str, torch.Tensor]:
-    """``neurotoxin``'s reply: the trained model :func:`confine`-d to the mask, its update
-    boosted by ``adversary-boost``; then this round's model kept (:func:`remember`)."""
-    mask = training_mask(global_state, turn)  # before remember: the same mask as training's
+    """``neurotoxin``'s reply: the trained model :func:`confine`-d to this round's mask (the
+    one :func:`training_mask` kept), its update boosted by ``adversary-boost``; then this
+    round's model kept (:func:`remember`) and the mask dropped."""
+    mask = None
+    if MASK in turn.memory.array_records:
+        mask = {k: v.bool() for k, v in turn.memory.array_records[MASK].to_torch_state_dict()
+                .items()}
+        del turn.memory[MASK]
     out = boosted_update(global_state, confine(global_state, trained, mask), turn.cfg.boost)
     remember(global_state, turn.memory, turn.server_round)
     return out
