@@ -110,7 +110,8 @@ class _AdversaryKeys:
                                   rule=finite(at_least(0, " (0: the papers' identical vectors)")))
     adversary_trigger: str = key("square", "the backdoor's trigger: square | plus | bars "
                                  "(DBA's)")
-    adversary_trigger_size: int = key(3, "the trigger's side, in pixels")
+    adversary_trigger_size: int = key(3, "the trigger's side (bars: a bar's length), in "
+                                      "pixels")
     adversary_trigger_position: str = key("bottom-right", "bottom-right | top-left | center")
     adversary_target: int = key(0, "the backdoor's target class")
     adversary_poison_fraction: float = key(0.5, "the share of the attacker's images stamped")

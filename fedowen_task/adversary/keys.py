@@ -23,8 +23,8 @@ TRIGGER_POSITIONS = ("bottom-right", "top-left", "center")
 
 @dataclass(frozen=True)
 class Trigger:
-    """A backdoor's trigger (``adversary-kind = "backdoor"``; stamped by
-    :mod:`fedowen_task.adversary.backdoor`).
+    """A backdoor's trigger (the table's backdoor rows: ``backdoor``, ``dba``, ``neurotoxin``,
+    ``adaptive-backdoor``; stamped by :mod:`fedowen_task.adversary.backdoor`).
 
     Parameters
     ----------

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedowen_task.adversary.client import ClientTurn, boosted_update
+from fedowen_task.adversary.client import ClientTurn, TorchState, boosted_update
 from fedowen_task.protocol import NORM_STATISTICS
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,6 @@ LAST_MODEL, LAST_ROUND = "neurotoxin-global", "neurotoxin-round"
 MASK, MASK_SOURCE = "neurotoxin-mask", "neurotoxin-mask-source"
 #: Images a batch when :func:`clean_gradient` sums the loss's gradient.
 GRADIENT_BATCH = 256
-TorchState = Mapping[str, torch.Tensor]
 
 
 def coordinates(state: TorchState) -> list[str]:
