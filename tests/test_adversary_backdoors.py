@@ -5,15 +5,18 @@ it leaves alone), and the adaptive backdoor's update passing a hand-set cap."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, RecordDict
 
+from client_app.app import app as client_app
 from fedowen_task.adversary.attacks import ATTACKS, measured_trigger, server_side
 from fedowen_task.adversary.backdoor import stamp, trigger_box, trigger_mask
-from fedowen_task.adversary.client import ClientTurn, distributed
+from fedowen_task.adversary.client import ClientTurn, TorchState, distributed
 from fedowen_task.adversary.keys import AdversaryConfig, Trigger
 from fedowen_task.adversary.neurotoxin import (
     LAST_ROUND,
@@ -37,7 +40,10 @@ from fedowen_task.adversary.server import (
 )
 from fedowen_task.config import ConfigError
 from fedowen_task.data import white
+from server_app.app import run
 from server_app.config import parse_run_config
+from server_app.store.records import read_rounds
+from sim.inline_grid import InProcessGrid
 
 DBA_MNIST = Trigger(shape="bars", size=4, position="top-left", parts=4, gap=2)
 
@@ -317,3 +323,60 @@ def test_without_a_bound_or_honest_updates_it_boosts_as_trained() -> None:
     sent, params = adaptive_backdoor(view, cfg)
     # Assert: no honest direction to read: the direction as trained, x adversary-boost
     assert np.allclose(sent, [[0.0, 5.0]]) and params["least_cosine"] is None
+
+
+# Through the real apps ---------------------------------------------------------------------
+
+def test_the_real_clientapp_trains_neurotoxin_and_dba_as_their_rows_say(
+        shared_data_dir: Path, tmp_path: Path) -> None:
+    # Prepare: 2 of 4 clients attack, all 4 drawn in each of 2 rounds; spies around the rows'
+    # hooks record what the ClientApp handed them
+    seen: list[tuple[int, str, dict[str, torch.Tensor], TorchState, TorchState,
+                     TorchState]] = []
+    ranks: list[int] = []
+    row, dba_row = ATTACKS["neurotoxin"], ATTACKS["dba"]
+
+    def spy_reply(glob: TorchState, trained: TorchState, turn: ClientTurn
+                  ) -> dict[str, torch.Tensor]:
+        kept = turn.memory.array_records[MASK].to_torch_state_dict()
+        source = str(turn.memory.config_records[MASK_SOURCE]["source"])
+        out = reply(glob, trained, turn)
+        seen.append((turn.server_round, source, {k: v.bool() for k, v in kept.items()},
+                     dict(glob), dict(trained), out))
+        return out
+
+    def spy_data(x: torch.Tensor, y: torch.Tensor, turn: ClientTurn
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        ranks.append(turn.rank)
+        return distributed(x, y, turn)
+
+    base = {"dataset": "mnist", "data-dir": str(shared_data_dir), "num-server-rounds": 2,
+            "clients-per-round": 4, "client-max-samples": 20, "test-max-samples": 100,
+            "adversary-fraction": 0.5, "adversary-neurotoxin-top": 0.05}
+    nodes = [{"partition-id": i, "num-partitions": 4} for i in range(4)]
+    ATTACKS["neurotoxin"] = replace(row, reply=spy_reply)
+    ATTACKS["dba"] = replace(dba_row, data=spy_data)
+    try:
+        # Execute: the real ClientApp over the in-process grid, the real ServerApp
+        for kind, extra in (("neurotoxin", {}), ("dba", {"adversary-trigger": "bars"})):
+            cfg = {**base, "adversary-kind": kind, "output-dir": str(tmp_path / kind), **extra}
+            run(InProcessGrid(client_app, nodes, cfg), parse_run_config(cfg), tmp_path / kind)
+    finally:
+        ATTACKS["neurotoxin"], ATTACKS["dba"] = row, dba_row
+    # Assert: Neurotoxin's mask came from its own gradient in round 1 and from the global
+    # change in round 2; 5% of the coordinates masked off; the trained model (SGD with
+    # momentum, every step masked) and the reply never moved them, the reply moved the others
+    assert sorted((r, s) for r, s, *_ in seen) == [(1, "own-gradient"), (1, "own-gradient"),
+                                                  (2, "global-change"), (2, "global-change")]
+    for _, _, mask, glob, trained, out in seen:
+        off = sum(int((~m).sum()) for m in mask.values())
+        assert off == round(0.05 * sum(m.numel() for m in mask.values())) and off > 0
+        for k, m in mask.items():
+            assert torch.equal(trained[k][~m], glob[k][~m])  # the masked steps never moved
+            assert torch.equal(out[k][~m], glob[k][~m])
+        assert any(bool((out[k] != glob[k])[m].any()) for k, m in mask.items())
+    # DBA's two attackers planted bars 0 and 1 (their ranks) in both rounds
+    assert sorted(ranks) == [0, 0, 1, 1]
+    # and the run measured its attack success every evaluated round (rounds 0, 1 and 2)
+    evaluated = [r for r in read_rounds(tmp_path / "dba") if "test_accuracy" in r]
+    assert len(evaluated) == 3 and all("attack_success" in r for r in evaluated)
