@@ -380,3 +380,24 @@ def test_the_real_clientapp_trains_neurotoxin_and_dba_as_their_rows_say(
     # and the run measured its attack success every evaluated round (rounds 0, 1 and 2)
     evaluated = [r for r in read_rounds(tmp_path / "dba") if "test_accuracy" in r]
     assert len(evaluated) == 3 and all("attack_success" in r for r in evaluated)
+
+
+def test_the_adaptive_backdoor_passes_the_real_defaults_unclipped(shared_data_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    # Prepare: 2 of 4 clients attack, all 4 drawn, one round under the app's defaults
+    cfg = {"dataset": "mnist", "data-dir": str(shared_data_dir), "num-server-rounds": 1,
+           "clients-per-round": 4, "client-max-samples": 20, "test-max-samples": 100,
+           "adversary-fraction": 0.5, "adversary-kind": "adaptive-backdoor",
+           "output-dir": str(tmp_path)}
+    nodes = [{"partition-id": i, "num-partitions": 4} for i in range(4)]
+    # Execute
+    run(InProcessGrid(client_app, nodes, cfg), parse_run_config(cfg), tmp_path)
+    # Assert: the attackers' updates were sent at 0.99 x the norm cap the guards then applied,
+    # so the cap clipped neither and nothing was rejected; each sits on the honest cone
+    (round_1,) = [r for r in read_rounds(tmp_path) if r["round"] == 1 and "attack" in r]
+    entry = round_1["attack"]
+    assert len(entry["clients"]) == 2 and entry["honest"] == 2
+    assert entry["norms"] == pytest.approx([0.99 * round_1["norm_cap"]] * 2, rel=1e-5)
+    assert not set(entry["clients"]) & set(round_1.get("capped", {}))
+    assert round_1.get("rejected", {}) == {}
+    assert all(after >= entry["least_cosine"] - 1e-9 for after in entry["cosines_after"])
