@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import sys
 import zlib
+from contextlib import nullcontext
 from functools import lru_cache
 from pathlib import Path
 
@@ -120,6 +121,14 @@ def _partition(cfg: TaskConfig, context: Context
     return x, y, name, attack
 
 
+def _rank(cfg: TaskConfig, context: Context, attack: Attack | None) -> int:
+    """This partition's place among the adversaries (DBA's bar); -1 when it is honest."""
+    if attack is None:
+        return -1
+    node = context.node_config
+    return cfg.adversary().rank(int(node["partition-id"]), int(node["num-partitions"]))
+
+
 def _dataset(cfg: TaskConfig, context: Context) -> DatasetArrays:
     """The run's dataset (cached in-process by :func:`fedowen_task.data.load_dataset`)."""
     return load_dataset(cfg.dataset, _data_dir(cfg, context), download=cfg.download)
@@ -196,13 +205,15 @@ def train_handler(msg: Message, context: Context) -> Message:
     ds = _dataset(cfg, context)
     turn = ClientTurn(cfg.adversary(), server_round, seed,
                       _seed(cfg.seed, server_round, f"attack-{client_id}"), context.state,
-                      ds.num_classes, ds.name, white(ds.name))
+                      ds.num_classes, ds.name, white(ds.name), _rank(cfg, context, attack))
     if attack is None or not attack.idle:
-        if attack is not None and attack.data is not None:  # the model's classes: the data's
-            x, y = attack.data(x, y, turn)
-        stats = train(model, x, y, **cfg.train_config().train_kwargs(), proximal_mu=float(mu),
-                      seed=seed, loss_squares=squares, grad_variance=variance,
-                      device=_device(cfg, context))
+        with (attack.training(model, global_state, x, y, turn) if attack is not None
+              else nullcontext()):  # a gradient mask is read from the clean data
+            if attack is not None and attack.data is not None:  # the model's classes: the data's
+                x, y = attack.data(x, y, turn)
+            stats = train(model, x, y, **cfg.train_config().train_kwargs(),
+                          proximal_mu=float(mu), seed=seed, loss_squares=squares,
+                          grad_variance=variance, device=_device(cfg, context))
     # back on the CPU whatever device trained: the reply's arrays (and an attack's) are numpy
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if attack is not None:

@@ -108,13 +108,20 @@ class _AdversaryKeys:
     adversary_ipm_epsilon: float = key(0.5, "IPM's epsilon", rule=finite(above(0)))
     adversary_jitter: float = key(0.0, "noise on ALIE's and IPM's vectors (0: copies)",
                                   rule=finite(at_least(0, " (0: the papers' identical vectors)")))
-    adversary_trigger: str = key("square", "the backdoor's trigger: square | plus")
-    adversary_trigger_size: int = key(3, "the trigger's side, in pixels")
+    adversary_trigger: str = key("square", "the backdoor's trigger: square | plus | bars "
+                                 "(DBA's)")
+    adversary_trigger_size: int = key(3, "the trigger's side (bars: a bar's length), in "
+                                      "pixels")
     adversary_trigger_position: str = key("bottom-right", "bottom-right | top-left | center")
     adversary_target: int = key(0, "the backdoor's target class")
     adversary_poison_fraction: float = key(0.5, "the share of the attacker's images stamped")
     adversary_statistics_scale: float = key(4.0, "scaled-statistics' factor on its running "
                                             "statistics", rule=finite(above(0)))
+    adversary_dba_parts: int = key(4, "the bars trigger's bars (DBA's local triggers)")
+    adversary_dba_gap: int = key(2, "pixels between the bars trigger's bars")
+    adversary_neurotoxin_top: float = key(
+        0.05, "neurotoxin: the share of coordinates it leaves alone (the largest of the last "
+        "global change)", rule=within(0, 1, closed="[)", note=" (0: none, a plain backdoor)"))
 
     def adversary_problems(self) -> list[str]:
         """The backdoor trigger's problems (:class:`Trigger` owns them; the other keys' rules
@@ -122,7 +129,8 @@ class _AdversaryKeys:
         :meth:`fedowen_task.config.TaskConfig.problems`)."""
         trigger = Trigger(self.adversary_trigger, self.adversary_trigger_size,
                           self.adversary_trigger_position, self.adversary_target,
-                          self.adversary_poison_fraction)
+                          self.adversary_poison_fraction, self.adversary_dba_parts,
+                          self.adversary_dba_gap)
         return trigger.problems()
 
 
@@ -161,7 +169,10 @@ class TaskConfig(_AdversaryKeys, _DataKeys):
 
     def problems(self) -> list[str]:
         """Out-of-range values of the task keys."""
-        from fedowen_task.adversary.attacks import kinds  # imports torch: only when validating
+        from fedowen_task.adversary.attacks import (  # imports torch: only when validating
+            kinds,
+            trigger_problems,
+        )
         from fedowen_task.data import DATASETS
         from fedowen_task.device import device_problems
         from fedowen_task.models import MODELS, model_problems
@@ -184,6 +195,7 @@ class TaskConfig(_AdversaryKeys, _DataKeys):
         bad += device_problems(self.device)
         bad += one_of("partition-scheme", self.partition_scheme, SCHEMES)
         bad += one_of("adversary-kind", self.adversary_kind, kinds())
+        bad += trigger_problems(self.adversary_kind, self.adversary_trigger)
         return bad
 
 

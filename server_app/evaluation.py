@@ -24,6 +24,7 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord
 
 from fedowen_strategy.replies import record_to_state
+from fedowen_task.adversary.attacks import measured_trigger
 from fedowen_task.data import DatasetArrays, to_tensor
 from fedowen_task.holdout import holdout_split
 from fedowen_task.training import evaluate
@@ -125,11 +126,9 @@ class CentralEvaluation:
         self.progress = Progress(cfg.num_server_rounds, done)
         self.stall = StallWatch(cfg.max_stalled_rounds, str(self.recorder.output_dir))
         self.end = RoundEnd(ArrayRecord(parts.model.state_dict()), self.started)
-        adversary = cfg.adversary()
-        # a backdoor run measures its attack success rate every round
-        # (fedowen_task.adversary.backdoor)
-        self.trigger = adversary.backdoor() if adversary.active and \
-            adversary.kind == "backdoor" else None
+        # a backdoor run (a row of the attack table with ``backdoor``) measures its attack
+        # success rate every round, with the whole trigger (fedowen_task.adversary.backdoor)
+        self.trigger = measured_trigger(cfg.adversary())
 
     def __call__(self, local_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         # the round's wall time: selection, client training, aggregation (not evaluation)

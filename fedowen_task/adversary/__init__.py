@@ -39,6 +39,13 @@ as ``adversary-kind`` says. Every kind is one row of the table
   model without normalisation statistics sends its honest update);
 - ``scaled-statistics``: trains honestly and multiplies its running variances and means by
   ``adversary-statistics-scale`` (default 4): the subtler statistics attack;
+- ``backdoor``, ``dba``, ``neurotoxin``, ``adaptive-backdoor``: backdoors (a trigger stamped
+  on a share of the attacker's images, relabelled to the target; every round records the
+  attack success, :mod:`~fedowen_task.adversary.backdoor`): the plain one boosted; DBA's
+  (Xie et al., ICLR 2020), each attacker planting one bar of the ``bars`` pattern; Neurotoxin
+  (Zhang et al., ICML 2022), its local steps kept off the coordinates the last global change
+  used most (:mod:`~fedowen_task.adversary.neurotoxin`); and one shaped by the ServerApp to
+  pass the defaults (direction on the honest cone, norm just under the bound);
 - ``alie``, ``ipm``, ``adaptive``: omniscient attacks that need the round's honest updates
   ("a little is enough", Baruch et al., NeurIPS 2019; inner-product manipulation, Xie et al.,
   UAI 2020; an adaptive booster that sits just under the defence's bound). Their clients
@@ -49,6 +56,7 @@ as ``adversary-kind`` says. Every kind is one row of the table
 The rooms: :mod:`~fedowen_task.adversary.keys` (the ``adversary-*`` run-config keys and the
 frozen :class:`~fedowen_task.adversary.keys.AdversaryConfig`; no torch),
 :mod:`~fedowen_task.adversary.attacks` (the table), :mod:`~fedowen_task.adversary.client`
-(the ClientApp's side, torch) and :mod:`~fedowen_task.adversary.server` (the ServerApp's,
-numpy).
+(the ClientApp's side, torch), :mod:`~fedowen_task.adversary.server` (the ServerApp's,
+numpy), and beside them :mod:`~fedowen_task.adversary.backdoor` (triggers and attack success)
+and :mod:`~fedowen_task.adversary.neurotoxin` (its mask and masked steps).
 """

@@ -28,7 +28,8 @@ TorchState = Mapping[str, torch.Tensor]
 class ClientTurn:
     """What an adversarial client knows when it replies: the run's adversary config, the
     round, its training ``seed`` (shared by Sybil copies), its own ``attack_seed`` and
-    ``memory``, its context state (kept across rounds)."""
+    ``memory``, its context state (kept across rounds); ``rank``, its place among the
+    adversaries in id order (:meth:`~fedowen_task.adversary.keys.AdversaryConfig.rank`)."""
 
     cfg: AdversaryConfig
     server_round: int
@@ -40,6 +41,7 @@ class ClientTurn:
     #: The dataset's white, standardised (:func:`fedowen_task.data.white`): the backdoor's
     #: trigger colour.
     white: torch.Tensor | None = None
+    rank: int = -1
 
 
 #: Poisons a partition before training: ``(x, y, turn) -> (x, y)``.
@@ -199,16 +201,31 @@ def backdoored(x: torch.Tensor, y: torch.Tensor, turn: ClientTurn
     """``backdoor``'s data: ``adversary-poison-fraction`` of the images, drawn afresh each
     round by the attack seed, stamped with the trigger and relabelled to the target
     (:func:`fedowen_task.adversary.backdoor.poison`)."""
+    return _poisoned(x, y, turn, None)
+
+
+def distributed(x: torch.Tensor, y: torch.Tensor, turn: ClientTurn
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dba``'s data: as :func:`backdoored`, but stamped with one bar of the ``bars``
+    trigger alone, bar ``rank mod adversary-dba-parts`` (DBA's local trigger)."""
+    if turn.rank < 0:
+        raise ValueError("adversary-kind='dba' needs the client's rank among the adversaries "
+                         "(ClientTurn.rank = AdversaryConfig.rank(partition, partitions))")
+    return _poisoned(x, y, turn, turn.rank % turn.cfg.dba_parts)
+
+
+def _poisoned(x: torch.Tensor, y: torch.Tensor, turn: ClientTurn, part: int | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     from fedowen_task.adversary.backdoor import poison
 
     trigger = turn.cfg.backdoor()
     if turn.white is None:
-        raise ValueError("adversary-kind='backdoor' needs the dataset's white "
+        raise ValueError(f"adversary-kind={turn.cfg.kind!r} needs the dataset's white "
                          "(ClientTurn.white = fedowen_task.data.white(dataset))")
     if trigger.target >= turn.num_classes:
         raise ValueError(f"adversary-target={trigger.target} is not a class of "
                          f"{turn.dataset} (0..{turn.num_classes - 1})")
-    x, y, _ = poison(x, y, trigger, turn.white, np.random.default_rng(turn.attack_seed))
+    x, y, _ = poison(x, y, trigger, turn.white, np.random.default_rng(turn.attack_seed), part)
     return x, y
 
 

@@ -1,10 +1,10 @@
 """The adversaries' run-config keys, and the frozen adversary config built from them.
 
-:class:`AdversaryKeys` declares every ``adversary-*`` key of ``[tool.flwr.app.config]`` (the
-task config, :class:`fedowen_task.config.TaskConfig`, takes them from here, so a ClientApp
-reads them as its own) and their range rules. :class:`AdversaryConfig` is the one frozen
-view both apps and ``sim`` read: the keys under short names plus the run's seed, which names
-the adversaries (:func:`adversary_ids`). Which kinds exist is the table's business
+:class:`fedowen_task.config.TaskConfig` declares every ``adversary-*`` key of
+``[tool.flwr.app.config]`` (its ``adversary_*`` fields, so a ClientApp reads them as its own);
+their cross-key rules live here (:meth:`Trigger.problems`). :class:`AdversaryConfig` is the
+one frozen view both apps and ``sim`` read: the keys under short names plus the run's seed,
+which names the adversaries (:func:`adversary_ids`). Which kinds exist is the table's business
 (:data:`fedowen_task.adversary.attacks.ATTACKS`); nothing here imports torch.
 """
 
@@ -15,28 +15,36 @@ from typing import Any
 
 import numpy as np
 
-#: The backdoor trigger's shapes and positions (:class:`Trigger`).
-TRIGGER_SHAPES = ("square", "plus")
+#: The backdoor trigger's shapes and positions (:class:`Trigger`); ``bars`` is DBA's global
+#: pattern (Xie et al., ICLR 2020), which the ``dba`` attackers plant one bar each.
+TRIGGER_SHAPES = ("square", "plus", "bars")
 TRIGGER_POSITIONS = ("bottom-right", "top-left", "center")
 
 
 @dataclass(frozen=True)
 class Trigger:
-    """A backdoor's trigger (``adversary-kind = "backdoor"``; stamped by
-    :mod:`fedowen_task.adversary.backdoor`).
+    """A backdoor's trigger (the table's backdoor rows: ``backdoor``, ``dba``, ``neurotoxin``,
+    ``adaptive-backdoor``; stamped by :mod:`fedowen_task.adversary.backdoor`).
 
     Parameters
     ----------
-    shape : {"square", "plus"}
-        A filled ``size x size`` square, or a plus of arms ``size`` long through its centre.
+    shape : {"square", "plus", "bars"}
+        A filled ``size x size`` square, a plus of arms ``size`` long through its centre, or
+        DBA's pattern: ``parts`` bars of ``1 x size`` pixels in a grid of
+        ``ceil(sqrt(parts))`` columns, ``gap`` pixels apart (4 bars of 4, gap 2: DBA's MNIST
+        trigger, rows 0 and 3, columns 0-3 and 6-9 of its box).
     size : int
-        Side of the trigger's bounding box, in pixels (>= 1).
+        Side of the trigger's bounding box (a bar's length for ``bars``), in pixels (>= 1).
     position : {"bottom-right", "top-left", "center"}
         Where the box sits (one pixel from the corner, or centred).
     target : int
         The class stamped images are relabelled to.
     poison_fraction : float
         Share of the attacker's training images stamped and relabelled each round, in (0, 1].
+    parts : int
+        ``bars``: how many bars (DBA's local triggers), >= 1.
+    gap : int
+        ``bars``: pixels between neighbouring bars, >= 0.
     """
 
     shape: str = "square"
@@ -44,6 +52,8 @@ class Trigger:
     position: str = "bottom-right"
     target: int = 0
     poison_fraction: float = 0.5
+    parts: int = 4
+    gap: int = 2
 
     def problems(self) -> list[str]:
         """What is wrong with these settings, by run-config key (empty when nothing)."""
@@ -57,6 +67,10 @@ class Trigger:
             (self.target >= 0, f"adversary-target={self.target} must be a class index >= 0"),
             (0.0 < self.poison_fraction <= 1.0,
              f"adversary-poison-fraction={self.poison_fraction} must lie in (0, 1]"),
+            (self.parts >= 1, f"adversary-dba-parts={self.parts} must be >= 1 (DBA's MNIST "
+             "trigger: 4)"),
+            (self.gap >= 0, f"adversary-dba-gap={self.gap} must be >= 0 (pixels between "
+             "bars; DBA's: 2)"),
         ]
         return [message for ok, message in checks if not ok]
 
@@ -94,6 +108,9 @@ class AdversaryConfig:
     target: int
     poison_fraction: float
     statistics_scale: float
+    dba_parts: int
+    dba_gap: int
+    neurotoxin_top: float
     seed: int
 
     @classmethod
@@ -105,7 +122,7 @@ class AdversaryConfig:
     def backdoor(self) -> Trigger:
         """The backdoor's trigger these keys describe."""
         return Trigger(self.trigger, self.trigger_size, self.trigger_position, self.target,
-                       self.poison_fraction)
+                       self.poison_fraction, self.dba_parts, self.dba_gap)
 
     @property
     def active(self) -> bool:
@@ -115,6 +132,12 @@ class AdversaryConfig:
     def ids(self, num_partitions: int) -> frozenset[int]:
         """The adversarial partition ids (:func:`adversary_ids`)."""
         return adversary_ids(num_partitions, self.fraction, self.seed)
+
+    def rank(self, partition: int, num_partitions: int) -> int:
+        """The partition's place among the adversaries in id order (0 for the smallest id; DBA
+        gives rank ``r`` bar ``r mod parts``); -1 for an honest partition."""
+        ids = sorted(self.ids(num_partitions))
+        return ids.index(partition) if partition in ids else -1
 
     def client_ids(self, num_partitions: int) -> frozenset[str]:
         """The adversaries as the client ids the records use (a simulated client's id is its

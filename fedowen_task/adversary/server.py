@@ -17,7 +17,13 @@ and backend. Over the flat float64 updates ``d_i = trained_i - global`` (floatin
 - ``adaptive``: each attacker keeps its own honest update (its direction scores like an
   honest one on the server's signal) and scales it to sit just under the tightest norm the
   defence lets through unchanged (the round's ``bound``, which the ServerApp reads from the
-  defence's own function); where none is in force it scales by ``adversary-boost``.
+  defence's own function); where none is in force it scales by ``adversary-boost``;
+- ``adaptive-backdoor``: its clients train on poisoned data (the ``backdoor``'s), and each
+  shapes that backdoored update to pass the defaults: its direction put on the cone of
+  directions whose cosine with the round's honest mean is at least the median honest
+  client's (:func:`cone_projection`, only when it is below; the value game then reads it as
+  aligned as a typical honest update), and its norm at ``0.99 x`` the bound in force, as
+  ``adaptive`` (the norm cap clips nothing, so the average takes it whole).
 
 Honest statistics come from the round's honest replies; with fewer than 2 of them the
 attackers use their own honest updates instead (Baruch et al.'s non-omniscient variant).
@@ -154,6 +160,77 @@ def adaptive(view: RoundView, cfg: AdversaryConfig) -> tuple[NDArray, dict[str, 
     factors = [adaptive_scale(float(np.linalg.norm(row)), b, cfg.boost)
                for row, b in zip(view.own, bounds, strict=True)]
     return view.own * np.asarray(factors)[:, None], {"bounds": bounds, "factors": factors}
+
+
+def cosine(a: NDArray, b: NDArray) -> float:
+    """``a . b / (|a| |b|)``; 0 when either is zero."""
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return 0.0 if na == 0.0 or nb == 0.0 else float(np.dot(a, b) / (na * nb))
+
+
+def honest_alignment(honest: NDArray) -> float:
+    """The median cosine of the honest updates with their mean (how aligned a typical honest
+    update is with the round's direction)."""
+    rows = _rows(honest)
+    mean = rows.mean(axis=0)
+    return float(np.median([cosine(row, mean) for row in rows]))
+
+
+def cone_projection(update: NDArray, reference: NDArray, least: float) -> NDArray:
+    """The vector of ``update``'s norm nearest ``update`` among those whose cosine with
+    ``reference`` is at least ``least``: ``update`` itself when it is already there, else
+    ``|update| (least r + sqrt(1 - least^2) p)``, ``r`` the reference's unit vector and ``p``
+    the unit vector of ``update``'s part orthogonal to it (for an update exactly against the
+    reference, whose nearest such vectors are all at one distance: the one turned towards the
+    axis on which ``r`` is smallest). A zero ``update`` or ``reference`` is returned as it
+    is."""
+    if not -1.0 <= least <= 1.0:
+        raise ValueError(f"a cosine must lie in [-1, 1], got {least!r}")
+    u, ref = np.asarray(update, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    norm, ref_norm = float(np.linalg.norm(u)), float(np.linalg.norm(ref))
+    if norm == 0.0 or ref_norm == 0.0 or cosine(u, ref) >= least:
+        return u.copy()
+    r = ref / ref_norm
+    ortho = u - np.dot(u, r) * r
+    ortho_norm = float(np.linalg.norm(ortho))
+    if ortho_norm == 0.0:  # exactly against the reference: every orthogonal turn is as near
+        axis = np.zeros_like(r)
+        axis[int(np.argmin(np.abs(r)))] = 1.0
+        ortho = axis - np.dot(axis, r) * r
+        ortho_norm = float(np.linalg.norm(ortho))
+        if ortho_norm == 0.0:  # one dimension: the reference's direction is all there is
+            return norm * r
+    return norm * (least * r + math.sqrt(max(0.0, 1.0 - least * least)) * ortho / ortho_norm)
+
+
+def adaptive_backdoor(view: RoundView, cfg: AdversaryConfig) -> tuple[NDArray, dict[str, Any]]:
+    """Each attacker's backdoored update put on the honest cone (:func:`cone_projection` onto
+    the honest mean at :func:`honest_alignment`), then scaled to ``0.99 x`` its bound
+    (:func:`adaptive_scale`). With fewer than 2 honest updates there is no honest direction
+    to read: the direction is left as trained."""
+    shaped, params = _on_honest_cone(view)
+    bounds = [view.bound(ex) for ex in view.own_examples]
+    factors = [adaptive_scale(float(np.linalg.norm(row)), b, cfg.boost)
+               for row, b in zip(shaped, bounds, strict=True)]
+    sent = shaped * np.asarray(factors)[:, None]
+    params.update(bounds=bounds, factors=factors)
+    if len(sent) >= 2:  # how close the attackers came to each other (link-cosine links them)
+        params["attackers_max_cosine"] = max(cosine(sent[i], sent[j]) for i in range(len(sent))
+                                             for j in range(i + 1, len(sent)))
+    return sent, params
+
+
+def _on_honest_cone(view: RoundView) -> tuple[NDArray, dict[str, Any]]:
+    """The attackers' updates on the honest cone, and what it took (recorded)."""
+    own = np.array(view.own, dtype=np.float64, copy=True)
+    if view.honest.shape[0] < 2:
+        return own, {"least_cosine": None}
+    mean = _rows(view.honest).mean(axis=0)
+    least = honest_alignment(view.honest)
+    shaped = np.stack([cone_projection(row, mean, least) for row in own]) if len(own) else own
+    return shaped, {"least_cosine": least,
+                    "cosines_before": [cosine(row, mean) for row in own],
+                    "cosines_after": [cosine(row, mean) for row in shaped]}
 
 
 def _rows(matrix: NDArray) -> NDArray:
