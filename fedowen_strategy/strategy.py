@@ -29,7 +29,7 @@ from fedowen_strategy import nodes, replies
 from fedowen_strategy.defences.base import Gate, Guard, refuse_replies
 from fedowen_strategy.defences.guard_settings import Defence, Guards
 from fedowen_strategy.defences.identity import IdentityBook, Roster
-from fedowen_strategy.defences.table import build
+from fedowen_strategy.defences.table import build, in_force
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
 from fedowen_strategy.round import round_record
 from fedowen_strategy.round.contribution import UtilityFactory, ValuationSettings, resolve_auto
@@ -145,8 +145,9 @@ class FedOwen(FedAvg):
 
     @property
     def defence(self) -> Defence:
-        """The guards in force and the resolved norm cap (the adaptive attacker reads them)."""
-        return self.guards, self.norm_cap
+        """The guards in force and the resolved norm cap, those whose steps the defence list
+        leaves out off (the adaptive attacker reads them)."""
+        return in_force(self.guards, self.norm_cap, self.defences)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint (the global model is saved beside it)."""

@@ -4,6 +4,8 @@ Defended`) as inside FedOwen."""
 
 from __future__ import annotations
 
+import re
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -160,3 +162,73 @@ def test_a_step_left_unchanged_passes_the_very_reply_on() -> None:
     # Assert: the step saw the round in client-id order; FedAvg got the same message objects
     assert seen[:2] == ["a", "b"]
     assert seen[2] == replies and all(a is b for a, b in zip(seen[2], replies, strict=True))
+
+
+def guide_blocks() -> list[str]:
+    """The python blocks of docs/defences.md's "Adding a defence": the module, then its row."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "defences.md").read_text()
+    section = text.split("## Adding a defence", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+@pytest.fixture
+def guide_row(monkeypatch: pytest.MonkeyPatch) -> type[Guard]:
+    """The guide's example module and its row, registered as one more row of ``DEFENCES``."""
+    module, row = guide_blocks()
+    namespace: dict[str, Any] = {}
+    exec(compile(module, "docs/defences.md", "exec"), namespace)
+    spec = eval(row.strip().rstrip(","), {**namespace, "DefenceSpec": table.DefenceSpec})
+    monkeypatch.setattr(table, "DEFENCES", MappingProxyType({**table.DEFENCES, spec.name: spec}))
+    return namespace["CoordinateClip"]
+
+
+def test_the_guides_defence_is_one_module_and_one_row(guide_row: type[Guard]) -> None:
+    # Prepare: deltas 0.05 and 0.5 (equal examples) around FedAvg; the same updates in
+    # FedOwen's screen with the guide's list
+    listed = "identity norm-ratio coordinate-clip norm-cap links statistics-rule"
+    updates = [ClientUpdate(i, f"c{i}", {"w": GLOBAL["w"] + d}, 10, 0.0)
+               for i, d in enumerate(np.float32([0.05, 0.5]))]
+    wrapped = configured(Defended(FedAvg(fraction_train=1.0), ["coordinate-clip"]))
+    # Execute
+    cfg = parse_run_config({"defences": listed})
+    arrays, _ = wrapped.aggregate_train(1, [reply(0.05, "a", 1), reply(0.5, "b", 2)])
+    screened = guard_round(updates, GLOBAL, Guards(), norm_cap="median", value_players=True,
+                           defences=table.build(cfg.defences, fedowen=True))
+    # Assert: the run config takes the name; FedAvg averages 0.05 and the clip's 0.1; FedOwen's
+    # round sees c1 clipped too (its norm 0.2 then at the norm cap, 2 x lower-median(0.1, 0.2))
+    assert [type(g).__name__ for g in table.build(listed, fedowen=True)][2] == "CoordinateClip"
+    assert arrays is not None
+    np.testing.assert_allclose(record_to_state(arrays)["w"], np.full(4, 1.075), rtol=1e-6)
+    np.testing.assert_allclose(screened.updates[1].state["w"], np.full(4, 1.1), rtol=1e-6)
+    assert screened.record["norm_cap"] == pytest.approx(0.2)
+
+
+def test_the_adaptive_attacker_reads_only_the_bounds_the_list_applies() -> None:
+    # Prepare
+    guards = Guards(update_bound="clip")
+    # Execute
+    full = table.in_force(guards, "median", table.build("auto", fedowen=True))
+    bare = table.in_force(guards, "median", table.build("links statistics-rule", fedowen=True))
+    # Assert
+    assert full == (guards, "median")
+    assert bare[1] == "none" and bare[0].max_norm_ratio == 0.0
+    assert bare[0].update_bound == "none"
+
+
+def test_the_guides_wrapper_example_builds() -> None:
+    # Prepare
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "defences.md").read_text()
+    section = text.split("## Around Flower's strategies", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    namespace: dict[str, Any] = {}
+    # Execute
+    exec(compile(block, "docs/defences.md", "exec"), namespace)
+    # Assert
+    strategy = namespace["strategy"]
+    assert [d.name for d in strategy.defences] == ["norm-ratio", "norm-cap", "statistics-cap",
+                                                   "statistics-rule"]
+    assert strategy.norm_cap == "median" and isinstance(strategy.strategy, FedAvg)

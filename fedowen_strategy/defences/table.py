@@ -18,10 +18,11 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from fedowen_strategy.defences.base import Guard
+from fedowen_strategy.defences.guard_settings import Defence, Guards
 from fedowen_strategy.defences.identity import Identity
 from fedowen_strategy.defences.noise import AggregateNoise
 from fedowen_strategy.defences.norm_cap import NormCap
@@ -141,3 +142,15 @@ def build(defences: str | Sequence[str | Guard], fedowen: bool) -> list[Guard]:
     if found := problems(named) if named else []:
         raise ValueError("; ".join(found))
     return [DEFENCES[d].make() if isinstance(d, str) else d for d in defences]
+
+
+def in_force(guards: Guards, norm_cap: str, defences: Sequence[Guard]) -> Defence:
+    """The bounds an update faces under ``defences``: ``guards`` and the resolved ``norm_cap``
+    with the norm ratio, the update bound and the norm cap off where their steps are not
+    listed (what :func:`fedowen_strategy.defences.guards.bound_in_force` reads for the
+    adaptive attacker)."""
+    listed = {d.name for d in defences}
+    return (replace(guards,
+                    max_norm_ratio=guards.max_norm_ratio if "norm-ratio" in listed else 0.0,
+                    update_bound=guards.update_bound if "update-bound" in listed else "none"),
+            norm_cap if "norm-cap" in listed else "none")
