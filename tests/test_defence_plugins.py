@@ -232,3 +232,17 @@ def test_the_guides_wrapper_example_builds() -> None:
     assert [d.name for d in strategy.defences] == ["norm-ratio", "norm-cap", "statistics-cap",
                                                    "statistics-rule"]
     assert strategy.norm_cap == "median" and isinstance(strategy.strategy, FedAvg)
+
+
+def test_around_fedavg_the_identity_step_refuses_an_impostor() -> None:
+    # Prepare: nodes 1000 and 1001 are connected; 1000 names itself "a" in round 1, then in
+    # round 2 node 1001 also claims "a" beside its own honest reply
+    wrapped = configured(Defended(FedAvg(fraction_train=1.0), ["identity"]), nodes=2)
+    wrapped.aggregate_train(1, [reply(0.1, "a", 1000), reply(0.2, "b", 1001)])
+    configured(wrapped, nodes=2)
+    # Execute
+    arrays, _ = wrapped.aggregate_train(2, [reply(0.1, "a", 1000), reply(0.9, "a", 1001)])
+    # Assert: the impostor's reply is refused under its own node, FedAvg averages the other
+    assert list(wrapped.round_record["rejected"]) == ["node:1001"]
+    assert arrays is not None
+    np.testing.assert_allclose(record_to_state(arrays)["w"], np.full(4, 1.1), rtol=1e-6)

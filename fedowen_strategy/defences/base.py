@@ -142,6 +142,13 @@ class Guard:
         return self.name
 
 
+def measured_norms(updates: Sequence[ClientUpdate]) -> list[float] | None:
+    """Every update's ``norm`` where a step before measured all of them (the norm cap does),
+    else None: the step then measures them itself (the same numbers, not computed twice)."""
+    norms = [u.norm for u in updates if u.norm is not None]
+    return norms if len(norms) == len(updates) else None
+
+
 def refuse_replies(defences: Sequence[Guard], replies: list[Message], gate: Gate
                    ) -> tuple[list[Message], dict[str, str]]:
     """Every :meth:`Guard.refuse` step in order: the replies kept and all refused."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from fedowen_strategy.defences.base import Guard, GuardedRound, RoundView
+from fedowen_strategy.defences.base import Guard, GuardedRound, RoundView, measured_norms
 from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.defences.links import (
     duplicate_groups,
@@ -39,9 +39,8 @@ class Links(Guard):
         guards = view.guards
         states = [u.state for u in round_.updates]
         ids = [u.client_id for u in round_.updates]
-        norms = [u.norm for u in round_.updates]  # where a step before measured them
         copies = duplicate_groups(states, view.global_state, guards.duplicate_tolerance,
-                                  None if None in norms else norms)  # type: ignore[arg-type]
+                                  measured_norms(round_.updates))
         round_.copies = [[ids[i] for i in g] for g in copies]
         round_.groups = copies
         if view.value_players and len(states) >= 2:

@@ -10,7 +10,7 @@ players. What it writes is :attr:`GuardedRound.valued
 
 from __future__ import annotations
 
-from fedowen_strategy.defences.base import Guard, GuardedRound, RoundView
+from fedowen_strategy.defences.base import Guard, GuardedRound, RoundView, measured_norms
 from fedowen_strategy.defences.bounds import cap_norms
 from fedowen_strategy.defences.guard_settings import Guards
 
@@ -25,10 +25,9 @@ class ValueCap(Guard):
         if not (reference and guards.value_cap_multiple > 0 and view.value_players):
             return round_
         value_cap = guards.value_cap_multiple * reference
-        norms = [u.norm for u in round_.updates]
         valued = cap_norms(round_.updates, view.global_state, value_cap,
                            exactly=guards.value_cap_mode == "exactly",
-                           norms=None if None in norms else norms)  # type: ignore[arg-type]
+                           norms=measured_norms(round_.updates))
         round_.valued = [u.state for u in valued.updates]
         round_.record.update(value_cap=value_cap, value_capped=valued.clipped)
         return round_
