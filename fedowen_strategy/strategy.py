@@ -26,8 +26,10 @@ from flwr.serverapp.strategy import FedAvg, Result
 from numpy.typing import NDArray
 
 from fedowen_strategy import nodes, replies
+from fedowen_strategy.defences.base import Gate, Guard, refuse_replies
 from fedowen_strategy.defences.guard_settings import Defence, Guards
 from fedowen_strategy.defences.identity import IdentityBook, Roster
+from fedowen_strategy.defences.table import build, in_force
 from fedowen_strategy.fedavg_args import takes_fedavg_arguments
 from fedowen_strategy.round import round_record
 from fedowen_strategy.round.contribution import UtilityFactory, ValuationSettings, resolve_auto
@@ -64,7 +66,11 @@ class FedOwen(FedAvg):
         CoalitionUtility`).
     valuation, selection_params, guards : ValuationSettings, SelectionParams, Guards
         The estimator and aggregation; what every selector shares (the identity cap, the link
-        memory); the update guards.
+        memory); the update guards' settings.
+    defences : str or sequence of str or Guard
+        The defence list, applied in order (:mod:`fedowen_strategy.defences.table`): ``auto``
+        (FedOwen's list, :data:`~fedowen_strategy.defences.table.FEDOWEN_DEFENCES`), names of
+        the table's rows, or :class:`~fedowen_strategy.defences.base.Guard` objects.
     selection : str or SelectorSettings
         A name in :data:`~fedowen_strategy.selectors.registry.SELECTORS` (with its default
         settings), a selector's settings (e.g. ``PowerOfChoiceSettings(poc_d=50)``), or
@@ -94,7 +100,8 @@ class FedOwen(FedAvg):
                  valuation: ValuationSettings | None = None,
                  selection: str | SelectorSettings = "auto",
                  selection_params: SelectionParams | None = None, guards: Guards | None = None,
-                 seed: int = 0, node_wait_timeout: float = nodes.NODE_WAIT_TIMEOUT,
+                 defences: str | Sequence[str | Guard] = "auto", seed: int = 0,
+                 node_wait_timeout: float = nodes.NODE_WAIT_TIMEOUT,
                  query_timeout: float = nodes.ROUND_TIMEOUT,
                  server_step: ServerStep | None = None, on_round: RoundHook | None = None,
                  on_evaluate: EvaluateHook | None = None, fraction_evaluate: float = 0.0,
@@ -104,6 +111,7 @@ class FedOwen(FedAvg):
                              "to derive k from fraction_train)")
         self.valuation = (valuation or ValuationSettings()).check_utility(utility_factory)
         self.guards = guards or Guards()
+        self.defences = build(defences, fedowen=True)
         params = selection_params or SelectionParams()
         self.choices = resolve_auto(self.valuation.method, registry.requested(selection),
                                     self.valuation.aggregation, self.guards.norm_cap, params.cap)
@@ -137,8 +145,9 @@ class FedOwen(FedAvg):
 
     @property
     def defence(self) -> Defence:
-        """The guards in force and the resolved norm cap (the adaptive attacker reads them)."""
-        return self.guards, self.norm_cap
+        """The guards in force and the resolved norm cap, those whose steps the defence list
+        leaves out off (the adaptive attacker reads them)."""
+        return in_force(self.guards, self.norm_cap, self.defences)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state for a checkpoint (the global model is saved beside it)."""
@@ -169,6 +178,8 @@ class FedOwen(FedAvg):
         for settings in (self.valuation, self.chooser.settings, self.selection_params,
                          self.guards):
             log.info("FedOwen: %s", settings)
+        log.info("FedOwen: defences, in order: %s",
+                 "; ".join(d.summary(self.guards) for d in self.defences))
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3,
               timeout: float = 3600, train_config: ConfigRecord | None = None,
@@ -236,9 +247,11 @@ class FedOwen(FedAvg):
         global_state, answers = replies.record_to_state(self._global), list(answers)
         parse = partial(replies.parse_replies, reference=global_state,
                         arrays_key=self.arrayrecord_key, weight_key=self.weighted_by_key,
-                        max_norm_ratio=self.guards.max_norm_ratio,
-                        known=self.roster.book.client_of_node)
-        parsed, contents = self.roster.intake(answers, self._selected_nodes, self._connected, parse)
+                        known=self.roster.book.client_of_node)  # norm-ratio: a screen step
+        refuse = partial(refuse_replies, self.defences,
+                         gate=Gate(self.roster, tuple(self._connected)))
+        parsed, contents = self.roster.intake(answers, self._selected_nodes, self._connected,
+                                              parse, refuse)
         step = self.server_step
         extra: dict[str, Any] = {} if self._choice is None else {"selection": self._choice}
         if ray := replies.ray_nodes(answers):
@@ -249,7 +262,8 @@ class FedOwen(FedAvg):
             rng=self.value_rng, server_round=server_round,
             extra=extra,
             server_update=None if step is None else lambda: step(global_state, server_round),
-            reweight=self.chooser.weigh, step=self.chooser.step_weights())
+            reweight=self.chooser.weigh, step=self.chooser.step_weights(),
+            defences=self.defences)
         self.linked.update(c for g in out.copies for c in g)
         updates = out.parsed.updates
         self.chooser.observe(Seen(

@@ -99,8 +99,8 @@ class RunConfig(ServerKeys, TaskConfig):
                 "fraction_evaluate": self.fraction_evaluate,
                 "valuation": self.valuation_settings(), "selection": self.selector_settings(),
                 "selection_params": self.selection_params(), "guards": self.guards(),
-                "seed": self.seed, "node_wait_timeout": self.node_wait_timeout,
-                "query_timeout": self.round_timeout}
+                "defences": self.defences, "seed": self.seed,
+                "node_wait_timeout": self.node_wait_timeout, "query_timeout": self.round_timeout}
 
     def torch_device(self) -> str | None:
         """``device`` for torch's resolver: None for ``auto`` (the GPU when there is one)."""
@@ -167,7 +167,8 @@ class RunConfig(ServerKeys, TaskConfig):
         """The cross-key rules of the keys no library settings type owns (each key's own rule
         is in its declaration: :func:`fedowen_task.declare.rule_problems`)."""
         return (one_of("utility-metric", self.utility_metric, UTILITY_METRICS)
-                + selection_problems(self.valuation, self.selection, SETTINGS_KEYS))
+                + selection_problems(self.valuation, self.selection, SETTINGS_KEYS)
+                + _defence_problems(self.defences))
 
     def federation_config(self) -> dict[str, Any]:
         """The keys that shape the model and the federation (kebab-case), recorded in every
@@ -200,6 +201,12 @@ class RunConfig(ServerKeys, TaskConfig):
 def output_root() -> Path:
     """Where runs without an ``output-dir`` go: ``$FEDOWEN_OUTPUT``, else ``~/fedowen-runs``."""
     return Path(os.environ.get("FEDOWEN_OUTPUT") or Path.home() / "fedowen-runs")
+
+
+def _defence_problems(defences: str) -> list[str]:
+    from fedowen_strategy.defences.table import problems  # imports flwr
+
+    return problems(defences)
 
 
 def _strategy_problems(cfg: RunConfig) -> list[str]:

@@ -91,6 +91,9 @@ class ServerKeys:
     # BatchNorm statistics bounded (opt-in): see fedowen_strategy.defences.statistics.
     statistics_cap: float = owned(Guards, "statistics_cap")
     statistics_rule: str = owned(Guards, "statistics_rule")
+    # The defence list, in order (issue 72): fedowen_strategy.defences.table, docs/defences.md.
+    defences: str = key("auto", "the defences, in order: auto (the strategy's own list) | none | "
+                        "names from docs/defences.md")
     uniform_mix: float = owned(ValuationSettings, "uniform_mix")
     weight_cap: float = owned(ValuationSettings, "weight_cap")
     bandit_memory: str = owned(AdaptiveSettings, "memory")

@@ -15,7 +15,10 @@ rejected clients: a reply of another model is rejected before the strategy sees 
 :mod:`server_app.matched`; ``aggregation_seconds``; the peers add the per-client ``weights``
 they applied) like FedOwen's. Federated evaluation follows ``fraction-evaluate`` (off by
 default; its aggregated metrics land in the round's record as ``client_eval``); the ServerApp
-evaluates the global model centrally after each round either way.
+evaluates the global model centrally after each round either way. The run's defence list
+(``defences``; ``auto``: the statistics cap and rule, :data:`~fedowen_strategy.defences.table.
+FLOWER_DEFENCES`) runs around every one of them: the class is wrapped by
+:class:`~fedowen_strategy.defences.defended.Defended`, the shape of Flower's own DP wrappers.
 """
 
 from __future__ import annotations
@@ -26,17 +29,16 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp import strategy as flwr_strategies
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedowen_strategy.defences.guard_settings import Defence, Guards
-from fedowen_strategy.defences.statistics import guard_statistics
+from fedowen_strategy.defences.defended import Defended
+from fedowen_strategy.defences.guard_settings import Defence
 from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
 from fedowen_strategy.strategy import EvaluateHook, RoundHook, ServerStep
-from fedowen_strategy.updates import STATISTICS, restore_counters
+from fedowen_strategy.updates import restore_counters
 from fedowen_task.config import did_you_mean, parse_params
 from server_app.matched import Matched
 
@@ -52,7 +54,6 @@ NAMES = ("fedowen", *FLOWER, *PEERS)
 RESUMABLE = ("fedowen", "fedavg", "fedprox", "krum", "multikrum", "fedtrimmedavg", "fedmedian",
              "fltrust")
 # Keys the ServerApp sets from the run config; strategy-params may not repeat them.
-GUARDS = Guards()
 _OWNED = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes",
           "min_available_nodes", "proximal_mu", "num_malicious_nodes", "kappa",
           "server_update", "server_lr")
@@ -167,10 +168,10 @@ def strategy_problems(cfg: Any) -> list[str]:
 
 
 class Recorded(Strategy):
-    """Mixin for a Flower strategy: records every round as FedOwen does, numbers rounds
-    globally after a resume and implements :class:`ServerStrategy`. Use
-    :func:`build_flower_strategy`, which puts it first in the bases of a subclass of the
-    Flower class."""
+    """Mixin for a wrapped Flower strategy: records every round as FedOwen does, numbers
+    rounds globally after a resume and implements :class:`ServerStrategy`. Use
+    :func:`build_flower_strategy`, which puts it first in the bases of a subclass of
+    :class:`~fedowen_strategy.defences.defended.Defended` around the Flower class."""
 
     on_round: RoundHook | None = None
     on_evaluate: EvaluateHook | None = None
@@ -179,11 +180,6 @@ class Recorded(Strategy):
     server_step: ServerStep | None = None
     defence: Defence | None = None
     strategy_name: str = ""
-    #: The statistics rule (``statistics-rule``, ``statistics-cap``; the app's defaults):
-    #: applied here to Flower's aggregate, by a peer itself (``guards_statistics_itself``).
-    statistics_rule: str = GUARDS.statistics_rule
-    statistics_cap: float = GUARDS.statistics_cap
-    guards_statistics_itself: bool = False
 
     def state_dict(self) -> dict[str, Any]:
         """Nothing: the resumable ones (:data:`RESUMABLE`) keep no state between rounds but
@@ -213,12 +209,10 @@ class Recorded(Strategy):
         replies, started = list(replies), time.perf_counter()
         ok = [r for r in replies if not r.has_error()]
         names = {r.metadata.src_node_id: client_id_of(r) for r in ok}
-        sent = self._reply_statistics(ok)  # read first: FedMedian pops the replies' arrays
         result = super().aggregate_train(  # type: ignore[safe-super]
             server_round + self.round_offset, replies)
         if result[0] is not None:  # Flower's average turns counters into floats
             result = (counters_kept(result[0], self._sent_arrays), result[1])
-        result, guarded = self._statistics_rule(result, sent)
         answered = {r.metadata.src_node_id for r in replies}
         failed = {client_id_of(r): r.error.reason for r in replies if r.has_error()}
         failed.update({f"node:{n}": "no reply" for n in self._selected_nodes
@@ -227,61 +221,12 @@ class Recorded(Strategy):
                   "returned": [names[r.metadata.src_node_id] for r in ok], "failed": failed,
                   "rejected": {}, "strategy": self.strategy_name,
                   "aggregation_seconds": time.perf_counter() - started}
-        # A peer defence (UpdateWeighted) says whom it accepted and the weights it applied
+        # the defences (Defended) and a peer (UpdateWeighted): whom they accepted, the weights
+        # applied, what each step did
         record.update(getattr(self, "round_record", {}))
-        record.update(guarded)
         if self.on_round is not None:
             self.on_round(server_round + self.round_offset, record, [])
         return result
-
-
-    def _reply_statistics(self, ok: list[Message]) -> list[tuple[str, dict[str, Any], float]]:
-        """(client id, normalisation statistics, Flower's weight) of each reply, when the
-        statistics rule has work here (not a peer's own, not ``mean`` without a cap)."""
-        if self.guards_statistics_itself or (self.statistics_rule == "mean"
-                                             and self.statistics_cap <= 0):
-            return []
-        key = getattr(self, "arrayrecord_key", "arrays")
-        weight_key = getattr(self, "weighted_by_key", "num-examples")
-        return [(client_id_of(r), reply_statistics(r.content.array_records[key]),
-                 _weight(r, weight_key)) for r in ok if key in r.content.array_records]
-
-    def _statistics_rule(self, result: tuple[ArrayRecord | None, MetricRecord | None],
-                         sent: list[tuple[str, dict[str, Any], float]]
-                         ) -> tuple[tuple[ArrayRecord | None, MetricRecord | None],
-                                    dict[str, Any]]:
-        """Flower's aggregate with its statistics recomputed under the statistics rule
-        (:func:`fedowen_strategy.defences.statistics.guard_statistics`) from the replies it
-        averaged (``sent`` less those :class:`Matched` rejected, each at its Flower weight),
-        and the round record's fields. Flower's own treatment of them (an average, Krum's
-        pick, FedMedian's median) is replaced: one rule for every strategy."""
-        rejected = getattr(self, "round_record", {}).get("rejected", {})
-        kept = [s for s in sent if s[0] not in rejected]
-        if result[0] is None or not kept:
-            return result, {}
-        guarded = guard_statistics([s[1] for s in kept], [s[0] for s in kept],
-                                   np.asarray([s[2] for s in kept]),
-                                   reply_statistics(self._sent_arrays),
-                                   rule=self.statistics_rule, cap_multiple=self.statistics_cap)
-        if guarded is None:
-            return result, {}
-        arrays = result[0]
-        for key, value in guarded.statistics.items():  # only the statistics re-encoded
-            arrays[key] = Array(np.ascontiguousarray(value))
-        return (arrays, result[1]), guarded.record
-
-
-def reply_statistics(arrays: ArrayRecord) -> dict[str, Any]:
-    """The normalisation statistics of an ArrayRecord, as numpy (the rest is not decoded)."""
-    return {k: arrays[k].numpy() for k in arrays if k.endswith(STATISTICS)}
-
-
-def _weight(reply: Message, weight_key: str) -> float:
-    """The reply's ``weight_key`` metric (Flower's weight; 0 when it sends none)."""
-    for metrics in reply.content.metric_records.values():
-        value = metrics.get(weight_key)
-        return float(value) if isinstance(value, int | float) else 0.0
-    return 0.0
 
 
 def counters_kept(aggregate: ArrayRecord, sent: ArrayRecord) -> ArrayRecord:
@@ -298,10 +243,10 @@ def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
     ``extra`` are constructor arguments the run config cannot hold (FLTrust's
     ``server_update``)."""
     cls = strategy_class(cfg.strategy)
-    recorded = type(f"Recorded{cls.__name__}", (Recorded, Matched, cls), {})
-    strategy = recorded(**strategy_kwargs(cfg, cls, num_nodes), **extra)
+    inner = cls(**strategy_kwargs(cfg, cls, num_nodes), **extra)
+    recorded = type(f"Recorded{cls.__name__}", (Recorded, Matched, Defended), {})
+    strategy = recorded(inner, cfg.defences, cfg.guards(), seed=cfg.seed)
     strategy.on_round = on_round  # a resume sets ``round_offset`` (server_app.app.resume)
     strategy.on_evaluate = on_evaluate
     strategy.strategy_name = cfg.strategy
-    strategy.statistics_rule, strategy.statistics_cap = cfg.statistics_rule, cfg.statistics_cap
     return strategy

@@ -33,7 +33,8 @@ from tests.test_example_serverapp import load_example, make_client
 K, SEED, NODES = 4, 7, 8
 #: FedOwen's own arguments that are run-config keys.
 FEDOWEN_KEYS = {"selection": "selection", "seed": "seed", "fraction_evaluate": "fraction-evaluate",
-                "node_wait_timeout": "node-wait-timeout", "query_timeout": "round-timeout"}
+                "node_wait_timeout": "node-wait-timeout", "query_timeout": "round-timeout",
+                "defences": "defences"}
 #: FedOwen's own arguments that are not: settings types (compared field by field), a callable
 #: and hooks, and k, whose library default None keeps FedAvg's fraction_train rule (the app
 #: always sets clients-per-round).

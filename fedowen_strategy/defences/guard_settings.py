@@ -2,8 +2,8 @@
 
 Each field declares the run-config key of the same name (:func:`fedowen_task.declare.key`) and
 :meth:`Guards.problems` holds their rules; :data:`Defence` pairs a strategy's guards with its
-resolved norm cap. The round pipeline that applies them is
-:mod:`fedowen_strategy.defences.guards`.
+resolved norm cap. The defences that read them are the steps of the run's list
+(:mod:`fedowen_strategy.defences.table`, docs/defences.md); each step reads its own keys here.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ The book is part of the strategy's checkpoint, so bindings survive a resume.
 
 :class:`Roster` is the strategy's side of it: it asks new nodes for their client ids (one
 ``query`` message each), refuses impostors' replies, orders the selectable nodes by client id
-and names the selected nodes that sent no reply.
+and names the selected nodes that sent no reply. :class:`Identity` is the ``identity`` step of the
+defence list: it refuses impostors' replies by the run's book (FedOwen's roster, or the one
+:class:`~fedowen_strategy.defences.defended.Defended` keeps around a Flower strategy).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 
 from flwr.app import Message, RecordDict
 
+from fedowen_strategy.defences.base import Gate, Guard
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import ParsedReplies, client_id_of
 
@@ -34,6 +37,8 @@ log = logging.getLogger(__name__)
 NO_QUERY_HANDLER = "No query function registered"
 #: ``targets -> replies``: sends the identity query to the target nodes.
 Ask = Callable[[list[int]], Iterable[Message]]
+#: ``replies -> (kept, refused)``: the refuse steps of a round.
+Refuse = Callable[[list[Message]], tuple[list[Message], dict[str, str]]]
 
 
 @dataclass
@@ -161,12 +166,13 @@ class Roster:
         return kept, refused
 
     def intake(self, replies: list[Message], selected: Iterable[int],
-               connected: Collection[int], parse: Callable[[list[Message]], ParsedReplies]
-               ) -> tuple[ParsedReplies, dict[int, RecordDict]]:
-        """A round's replies, parsed by ``parse`` once impostors are refused, with the selected
+               connected: Collection[int], parse: Callable[[list[Message]], ParsedReplies],
+               refuse: Refuse | None = None) -> tuple[ParsedReplies, dict[int, RecordDict]]:
+        """A round's replies, parsed by ``parse`` once ``refuse`` (the defence list's refuse
+        steps; default: this book's :meth:`check`) has refused impostors, with the selected
         nodes that sent nothing counted as failed; and the accepted replies' contents by node."""
         silent = self.silent(replies, selected)
-        kept, impostors = self.check(replies, connected)
+        kept, impostors = (refuse or (lambda r: self.check(r, connected)))(replies)
         parsed = parse(kept)
         parsed.rejected.update(impostors)
         parsed.failed.update(silent)
@@ -182,3 +188,16 @@ class Roster:
                 silent[who] = "no reply within round-timeout (timed out or disconnected)"
                 log.warning("client %s (node %d) sent no reply this round", who, node)
         return silent
+
+
+class Identity(Guard):
+    """``identity``: a reply whose claimed client id is not its node's (or is another connected
+    node's) is refused, keyed ``node:<id>`` (:meth:`Roster.check`); nothing to do where the
+    strategy keeps no book."""
+
+    name = "identity"
+
+    def refuse(self, replies: list[Message], gate: Gate) -> tuple[list[Message], dict[str, str]]:
+        if gate.book is None:
+            return replies, {}
+        return gate.book.check(replies, gate.connected)

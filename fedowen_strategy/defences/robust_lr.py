@@ -11,7 +11,8 @@ of +1), so a direction only a minority teaches is unlearned rather than accumula
 what a few rounds of poisoned updates wrote. Both act after the valuation's weights have
 averaged the round, so phi and the ledger are those of the updates as sent.
 
-Pure functions of the states and a generator.
+Pure functions of the states and a generator; :class:`RobustLR` is the ``robust-lr`` step of
+the defence list (the noise's is :mod:`fedowen_strategy.defences.noise`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fedowen_strategy.defences.base import Guard, Settled, Settling
+from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.updates import State, update_keys, update_norm, work_dtype
 
 
@@ -68,3 +71,18 @@ def guard_aggregate(average: Mapping[str, NDArray], states: Sequence[State],
             out[key] = (out[key] + noise).astype(global_state[key].dtype)
         record["aggregate_noise_std"] = std
     return out, record
+
+
+class RobustLR(Guard):
+    """``robust-lr``: the sign vote on the round's aggregate at ``robust-lr-threshold`` (0, the
+    default: off; recorded: ``robust_lr_reversed``)."""
+
+    name = "robust-lr"
+
+    def settle(self, state: dict[str, NDArray], settling: Settling) -> Settled:
+        return guard_aggregate(state, settling.states, settling.view.global_state,
+                               robust_lr_threshold=settling.view.guards.robust_lr_threshold,
+                               aggregate_noise=0.0, rng=settling.rng)
+
+    def summary(self, guards: Guards) -> str:
+        return f"robust-lr (theta={guards.robust_lr_threshold}; 0: off)"

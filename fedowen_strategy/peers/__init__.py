@@ -8,6 +8,12 @@ only) and produce a new global ``W + delta`` together with one weight per client
 orders updates by client id and calls the subclass's :meth:`UpdateWeighted.combine`. What
 it decided lands in ``round_record`` (per-client ``weights``, ``returned``, ``rejected`` and
 the peer's own fields), which the ServerApp's recorder merges into ``rounds.jsonl``.
+
+The defences are not a peer's business: the ServerApp wraps a peer, as any Flower strategy, in
+:class:`~fedowen_strategy.defences.defended.Defended`, whose settle steps read the weights the
+peer applied from ``round_record["weights"]`` (the statistics rule combines the clients'
+normalisation statistics at the peer's weights). Unwrapped, a peer averages the statistics by
+its weights (the buffer rule of :mod:`fedowen_strategy.updates`).
 """
 
 from __future__ import annotations
@@ -24,8 +30,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from numpy.typing import NDArray
 
-from fedowen_strategy.defences.guard_settings import Guards
-from fedowen_strategy.defences.statistics import guard_statistics
 from fedowen_strategy.nodes import client_order
 from fedowen_strategy.replies import parse_replies, record_to_state, state_to_record
 from fedowen_strategy.updates import (
@@ -37,8 +41,6 @@ from fedowen_strategy.updates import (
 )
 
 log = logging.getLogger(__name__)
-#: The app's defaults of the guards (the statistics rule's).
-GUARDS = Guards()
 
 
 class UpdateWeighted(FedAvg):
@@ -46,12 +48,6 @@ class UpdateWeighted(FedAvg):
     :meth:`combine` only. ``round_record`` holds the last round's decisions."""
 
     name = "update-weighted"
-    #: The statistics rule (:func:`fedowen_strategy.defences.statistics.guard_statistics`,
-    #: the app's defaults; the ServerApp sets its run's ``statistics-rule`` and
-    #: ``statistics-cap``), applied with the peer's weights.
-    statistics_rule: str = GUARDS.statistics_rule
-    statistics_cap: float = GUARDS.statistics_cap
-    guards_statistics_itself = True
 
     def __init__(self, **fedavg: Any) -> None:
         super().__init__(**fedavg)
@@ -102,13 +98,8 @@ class UpdateWeighted(FedAvg):
             return None, metrics
         log.info("aggregate_train: round %d, %s weights %s", server_round, self.name,
                  ", ".join(f"{c}={w:.3f}" for c, w in zip(ids, weights, strict=True)))
-        # statistics and counters: the buffer rule (fedowen_strategy.updates), peer's weights
-        states = [u.state for u in parsed.updates]
-        buffers = average_buffers(states, weights, reference)
-        guarded = guard_statistics(states, ids, weights, reference, rule=self.statistics_rule,
-                                   cap_multiple=self.statistics_cap)
-        if guarded is not None:
-            buffers.update(guarded.statistics)
-            self.round_record.update(guarded.record)
+        # statistics and counters: the buffer rule (fedowen_strategy.updates), peer's weights;
+        # the statistics rule is a settle step of the defences around the peer (Defended)
+        buffers = average_buffers([u.state for u in parsed.updates], weights, reference)
         return state_to_record(apply_delta(reference, delta, keys,
                                            others={**reference, **buffers})), metrics

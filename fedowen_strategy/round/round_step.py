@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fedowen_strategy.defences.base import Guard, RoundView, Settling, settle_round
 from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.defences.guards import guard_round
-from fedowen_strategy.defences.robust_lr import guard_aggregate
-from fedowen_strategy.defences.statistics import median_statistics
+from fedowen_strategy.defences.table import build
 from fedowen_strategy.replies import ParsedReplies
 from fedowen_strategy.round import round_record
 from fedowen_strategy.round.aggregation import step_average, weighted_average
@@ -60,10 +60,13 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
                     rng: np.random.Generator, server_round: int,
                     extra: Mapping[str, Any] | None = None,
                     server_update: Callable[[], Mapping[str, NDArray]] | None = None,
-                    reweight: Reweight | None = None, step: bool = False) -> RoundOutcome:
-    """Guard the parsed replies (:func:`~fedowen_strategy.defences.guards.guard_round`), value them
-    (:func:`~fedowen_strategy.round.contribution.value_round`) and average them with the valuation's
-    weights.
+                    reweight: Reweight | None = None, step: bool = False,
+                    defences: Sequence[Guard] | None = None) -> RoundOutcome:
+    """Screen the parsed replies (the screen steps of ``defences``:
+    :func:`~fedowen_strategy.defences.guards.guard_round`), value them
+    (:func:`~fedowen_strategy.round.contribution.value_round`), average them with the
+    valuation's weights and settle the aggregate (the settle steps: the statistics rule, the
+    sign vote, noise).
 
     Parameters
     ----------
@@ -86,10 +89,15 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
         aggregation.step_average`: ``global + sum_i w_i delta_i``, the global model keeping
         ``1 - sum w``; the record's ``global_weight``), as the selector says
         (:meth:`fedowen_strategy.selectors.base.Selector.step_weights`). Default: an average.
+    defences : sequence of Guard, optional
+        The run's defence list, in order (default: FedOwen's,
+        :data:`~fedowen_strategy.defences.table.FEDOWEN_DEFENCES`).
     """
+    defences = build("auto", fedowen=True) if defences is None else defences
+    value_players = valuation.method not in NO_PHI
     guarded = guard_round(parsed.updates, global_state, guards, norm_cap=norm_cap,
-                          value_players=valuation.method not in NO_PHI,
-                          server_round=server_round, server_update=server_update)
+                          value_players=value_players, server_round=server_round,
+                          server_update=server_update, defences=defences)
     parsed = dataclasses.replace(parsed, updates=guarded.updates, clipped=guarded.clipped,
                                  rejected={**parsed.rejected, **guarded.rejected})
     fields = {**(extra or {}), **guarded.record}
@@ -112,16 +120,10 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
         fields["global_weight"] = 1.0 - float(np.sum(val.weights))
     else:
         combined = weighted_average(states, val.weights)
-    if guards.statistics_rule == "median":  # the cap acted in guard_round, before valuation
-        median = median_statistics(states, [u.client_id for u in parsed.updates], val.weights,
-                                   global_state)
-        if median is not None:
-            combined.update(median.statistics)
-            fields.update(median.record)
-    state, robust = guard_aggregate(combined, states, global_state,
-                                    robust_lr_threshold=guards.robust_lr_threshold,
-                                    aggregate_noise=guards.aggregate_noise, rng=rng)
+    view = RoundView(global_state, guards, norm_cap, value_players, server_round, server_update)
+    state, settled = settle_round(defences, combined, Settling(
+        view, states, [u.client_id for u in parsed.updates], val.weights, rng))
     record = round_record.round_record(selected, parsed, valuation.method, guarded.copies,
-                                       {**fields, **robust}, val)
+                                       {**fields, **settled}, val)
     return RoundOutcome(state, parsed, guarded.copies, guarded.links, val, record,
                         round_record.ledger_rows(server_round, parsed, val))

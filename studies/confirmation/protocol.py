@@ -60,7 +60,7 @@ ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", 
                         "hics_temperature": 0.03, "hics_lambda": 10.0, "hics_gamma": 4.0,
                         "hics_clusters": 0, "hics_rounds": 0, "hics_switch": 0.0,
                         "statistics_cap": 0.0, "statistics_rule": "median",
-                        "adversary_statistics_scale": 4.0}
+                        "adversary_statistics_scale": 4.0, "defences": "auto"}
 #: The same for the second confirmation's protocol commit: its presets leave keys to the
 #: defaults of that commit (direction-only valuation among them), so only the keys the app
 #: gained after it are filled in.
@@ -69,7 +69,8 @@ ADDED_AFTER_SECOND_PROTOCOL: dict[str, Any] = {
     "delta_sigma_weight": 1.0, "delta_phi_floor": 0.5, "delta_score": "paper",
     "delta_draw": "with-replacement", "hics_temperature": 0.03, "hics_lambda": 10.0,
     "hics_gamma": 4.0, "hics_clusters": 0, "hics_rounds": 0, "hics_switch": 0.0,
-    "statistics_cap": 0.0, "statistics_rule": "median", "adversary_statistics_scale": 4.0}
+    "statistics_cap": 0.0, "statistics_rule": "median", "adversary_statistics_scale": 4.0,
+    "defences": "auto"}
 
 
 def added_after(preset_name: str) -> dict[str, Any]:
