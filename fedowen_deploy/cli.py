@@ -102,17 +102,31 @@ def build_run_config(args: argparse.Namespace,
         if not sep:
             raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. --set alpha=0.01")
         cfg[key] = parse_scalar(value)
+    data_dir, output_dir = (_path_key(cfg, key, flag) for key, flag in
+                            zip(PATH_KEYS, (args.data_dir, args.output_dir), strict=True))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     strategy = str(cfg.get("strategy", config.strategy))
     dataset = cfg.get("dataset", config.dataset)
     method = cfg.get("valuation", config.valuation) if strategy == "fedowen" \
         else strategy.replace(":", "-")
-    out = args.output_dir or output_root() / f"{stamp}-{dataset}-{method}"
-    cfg["data-dir"] = str(resolve_data_dir(args.data_dir))
+    out = output_dir or output_root() / f"{stamp}-{dataset}-{method}"
+    cfg["data-dir"] = str(resolve_data_dir(data_dir))
     cfg["output-dir"] = str(Path(out).resolve())
     if cfg.get("resume-from"):  # the app wants an absolute path and writes into it
         cfg["resume-from"] = str(Path(str(cfg["resume-from"])).resolve())
     return cfg
+
+
+def _path_key(cfg: dict[str, Any], key: str, flag: Path | None) -> Path | None:
+    """A path key given as ``--set KEY=PATH`` means ``--KEY PATH`` (taken out of ``cfg``: the
+    caller writes it back absolute); given both ways with two paths, the run stops."""
+    if key not in cfg:
+        return flag
+    path = Path(str(cfg.pop(key))).expanduser()
+    if flag is not None and flag.expanduser().resolve() != path.resolve():
+        raise SystemExit(f"--set {key}={path} and --{key} {flag} name two folders: "
+                         f"give one (--{key} PATH)")
+    return path
 
 
 def results_dir(cfg: dict[str, Any]) -> str:
