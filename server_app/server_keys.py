@@ -91,6 +91,11 @@ class ServerKeys:
     # BatchNorm statistics bounded (opt-in): see fedowen_strategy.defences.statistics.
     statistics_cap: float = owned(Guards, "statistics_cap")
     statistics_rule: str = owned(Guards, "statistics_rule")
+    # The peers' backdoor filters (issue 72, opt-in: listed in defences): docs/defences.md.
+    alignins_sparsity: float = owned(Guards, "alignins_sparsity")
+    alignins_lambda_s: float = owned(Guards, "alignins_lambda_s")
+    alignins_lambda_c: float = owned(Guards, "alignins_lambda_c")
+    multi_metrics_keep: float = owned(Guards, "multi_metrics_keep")
     # The defence list, in order (issue 72): fedowen_strategy.defences.table, docs/defences.md.
     defences: str = key("auto", "the defences, in order: auto (the strategy's own list) | none | "
                         "names from docs/defences.md")

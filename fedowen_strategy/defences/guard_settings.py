@@ -97,6 +97,17 @@ class Guards(Settings):
         70). FedOwen, Flower's strategies and the peers alike
         (:func:`fedowen_strategy.defences.statistics.guard_statistics`); models without
         statistics: nothing to do.
+    alignins_sparsity : float
+        AlignIns' top-k share of coordinates (by magnitude) whose signs its masked principal
+        sign alignment reads, in (0, 1] (the public code's 0.3;
+        :mod:`fedowen_strategy.defences.alignins`, opt-in, issue 72).
+    alignins_lambda_s, alignins_lambda_c : float
+        AlignIns' thresholds (> 0, the public code's 1.0): an update is kept only where its
+        sign-alignment (``_s``) and its direction-alignment (``_c``) z-scores are below them.
+    multi_metrics_keep : float
+        MultiMetrics' share of the round kept, the lowest whitened scores, in (0, 1] (the
+        public code's 0.3; at least one update; :mod:`fedowen_strategy.defences.
+        multi_metrics`, opt-in, issue 72).
     """
 
     max_norm_ratio: float = declare.key(
@@ -129,6 +140,16 @@ class Guards(Settings):
     statistics_rule: str = declare.key(
         "median", "median | mean: how the aggregate combines the clients' BatchNorm statistics",
         name="statistics-rule")
+    alignins_sparsity: float = declare.key(
+        0.3, "AlignIns' top-k share of coordinates for sign alignment, in (0, 1]",
+        name="alignins-sparsity")
+    alignins_lambda_s: float = declare.key(
+        1.0, "AlignIns' sign-alignment z-score threshold (> 0)", name="alignins-lambda-s")
+    alignins_lambda_c: float = declare.key(
+        1.0, "AlignIns' direction-alignment z-score threshold (> 0)", name="alignins-lambda-c")
+    multi_metrics_keep: float = declare.key(
+        0.3, "MultiMetrics' share of the round kept (lowest scores), in (0, 1]",
+        name="multi-metrics-keep")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""
@@ -158,6 +179,18 @@ class Guards(Settings):
             (math.isfinite(self.statistics_cap) and self.statistics_cap >= 0,
              f"{k('statistics_cap')}={self.statistics_cap!r} must be finite and >= 0 (0 = off; "
              "e.g. 3; below 1 it caps the median client too)"),
+            (0 < self.alignins_sparsity <= 1,
+             f"{k('alignins_sparsity')}={self.alignins_sparsity!r} must lie in (0, 1] (AlignIns' "
+             "0.3: the top 30% of coordinates by magnitude)"),
+            (math.isfinite(self.alignins_lambda_s) and self.alignins_lambda_s > 0,
+             f"{k('alignins_lambda_s')}={self.alignins_lambda_s!r} must be finite and > 0 "
+             "(AlignIns' 1.0)"),
+            (math.isfinite(self.alignins_lambda_c) and self.alignins_lambda_c > 0,
+             f"{k('alignins_lambda_c')}={self.alignins_lambda_c!r} must be finite and > 0 "
+             "(AlignIns' 1.0)"),
+            (0 < self.multi_metrics_keep <= 1,
+             f"{k('multi_metrics_keep')}={self.multi_metrics_keep!r} must lie in (0, 1] "
+             "(MultiMetrics' 0.3: the lowest-scoring 30% of the round)"),
         ]
         found = [message for ok, message in checks if not ok]
         found += one_of(k("update_bound"), self.update_bound, UPDATE_BOUNDS)

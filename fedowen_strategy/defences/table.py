@@ -10,7 +10,8 @@ at run time is seen.
 :data:`FLOWER_DEFENCES` around Flower's strategies and the peers: what each did before the
 defences were a list (issue 72). Each step acts as its own keys say (most are off by
 default), so the old keys keep their meaning; the list orders the steps, drops one, or adds
-one the table holds.
+one the table holds. The peers' filters (``alignins``, ``multi-metrics``) are rows in no
+``auto`` list: a run adds them by name.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from fedowen_strategy.defences.alignins import AlignIns
 from fedowen_strategy.defences.base import Guard
 from fedowen_strategy.defences.guard_settings import Defence, Guards
 from fedowen_strategy.defences.identity import Identity
+from fedowen_strategy.defences.multi_metrics import MultiMetrics
 from fedowen_strategy.defences.noise import AggregateNoise
 from fedowen_strategy.defences.norm_cap import NormCap
 from fedowen_strategy.defences.norm_ratio import NormRatio
@@ -71,6 +74,11 @@ DEFENCES = MappingProxyType({spec.name: spec for spec in (
                 "reverse the step where too few updates agree on its sign"),
     DefenceSpec("aggregate-noise", AggregateNoise, ("aggregate-noise",),
                 "Gaussian noise on the aggregate, x the median norm"),
+    DefenceSpec("alignins", AlignIns, ("alignins-sparsity", "alignins-lambda-s",
+                                        "alignins-lambda-c"),
+                "AlignIns: keep updates aligned in direction and sign, clip to their median norm"),
+    DefenceSpec("multi-metrics", MultiMetrics, ("multi-metrics-keep",),
+                "MultiMetrics: keep the lowest whitened cosine, Manhattan and length scores"),
 )})
 #: FedOwen's list under ``defences = "auto"``: every guard it applied before issue 72, in the
 #: order it applied them.
