@@ -23,7 +23,9 @@ it). ``--revalue full`` also values the round again with both, in rotating order
 (``RoundValuation.seconds``; phi compared); ``--revalue forwards`` does not (ResNet-18, where
 one valuation takes minutes): the before valuation is then the app's own with its forwards at
 before's seconds per forward (said so in the output). ``share``:
-``v / (round - v_app + v)``, the round as the app played it with its valuation replaced.
+``v / (round - v_app + v)``, the round as the app played it with its valuation replaced, where
+the round is rounds.jsonl's ``round_seconds`` (selection, training, aggregation; not the central
+evaluation; ``round_s_with_evaluation`` in the JSON adds it).
 
     PYTHONPATH=. FEDOWEN_DATA=/work/shared/data python benchmarks/bench_valuation_savings.py \
         --dataset mnist --model lenet --clients 100 --nodes 1000 --warmup 1 --rounds 2 \
@@ -148,7 +150,12 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     print(f"the app's {len(rounds)} rounds took {time.perf_counter() - started:.0f}s",
           flush=True)
     cfg = parse_run_config(run_config)
-    seconds = round_seconds(rounds, read_rounds(run_config["output-dir"]))
+    records = read_rounds(run_config["output-dir"])
+    with_eval = round_seconds(rounds, records)
+    # the acceptance's round: rounds.jsonl's round_seconds (selection, training, aggregation;
+    # not the central evaluation); the elapsed difference, evaluation included, beside it
+    seconds = {r["round"]: float(r["round_seconds"]) for r in records
+               if r.get("round_seconds") is not None}
     rows: list[dict[str, Any]] = []
     for k, (game, rec) in enumerate(zip(games, rounds, strict=True)):
         if rec["round"] <= args.warmup:
@@ -156,7 +163,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         v_app, r_s = float(rec["valuation_seconds"]), seconds[rec["round"]]
         row: dict[str, Any] = {
             "round": rec["round"], "players": len(game.states), "eval_images": len(app.x_eval),
-            "round_s": r_s, "app_valuation_s": v_app, "app_n_evals": rec.get("n_evals"),
+            "round_s": r_s, "round_s_with_evaluation": with_eval[rec["round"]],
+            "app_valuation_s": v_app, "app_n_evals": rec.get("n_evals"),
             "app_share": v_app / r_s}
         if args.revalue == "full":
             order = ("before", "after") if k % 2 == 0 else ("after", "before")

@@ -125,3 +125,18 @@ def test_channels_last_moves_values_by_rounding_only() -> None:
     np.testing.assert_allclose(phi, phi_old, rtol=0, atol=bound)
     assert np.ptp(phi_old) > 100 * bound  # the bound is far below the values' spread
     assert phi[3] == 0.0 and phi_old[3] == 0.0  # the null player stays exact
+
+
+def test_resnet18_games_take_channels_last_on_the_cpu() -> None:
+    # Prepare: tests/test_utility.py compares ResNet-18's loop mode with the naive reference;
+    # this checks that its default path is the channels-last one
+    model = build_model("resnet18", 3, 10, seed=0)
+    state = state_to_numpy(model)
+    x, y = torch.zeros(2, 3, 32, 32), torch.zeros(2, dtype=torch.long)
+    # Execute
+    game = CoalitionGame(model, state, [state, state], [1, 1], x, y, device="cpu",
+                         shares=[0.5, 0.5], chunk_size=1)
+    # Assert: and both updates are zero, so every coalition is the global model's one forward
+    assert game.memory_format == torch.channels_last
+    values = game(np.array([[False, False], [True, False], [True, True]]))
+    assert len(set(values.tolist())) == 1 and game.n_model_evals == 1
