@@ -52,7 +52,11 @@ from fedowen_strategy.torch_utility.coalitions import (
     score_sum,
     stack_states,
 )
-from fedowen_strategy.torch_utility.forward import prepare_net
+from fedowen_strategy.torch_utility.forward import (
+    choose_memory_format,
+    in_memory_format,
+    prepare_net,
+)
 from fedowen_strategy.torch_utility.gradient import first_order_terms
 from fedowen_strategy.torch_utility.memory import (
     activation_bytes,
@@ -107,6 +111,9 @@ class CoalitionGame:
         Upper bound on one chunk's memory (coalition parameters and, with vmap, activations).
     forward : {"auto", "eager", "rewrite"}
         The form of the network the forwards run through (:func:`.forward.prepare_net`).
+    memory_format : {"auto", "contiguous", "channels-last"}
+        The layout of the loop-mode forwards (:func:`.forward.choose_memory_format`; auto:
+        channels-last for models of 1M entries or more on the CPU, ResNet-18).
     shares : Sequence[float] or None
         None: the average game (a coalition's model is the num-examples average of its
         members'). Shares ``p`` (summing to 1): the delta game, ``global + sum_{i in S} p_i
@@ -145,6 +152,7 @@ class CoalitionGame:
         net: nn.Module | None = None,
         free_memory_bytes: int | None = None,
         workers: int = 1,
+        memory_format: str = "auto",
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers={workers!r} must be >= 1 (threads evaluating coalitions)")
@@ -173,17 +181,24 @@ class CoalitionGame:
         dtype = self._stacked.dtype
         self._x = x_eval.to(self.device, dtype)
         self._y = y_eval.to(self.device, torch.long)
-        # The delta game needs exact null players: its coalition parameters are formed as
-        # global + sum p_i (W_i - global), where a zero delta adds exactly nothing.
+        self.memory_format = choose_memory_format(memory_format, self.device, self.mode,
+                                                  self._stacked.shape[1], self._x)
+        self._x_forward = self._x.contiguous(memory_format=self.memory_format)
+        # The delta game's coalitions are global + sum p_i (W_i - global), where a zero delta
+        # adds exactly nothing: such players are exact null players, and a coalition with them
+        # has the parameters of the one without, bit for bit (the cache's key leaves them out)
         self._deltas = (self._stacked[: self.n] - self._stacked[self.n]
                         if self.shares is not None else None)
+        self._zero = (np.zeros(self.n, dtype=bool) if self._deltas is None
+                      else ~self._deltas.ne(0).any(dim=1).cpu().numpy())
         self.chunk_size = chunk_size or self._chunk_from_memory(memory_cap_bytes,
                                                                 free_memory_bytes)
         rewritten = isinstance(self._net, torch.fx.GraphModule)
         info = (self.n, self._stacked.shape[1], len(self._x), metric, self.device, self.mode,
-                "rewrite" if rewritten else "eager", self.batch_size, self.chunk_size)
+                "rewrite" if rewritten else "eager", self.memory_format, self.batch_size,
+                self.chunk_size)
         logger.info("CoalitionGame: n=%d, P=%d, eval=%d, metric=%s, device=%s, mode=%s, "
-                    "forward=%s, batch=%d, chunk=%d", *info)
+                    "forward=%s, %s, batch=%d, chunk=%d", *info)
 
     def _chunk_from_memory(self, cap: int, free_bytes: int | None) -> int:
         """Coalitions per chunk from the memory budget (:func:`.memory.chunk_from_memory`)."""
@@ -196,8 +211,11 @@ class CoalitionGame:
                                  self.mode)
 
     def __call__(self, masks: np.ndarray) -> np.ndarray:
-        """Utilities of the coalitions in ``masks`` (bool, (k, n)) as float64 (k,)."""
-        masks = check_masks(masks, self.n)
+        """Utilities of the coalitions in ``masks`` (bool, (k, n)) as float64 (k,); each
+        distinct coalition, players with a zero update left out, evaluated once per game
+        (``n_model_evals`` counts those forwards; an estimator's budget still charges every
+        coalition it asks for, so what it plans, and phi, do not depend on this cache)."""
+        masks = check_masks(masks, self.n) & ~self._zero
         keys = [row.tobytes() for row in masks]
         todo = {key: i for i, key in enumerate(keys) if key not in self._cache}
         if todo:
@@ -288,8 +306,8 @@ class CoalitionGame:
         """Score sums of the coalitions ``block`` of ``params``, one forward per batch."""
         out = torch.zeros(len(block), dtype=torch.float64, device=self.device)
         for i, j in enumerate(block):
-            p = {key: v[j] for key, v in params.items()}
+            p = in_memory_format({key: v[j] for key, v in params.items()}, self.memory_format)
             for s in range(0, len(self._x), self.batch_size):
-                logits = functional_call(net, p, (self._x[s : s + self.batch_size],))
+                logits = functional_call(net, p, (self._x_forward[s : s + self.batch_size],))
                 out[i] += score_sum(logits, self._y[s : s + self.batch_size], self.metric)
         return out
