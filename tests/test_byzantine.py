@@ -113,7 +113,7 @@ def test_attacker_bound(settings: dict[str, Any], bound: float | None) -> None:
 
 def test_new_kinds_and_keys_are_validated() -> None:
     assert {"sign-flip", *server_side()} <= set(kinds())
-    assert server_side() == ("alie", "ipm", "adaptive")
+    assert server_side() == ("alie", "ipm", "adaptive", "adaptive-backdoor")
     cfg = parse_run_config({"adversary-kind": "alie", "adversary-alie-z": 1,
                             "adversary-ipm-epsilon": 0.1})
     assert cfg.adversary_alie_z == 1.0 and cfg.adversary_ipm_epsilon == 0.1
