@@ -40,6 +40,12 @@ CONFIRM_GRID = "confirm"
 #: Keys left out of an arm's hash: the per-run ones, and max-stalled-rounds (when a run that
 #: learns nothing stops; a cell that finished learned the same at any value).
 _PER_RUN = ("seed", "output_dir", "data_dir", "resume_from", "max_stalled_rounds")
+#: Keys issue 72 added (DBA, Neurotoxin; AlignIns, MultiMetrics), at their defaults: both
+#: protocols predate them.
+ISSUE72_KEYS: dict[str, Any] = {
+    "adversary_dba_parts": 4, "adversary_dba_gap": 2, "adversary_neurotoxin_top": 0.05,
+    "alignins_sparsity": 0.3, "alignins_lambda_s": 1.0, "alignins_lambda_c": 1.0,
+    "multi_metrics_keep": 0.3}
 #: Keys the app gained after the protocol commit (839845a), with the value that runs as the
 #: code did before them: a config without them (a cell's config.json written then, or a
 #: preset that leaves them to the defaults, which have changed since) ran at that value, and
@@ -60,7 +66,8 @@ ADDED_AFTER_PROTOCOL = {"value_cap_multiple": 0.0, "value_cap_mode": "at-most", 
                         "hics_temperature": 0.03, "hics_lambda": 10.0, "hics_gamma": 4.0,
                         "hics_clusters": 0, "hics_rounds": 0, "hics_switch": 0.0,
                         "statistics_cap": 0.0, "statistics_rule": "median",
-                        "adversary_statistics_scale": 4.0, "defences": "auto"}
+                        "adversary_statistics_scale": 4.0, "defences": "auto",
+                        **ISSUE72_KEYS}
 #: The same for the second confirmation's protocol commit: its presets leave keys to the
 #: defaults of that commit (direction-only valuation among them), so only the keys the app
 #: gained after it are filled in.
@@ -70,7 +77,7 @@ ADDED_AFTER_SECOND_PROTOCOL: dict[str, Any] = {
     "delta_draw": "with-replacement", "hics_temperature": 0.03, "hics_lambda": 10.0,
     "hics_gamma": 4.0, "hics_clusters": 0, "hics_rounds": 0, "hics_switch": 0.0,
     "statistics_cap": 0.0, "statistics_rule": "median", "adversary_statistics_scale": 4.0,
-    "defences": "auto"}
+    "defences": "auto", **ISSUE72_KEYS}
 
 
 def added_after(preset_name: str) -> dict[str, Any]:
