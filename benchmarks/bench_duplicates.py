@@ -53,16 +53,16 @@ def relative_distances(states: list[dict[str, np.ndarray]], reference: dict[str,
 
 def run_setting(run_config: dict[str, Any], num_clients: int) -> list[dict[str, Any]]:
     """Run one cell, recording every round's pairwise distances by client id."""
-    # the guards call it by the name they import (the round's copy check)
-    import fedowen_strategy.defences.guards as strategy_module
+    # the links defence calls it by the name it imports (the round's copy check)
+    import fedowen_strategy.defences.sybil_links as strategy_module
     from sim.inline import run_cell
 
     recorded: list[dict[str, Any]] = []
     original = strategy_module.duplicate_groups
 
-    def spy(states: Any, reference: Any, tolerance: float) -> Any:
+    def spy(states: Any, reference: Any, *args: Any, **kwargs: Any) -> Any:
         recorded.append({"pairs": relative_distances(list(states), reference)})
-        return original(states, reference, tolerance)
+        return original(states, reference, *args, **kwargs)
 
     strategy_module.duplicate_groups = spy
     try:
