@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -261,7 +261,9 @@ class FedOwen(FedAvg):
             guards=self.guards, norm_cap=self.norm_cap, utility_factory=self.utility_factory,
             rng=self.value_rng, server_round=server_round,
             extra=extra,
-            server_update=None if step is None else lambda: step(global_state, server_round),
+            # one server step a round, however many defences read it (filter and norm cap)
+            server_update=(None if step is None
+                           else cache(partial(step, global_state, server_round))),
             reweight=self.chooser.weigh, step=self.chooser.step_weights(),
             defences=self.defences)
         self.linked.update(c for g in out.copies for c in g)

@@ -305,3 +305,20 @@ def test_links_seen_in_rounds_reach_the_selection_with_link_memory() -> None:
     assert arms is not None and arms.tolist() == [0, 0, 0, 0, 1, 1]
     assert remembered.chooser.pair_links[("c0", "c1")] == 2
     assert forgotten.chooser.pair_links == {} and forgotten.chooser.arms(keys) is None
+
+
+def test_one_server_step_a_round_however_many_defences_read_it(tmp_path: Any) -> None:
+    # Prepare: the server-direction filter and the server norm cap both read the server's step
+    calls: list[int] = []
+
+    def server_step(global_state: Mapping[str, np.ndarray], server_round: int
+                    ) -> dict[str, np.ndarray]:
+        calls.append(server_round)
+        return {"w": np.asarray(global_state["w"]) + (TARGET - global_state["w"]) * 0.1}
+
+    # Execute
+    run_toy("owen", rounds=3, tmp_path=tmp_path, server_step=server_step,
+            update_filter="server-direction", norm_cap="server")
+    # Assert: trained once in each round, not once per reader
+    assert calls == [1, 2, 3]
+    assert all("server_cosines" in r for r in read_rounds(tmp_path)[1:])
