@@ -96,6 +96,7 @@ class ServerKeys:
     alignins_lambda_s: float = owned(Guards, "alignins_lambda_s")
     alignins_lambda_c: float = owned(Guards, "alignins_lambda_c")
     multi_metrics_keep: float = owned(Guards, "multi_metrics_keep")
+    flame_lambda: float = owned(Guards, "flame_lambda")
     # The defence list, in order (issue 72): fedowen_strategy.defences.table, docs/defences.md.
     defences: str = key("auto", "the defences, in order: auto (the strategy's own list) | none | "
                         "names from docs/defences.md")

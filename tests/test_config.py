@@ -111,7 +111,7 @@ ONE_MISTAKE = {
     "aggregate-noise": -0.001, "statistics-cap": -1.0, "krum-malicious": -1,
     "statistics-rule": "mode", "defences": "norm-capp", "adversary-statistics-scale": 0.0,
     "alignins-sparsity": 0.0, "alignins-lambda-s": 0.0, "alignins-lambda-c": -1.0,
-    "multi-metrics-keep": 1.5,
+    "multi-metrics-keep": 1.5, "flame-lambda": -0.001,
     "adversary-dba-parts": 0, "adversary-dba-gap": -1, "adversary-neurotoxin-top": 1.0,
     "fltrust-root-size": -1,
     "fltrust-root-epochs": 0, "fltrust-server-lr": 0.0, "foolsgold-kappa": 0.0, "device": 1,

@@ -81,14 +81,17 @@ class RoundView:
 class Settling:
     """What a :meth:`Guard.settle` step reads: the round (``view``), the screened updates'
     states that were combined, their client ids and the weights the strategy gave them (aligned;
-    they sum to 1 unless the strategy steps from the global model) and the round's generator
-    (FedOwen's valuation stream; a wrapper's own seeded one)."""
+    they sum to 1 unless the strategy steps from the global model), the round's generator
+    (FedOwen's valuation stream; a wrapper's own seeded one) and ``screened``, the round
+    record's fields the screen steps added (:attr:`GuardedRound.record`): a step that acts in
+    both reads there what its screen measured (``flame``: its clip bound)."""
 
     view: RoundView
     states: Sequence[State]
     client_ids: Sequence[str]
     weights: NDArray[np.float64]
     rng: np.random.Generator
+    screened: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass

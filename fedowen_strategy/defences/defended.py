@@ -151,7 +151,8 @@ class Defended(Strategy):
         if not ids or not weights.sum() > 0:
             return result
         state, fields = settle_round(self.defences, record_to_state(result[0]),
-                                     Settling(view, states, ids, weights, self.rng))
+                                     Settling(view, states, ids, weights, self.rng,
+                                              screened.record))
         self.round_record.update(fields)
         return state_to_record(state), result[1]
 

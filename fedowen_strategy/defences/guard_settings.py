@@ -108,6 +108,11 @@ class Guards(Settings):
         MultiMetrics' share of the round kept, the lowest whitened scores, in (0, 1] (the
         public code's 0.3; at least one update; :mod:`fedowen_strategy.defences.
         multi_metrics`, opt-in, issue 72).
+    flame_lambda : float
+        FLAME's noise level (the paper's lambda, 0.001): the ``flame`` step adds Gaussian
+        noise of standard deviation this x its clip bound (the round's median update norm) to
+        the aggregate's parameters (>= 0, 0: no noise; :mod:`fedowen_strategy.defences.flame`,
+        opt-in, issue 72). ``aggregate-noise`` is the noise alone, inside FedOwen's list.
     """
 
     max_norm_ratio: float = declare.key(
@@ -150,6 +155,9 @@ class Guards(Settings):
     multi_metrics_keep: float = declare.key(
         0.3, "MultiMetrics' share of the round kept (lowest scores), in (0, 1]",
         name="multi-metrics-keep")
+    flame_lambda: float = declare.key(
+        0.001, "FLAME's noise, x its clip bound (the round's median norm; 0: none), >= 0",
+        name="flame-lambda")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""
@@ -191,6 +199,9 @@ class Guards(Settings):
             (0 < self.multi_metrics_keep <= 1,
              f"{k('multi_metrics_keep')}={self.multi_metrics_keep!r} must lie in (0, 1] "
              "(MultiMetrics' 0.3: the lowest-scoring 30% of the round)"),
+            (math.isfinite(self.flame_lambda) and self.flame_lambda >= 0,
+             f"{k('flame_lambda')}={self.flame_lambda!r} must be finite and >= 0 (FLAME's "
+             "0.001; 0: no noise)"),
         ]
         found = [message for ok, message in checks if not ok]
         found += one_of(k("update_bound"), self.update_bound, UPDATE_BOUNDS)

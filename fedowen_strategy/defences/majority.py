@@ -8,7 +8,15 @@ round's updates by cosine distance with HDBSCAN, ``min_cluster_size = n // 2 + 1
 a minority that points its own way is left out whatever its norm. Admitted updates are clipped
 to the median norm of the round, and Gaussian noise of standard deviation ``lambda x`` that
 median is added to the aggregate (``lambda = 0.001`` for image classification in the paper).
-HDBSCAN is scikit-learn's. Pure functions of the updates and a generator.
+HDBSCAN is scikit-learn's. Pure functions of the updates and a generator: ``update-filter =
+"majority"`` applies the filter alone, the ``flame`` defence all three
+(:mod:`fedowen_strategy.defences.flame`).
+
+With ``min_cluster_size = n // 2 + 1`` two clusters cannot form, so the one cluster is the
+root (``allow_single_cluster``), and HDBSCAN labels a lone root cluster with only the points
+still in it when it falls below that size: in a round of honest updates whose distances do
+not tie, about ``n // 2 + 1`` are admitted (the hdbscan package, which the public codes call,
+labels the same way; docs/defences.md, FLAME).
 """
 
 from __future__ import annotations
@@ -37,20 +45,33 @@ def cosine_distances(flat: NDArray[np.floating]) -> NDArray[np.float64]:
     return np.clip(1.0 - gram_cosines(row_gram(flat)), 0.0, 2.0)
 
 
-def majority_cluster(flat: NDArray[np.floating]) -> NDArray[np.bool_]:
-    """Which rows lie in HDBSCAN's largest cluster of cosine distances (min cluster size a
-    strict majority); every row when there are fewer than 3, or when no cluster forms."""
+def cluster_labels(flat: NDArray[np.floating]) -> NDArray[np.int64]:
+    """HDBSCAN's label of each row (-1: noise) on the rows' cosine distances, min cluster size
+    a strict majority (``n // 2 + 1``), ``min_samples = 1``, one cluster allowed; every row
+    label 0 when there are fewer than 3."""
     n = len(flat)
     if n < 3:
-        return np.ones(n, dtype=bool)
+        return np.zeros(n, dtype=np.int64)
     from sklearn.cluster import HDBSCAN
 
     labels = HDBSCAN(min_cluster_size=n // 2 + 1, min_samples=1, metric="precomputed",
                      allow_single_cluster=True, copy=True).fit_predict(cosine_distances(flat))
+    return np.asarray(labels, dtype=np.int64)
+
+
+def largest_cluster(labels: NDArray[np.int64]) -> NDArray[np.bool_]:
+    """Which rows carry the most frequent non-noise label (ties: the lowest label); every row
+    when all are noise."""
     found = labels[labels >= 0]
     if found.size == 0:
-        return np.ones(n, dtype=bool)
+        return np.ones(len(labels), dtype=bool)
     return np.asarray(labels == np.bincount(found).argmax())
+
+
+def majority_cluster(flat: NDArray[np.floating]) -> NDArray[np.bool_]:
+    """Which rows lie in HDBSCAN's largest cluster of cosine distances (min cluster size a
+    strict majority); every row when there are fewer than 3, or when no cluster forms."""
+    return largest_cluster(cluster_labels(flat))
 
 
 def clip_to_median(norms: NDArray[np.float64]) -> tuple[NDArray[np.float64], float]:

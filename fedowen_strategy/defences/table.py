@@ -10,8 +10,8 @@ at run time is seen.
 :data:`FLOWER_DEFENCES` around Flower's strategies and the peers: what each did before the
 defences were a list (issue 72). Each step acts as its own keys say (most are off by
 default), so the old keys keep their meaning; the list orders the steps, drops one, or adds
-one the table holds. The peers' filters (``alignins``, ``multi-metrics``) are rows in no
-``auto`` list: a run adds them by name.
+one the table holds. The peers' filters (``alignins``, ``multi-metrics``) and FLAME whole
+(``flame``) are rows in no ``auto`` list: a run adds them by name.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from types import MappingProxyType
 
 from fedowen_strategy.defences.alignins import AlignIns
 from fedowen_strategy.defences.base import Guard
+from fedowen_strategy.defences.flame import Flame
 from fedowen_strategy.defences.guard_settings import Defence, Guards
 from fedowen_strategy.defences.identity import Identity
 from fedowen_strategy.defences.multi_metrics import MultiMetrics
@@ -79,6 +80,8 @@ DEFENCES = MappingProxyType({spec.name: spec for spec in (
                 "AlignIns: keep updates aligned in direction and sign, clip to their median norm"),
     DefenceSpec("multi-metrics", MultiMetrics, ("multi-metrics-keep",),
                 "MultiMetrics: keep the lowest whitened cosine, Manhattan and length scores"),
+    DefenceSpec("flame", Flame, ("flame-lambda",),
+                "FLAME: the majority cluster of directions, clipped to the median norm, noise"),
 )})
 #: FedOwen's list under ``defences = "auto"``: every guard it applied before issue 72, in the
 #: order it applied them.

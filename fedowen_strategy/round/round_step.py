@@ -122,7 +122,7 @@ def aggregate_round(parsed: ParsedReplies, global_state: Mapping[str, NDArray], 
         combined = weighted_average(states, val.weights)
     view = RoundView(global_state, guards, norm_cap, value_players, server_round, server_update)
     state, settled = settle_round(defences, combined, Settling(
-        view, states, [u.client_id for u in parsed.updates], val.weights, rng))
+        view, states, [u.client_id for u in parsed.updates], val.weights, rng, guarded.record))
     record = round_record.round_record(selected, parsed, valuation.method, guarded.copies,
                                        {**fields, **settled}, val)
     return RoundOutcome(state, parsed, guarded.copies, guarded.links, val, record,
