@@ -54,6 +54,9 @@ ESTIMATORS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("first-order at=1", "first-order", {"at": 1.0}),
     ("first-order-refined", "first-order-refined", {}),
     ("first-order-refined band=0 (Simpson)", "first-order-refined", {"band": 0.0}),
+    ("first-order-refined band=1", "first-order-refined", {"band": 1.0}),
+    ("first-order-refined pairs=1", "first-order-refined", {"pairs": 1}),
+    ("first-order-refined pairs=3", "first-order-refined", {"pairs": 3}),
 )
 HALVES = ("dev", "report")
 #: Estimators that credit a zero update exactly 0 (valuation/__init__.py's axiom table)
