@@ -32,6 +32,9 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from benchmarks._common import machine_info, markdown_table, write_outputs
+from fedowen_strategy.round.aggregation import softmax_weights
+from fedowen_strategy.round.round_valuers import scale_phi
+from fedowen_strategy.valuation import ESTIMATORS as ESTIMATOR_SPECS
 from fedowen_strategy.valuation import estimate
 from fedowen_strategy.valuation.exact import shapley_from_table
 from fedowen_strategy.valuation.games import TableGame
@@ -49,10 +52,16 @@ ESTIMATORS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("first-order at=0", "first-order", {"at": 0.0}),
     ("first-order at=0.5", "first-order", {"at": 0.5}),
     ("first-order at=1", "first-order", {"at": 1.0}),
+    ("first-order-refined", "first-order-refined", {}),
+    ("first-order-refined band=0 (Simpson)", "first-order-refined", {"band": 0.0}),
+    ("first-order-refined band=1", "first-order-refined", {"band": 1.0}),
+    ("first-order-refined pairs=1", "first-order-refined", {"pairs": 1}),
+    ("first-order-refined pairs=3", "first-order-refined", {"pairs": 3}),
 )
 HALVES = ("dev", "report")
 #: Estimators that credit a zero update exactly 0 (valuation/__init__.py's axiom table)
-NULL_EXACT = ("owen", "owen-antithetic", "owen-paper", "loo", "first-order")
+NULL_EXACT = ("owen", "owen-antithetic", "owen-paper", "loo", "first-order",
+              "first-order-refined")
 
 
 def spearman(estimate_values: np.ndarray, exact_values: np.ndarray) -> float:
@@ -60,6 +69,14 @@ def spearman(estimate_values: np.ndarray, exact_values: np.ndarray) -> float:
     if np.ptp(estimate_values) == 0 or np.ptp(exact_values) == 0:
         return 0.0
     return float(spearmanr(estimate_values, exact_values).statistic)
+
+
+def weights_error(estimate_values: np.ndarray, exact_values: np.ndarray) -> float:
+    """Total variation between the app's default weights (softmax of l1-scaled phi, T = 1)
+    from the estimate and from the exact values: the share of the aggregate misplaced."""
+    def weights(values: np.ndarray) -> np.ndarray:
+        return softmax_weights(scale_phi(values, 0.0, "l1"))
+    return 0.5 * float(np.abs(weights(estimate_values) - weights(exact_values)).sum())
 
 
 def load_games(folder: Path) -> dict[str, tuple[str, TableGame]]:
@@ -74,15 +91,21 @@ def score_game(game: TableGame, method: str, params: dict[str, Any], m: int,
     """Spearman per seed of one estimator at one M on one game, and what it spent."""
     n = game.n_players
     truth = shapley_from_table(game.table)
-    rhos, evals, grads = [], [], []
+    rhos, errors, evals, grads = [], [], [], []
     for seed in range(seeds):
         result = estimate(method, game, n, budget=n * m, seed=seed, **params)
         rhos.append(spearman(result.values, truth))
+        errors.append(weights_error(result.values, truth))
         evals.append(result.n_evals)
         grads.append(result.n_gradients)
+    meta = game.meta
+    seconds = (statistics.mean(evals) * meta["seconds_per_eval"]
+               + statistics.mean(grads) * meta["seconds_first_order"]) if meta else float("nan")
     return {"spearman": round(statistics.mean(rhos), 5),
             "spearman_sd": round(statistics.pstdev(rhos), 5),
-            "n_evals": statistics.mean(evals), "n_gradients": statistics.mean(grads)}
+            "weights_tv": round(statistics.mean(errors), 6),
+            "n_evals": statistics.mean(evals), "n_gradients": statistics.mean(grads),
+            "seconds_recorded": round(seconds, 4)}
 
 
 def params_of(method: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -90,13 +113,18 @@ def params_of(method: str, extra: dict[str, Any]) -> dict[str, Any]:
     return {**RunConfig(valuation=method).estimator_params(), **extra}
 
 
-def run(games: dict[str, tuple[str, TableGame]], ms: list[int], seeds: int
-        ) -> list[dict[str, Any]]:
-    """One row per (estimator, M, game): the mean and spread of Spearman over the seeds."""
+def run(games: dict[str, tuple[str, TableGame]], ms: list[int], seeds: int,
+        labels: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per (estimator, M, game): the mean and spread of Spearman over the seeds
+    (``labels``: only those rows of :data:`ESTIMATORS`)."""
     rows = []
     for label, method, extra in ESTIMATORS:
+        if labels and label not in labels:
+            continue
         for m in ms:
             for key, (half, game) in games.items():
+                if game.n_players * m < ESTIMATOR_SPECS[method].min_budget(game.n_players):
+                    continue  # the budget cannot buy what the method needs: no row
                 scored = score_game(game, method, params_of(method, extra), m, seeds)
                 rows.append({"estimator": label, "m": m, "game": key, "half": half, **scored})
             print(f"{label:20s} M={m:<3d} done", flush=True)
@@ -118,6 +146,10 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                             "se_over_games": statistics.stdev(per_game) / len(sel) ** 0.5
                             if len(sel) > 1 else 0.0,
                             "worst_game": min(per_game),
+                            "weights_tv": statistics.mean(r["weights_tv"] for r in sel),
+                            "worst_weights_tv": max(r["weights_tv"] for r in sel),
+                            "seconds_recorded": statistics.mean(r["seconds_recorded"]
+                                                                for r in sel),
                             "n_evals": statistics.mean(r["n_evals"] for r in sel),
                             "n_gradients": statistics.mean(r["n_gradients"] for r in sel)})
     return out
@@ -134,37 +166,47 @@ def first_order_cost(games: dict[str, tuple[str, TableGame]]) -> dict[str, float
 
 
 def table(summ: list[dict[str, Any]], ms: list[int], costs: dict[str, float]) -> str:
-    """Markdown: one row per estimator, mean Spearman per M on each half."""
-    head = (["estimator"] + [f"{h} M={m}" for h in HALVES for m in ms]
+    """Markdown: one row per estimator, mean Spearman (worst game) and the weights' mean total
+    variation per M on each half."""
+    halves = [h for h in HALVES if any(s["half"] == h for s in summ)]
+    head = (["estimator"] + [f"{h} M={m}" for h in halves for m in ms]
             + ["evals at M=4", "null player"])
     body = []
     for label, method, _ in ESTIMATORS:
         cells = {(s["half"], s["m"]): s for s in summ if s["estimator"] == label}
-        row = [label] + [f"{cells[h, m]['mean_spearman']:.3f}" if (h, m) in cells else "-"
-                         for h in HALVES for m in ms]
-        at4 = cells.get(("dev", 4))
+        if not cells:
+            continue
+        row = [label] + [f"{c['mean_spearman']:.3f} ({c['worst_game']:.3f}) tv "
+                         f"{c['weights_tv']:.4f}" if (c := cells.get((h, m))) else "-"
+                         for h in halves for m in ms]
+        at4 = cells.get((halves[0], 4))
         grads = f" + {at4['n_gradients']:.0f} grad" if at4 and at4["n_gradients"] else ""
         row.append(f"{at4['n_evals']:.1f}{grads}" if at4 else "-")
         row.append("exact" if method in NULL_EXACT else "in expectation")
         body.append(row)
     games = {s["half"]: s["games"] for s in summ}
-    note = (f"\nMean Spearman with exact Shapley over games x seeds; dev: {games.get('dev', 0)} "
-            f"games, report: {games.get('report', 0)} games. One gradient (first-order) costs "
-            "about " + ", ".join(f"{v:.1f} evaluations ({d})" for d, v in costs.items())
+    note = ("\nMean Spearman with exact Shapley over games x seeds (worst game's mean in "
+            "brackets), and tv: the mean total variation between the default weights (softmax "
+            "of l1-scaled phi) from the estimate and from exact Shapley; "
+            + ", ".join(f"{h}: {games[h]} games" for h in halves) + ". One gradient "
+            "(first-order) costs about " + ", ".join(f"{v:.1f} evaluations ({d})"
+                                                     for d, v in costs.items())
             + " (recorded backward pass / coalition evaluation, one core).\n")
     return markdown_table(head, body) + note
 
 
 BREAKDOWN = (("owen", 4), ("owen-antithetic", 2), ("owen-antithetic", 4),
-             ("first-order at=0", 4), ("first-order at=0.5", 4))
+             ("first-order at=0", 4), ("first-order at=0.5", 4), ("first-order-refined", 1),
+             ("first-order-refined", 4))
 
 
-def breakdown(rows: list[dict[str, Any]], games: dict[str, tuple[str, TableGame]]) -> str:
-    """Markdown: per game of the reporting half, the mean Spearman of a few estimators."""
-    head = ["game (report half)", "gain nu(N) - nu(0)"] + [f"{e} M={m}" for e, m in BREAKDOWN]
+def breakdown(rows: list[dict[str, Any]], games: dict[str, tuple[str, TableGame]],
+              half: str = "report") -> str:
+    """Markdown: per game of ``half``, the mean Spearman of a few estimators."""
+    head = [f"game ({half} half)", "gain nu(N) - nu(0)"] + [f"{e} M={m}" for e, m in BREAKDOWN]
     body = []
-    for key, (half, game) in sorted(games.items()):
-        if half != "report":
+    for key, (game_half, game) in sorted(games.items()):
+        if game_half != half:
             continue
         cells = []
         for label, m in BREAKDOWN:
@@ -179,23 +221,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--games", default="tests/data/games")
     p.add_argument("--ms", type=int, nargs="+", default=[2, 4, 10])
     p.add_argument("--seeds", type=int, default=30)
+    p.add_argument("--estimators", nargs="+", default=None, choices=[e[0] for e in ESTIMATORS],
+                   metavar="LABEL", help="only these rows of ESTIMATORS (default: all)")
+    p.add_argument("--halves", nargs="+", default=list(HALVES), choices=HALVES,
+                   help="only the games of these halves (choose on dev, report once)")
     p.add_argument("--out-json", default=None)
     p.add_argument("--out-md", default=None)
     args = p.parse_args(argv)
-    games = load_games(Path(args.games))
+    games = {k: v for k, v in load_games(Path(args.games)).items() if v[0] in args.halves}
     if not games:
         p.error(f"no recorded games in {args.games}: run benchmarks/record_app_games.py")
-    rows = run(games, args.ms, args.seeds)
+    rows = run(games, args.ms, args.seeds, args.estimators)
     summ = summary(rows)
     costs = first_order_cost(games)
+    shown = "report" if "report" in args.halves else args.halves[0]
     meta = {key: {k: game.meta.get(k) for k in ("dataset", "alpha", "round", "seed", "n")}
             for key, (_, game) in games.items()}
     text = (f"# Ranking battery: Spearman with exact Shapley on {len(games)} recorded app "
             "games\n\nMade by `benchmarks/bench_ranking_battery.py` (see its docstring) from "
             "`tests/data/games` (`benchmarks/record_app_games.py`). Budget = n x M coalition "
             f"evaluations (n = 10), {args.seeds} estimator seeds per game.\n\n"
-            + table(summ, args.ms, costs) + "\n## Per game, reporting half\n\n"
-            + breakdown(rows, games))
+            + table(summ, args.ms, costs) + f"\n## Per game, {shown} half\n\n"
+            + breakdown(rows, games, shown))
     estimators = {label: {"method": method, "params": params_of(method, extra)}
                   for label, method, extra in ESTIMATORS}
     write_outputs({"machine": machine_info(), "args": vars(args), "games": meta,

@@ -57,7 +57,7 @@ import torch
 import server_app.app as server_app
 import server_app.factory as server_factory
 from benchmarks._common import load_average, machine_info, markdown_table, rotated, write_outputs
-from benchmarks.bench_ranking_battery import spearman
+from benchmarks.bench_ranking_battery import spearman, weights_error
 from client_app.app import app as client_app
 from fedowen_strategy.round.contribution import ValuationSettings, value_round
 from fedowen_strategy.round.round_valuers import RoundValuation
@@ -74,6 +74,8 @@ ESTIMATORS: tuple[tuple[str, str, int, dict[str, Any]], ...] = (
     ("owen-antithetic M=2", "owen-antithetic", 2, {}),
     ("owen-antithetic M=4", "owen-antithetic", 4, {}),
     ("first-order at=0.5", "first-order", 1, {"at": 0.5}),
+    ("first-order-refined M=1", "first-order-refined", 1, {}),
+    ("first-order-refined M=4", "first-order-refined", 4, {}),
 )
 EXACT_MAX_N = 12
 REF_CHECK = "reference, another seed"
@@ -177,6 +179,7 @@ def measure(clients: int, nodes: int, args: argparse.Namespace, work: Path) -> d
                 "over_before": val.seconds / got[BEFORE].seconds,
                 "share": val.seconds / (r_s - v_app + val.seconds),
                 "spearman": spearman(val.phi_raw, ref.phi_raw), "reference": ref_label,
+                "weights_tv": weights_error(val.phi_raw, ref.phi_raw),
                 "round_s": r_s, "app_valuation_s": v_app, "reference_s": ref.seconds})
         print(f"  round {rec['round']}: n={n}, round {r_s:.1f}s (valuation {v_app:.1f}s); "
               + ", ".join(f"{lab} {v.seconds:.1f}s rho={spearman(v.phi_raw, ref.phi_raw):.3f}"
@@ -237,6 +240,8 @@ def summary(settings: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "share": statistics.median(r["share"] for r in rs),
                         "spearman": statistics.fmean(r["spearman"] for r in rs),
                         "spearman_min": min(r["spearman"] for r in rs),
+                        "weights_tv": statistics.fmean(r.get("weights_tv", float("nan"))
+                                                       for r in rs),
                         "reference": rs[0]["reference"]})
     return out
 
@@ -256,10 +261,11 @@ def tables(rows: list[dict[str, Any]], settings: list[dict[str, Any]],
             "valuation replaced by this one.\n\n")
     text += markdown_table(
         ["clients / round", "estimator", "players n", "evaluations", "valuation s",
-         "/ before", "share of round", "Spearman mean (min)", "against"],
+         "/ before", "share of round", "Spearman mean (min)", "weights tv", "against"],
         [[r["clients_per_round"], r["estimator"], f"{r['n']:g}", f"{r['n_evals']:g}",
           f"{r['seconds']:.2f}", f"{r['over_before']:.3f}", f"{r['share']:.0%}",
-          f"{r['spearman']:.4f} ({r['spearman_min']:.4f})", r["reference"]] for r in rows])
+          f"{r['spearman']:.4f} ({r['spearman_min']:.4f})", f"{r['weights_tv']:.4f}",
+          r["reference"]] for r in rows])
     text += "\nAs the app played them (its own `owen` M = 4, medians over the measured rounds):\n\n"
     text += markdown_table(["clients / round", "round s", "valuation s", "share of round"],
                            [[s["clients_per_round"], f"{s['app']['round_s']:.1f}",

@@ -130,6 +130,7 @@ def test_symmetric_players_equal_in_expectation(method: str) -> None:
     ("method", "params"),
     [("exact", {}), ("owen", {}), ("owen", {"sampler": "flip"}), ("owen-antithetic", {}),
      ("mc-shapley", {}), ("first-order", {}), ("first-order", {"at": 0.0}),
+     ("first-order-refined", {}),
      *((m, {}) for m in REGRESSIONS)],
 )
 def test_additive_game_is_recovered_exactly(method: str, params: dict[str, object]) -> None:
@@ -145,12 +146,13 @@ def test_additive_game_is_recovered_exactly(method: str, params: dict[str, objec
 
 
 @pytest.mark.parametrize("method", ["kadd-shap", "kernel-shap", "owen-antithetic",
-                                    "first-order"])
+                                    "first-order", "first-order-refined"])
 def test_pairwise_game_is_recovered_exactly(method: str) -> None:
     # Prepare: kADD-SHAP fits a 2-additive game, so any game with pairwise interactions is
     # recovered once the fit is determined; paired KernelSHAP is exact for such games too, an
     # antithetic walk pair averages j's pair terms to their halves, and the first-order term
-    # at the midpoint of a quadratic extension is its Shapley value
+    # at the midpoint of a quadratic extension is its Shapley value (so is Simpson's rule over
+    # the terms at 0, 1/2 and 1, first-order-refined's cheap value)
     game = structured_game()
     # Execute
     result = estimate(method, game, N, budget=40, seed=4)
@@ -269,9 +271,10 @@ def test_registered_names_are_exactly_the_contract() -> None:
     assert set(ESTIMATORS) == {
         "exact", "owen", "owen-antithetic", "owen-paper", "mc-shapley", "gtg-shapley",
         "gtg-greedyfed", "banzhaf", "weighted-shap", "loo", "svarm", "kernel-shap",
-        "leverage-shap", "kadd-shap", "first-order",
+        "leverage-shap", "kadd-shap", "first-order", "first-order-refined",
     }
-    assert [m for m, spec in ESTIMATORS.items() if spec.uses_first_order] == ["first-order"]
+    assert [m for m, spec in ESTIMATORS.items() if spec.uses_first_order] == [
+        "first-order", "first-order-refined"]
 
 
 def test_efficient_methods_sum_to_total_gain() -> None:

@@ -22,25 +22,26 @@ Methods and the axioms they keep
 "exact" = holds for every single estimate; "expect." = holds in expectation over seeds only;
 "no" = does not hold. Efficiency: values sum to ``nu(N) - nu(empty)``.
 
-==============  ==============================  ===========  ========  ===========  ========
-method          estimates                       efficiency   symmetry  null player  unbiased
-==============  ==============================  ===========  ========  ===========  ========
-exact           Shapley value (2^n coalitions)  exact        exact     exact        (exact)
-owen            Shapley value (Owen integral)   exact [1]    expect.   exact        yes [2]
-owen-antithetic Shapley value, antithetic walks exact [1]    expect.   exact        yes [8]
-owen-paper      Paper's Alg. 1 (fixed q grid)   no           expect.   exact        no
-mc-shapley      Shapley value (permutations)    exact        expect.   exact        yes
-gtg-shapley     Shapley value, truncated        ~ [3]        expect.   exact        no [3]
-gtg-greedyfed   the same, GreedyFed's stopping  ~ [3]        expect.   exact [10]   no [3]
-banzhaf         Banzhaf value (MSR)             no           expect.   expect.      yes [4]
-weighted-shap   Beta(alpha, beta) semivalue     no [5]       expect.   exact        yes [4]
-loo             leave-one-out                   no           exact     exact        (exact)
-svarm           Shapley value (size strata)     no           expect.   expect.      yes [6]
-kernel-shap     Shapley value (regression)      exact [7]    expect.   expect.      no [7]
-leverage-shap   Shapley value (regression)      exact [7]    expect.   expect.      no [7]
-kadd-shap       Shapley of a 2-additive fit     exact [7]    expect.   expect.      no [7]
-first-order     first-order terms (1 gradient)  no           [9]       exact        no [9]
-==============  ==============================  ===========  ========  ===========  ========
+====================  ==============================  ===========  ========  ===========  ========
+method                estimates                       efficiency   symmetry  null player  unbiased
+====================  ==============================  ===========  ========  ===========  ========
+exact                 Shapley value (2^n coalitions)  exact        exact     exact        (exact)
+owen                  Shapley value (Owen integral)   exact [1]    expect.   exact        yes [2]
+owen-antithetic       Shapley value, antithetic pair  exact [1]    expect.   exact        yes [8]
+owen-paper            Paper's Alg. 1 (fixed q grid)   no           expect.   exact        no
+mc-shapley            Shapley value (permutations)    exact        expect.   exact        yes
+gtg-shapley           Shapley value, truncated        ~ [3]        expect.   exact        no [3]
+gtg-greedyfed         the same, GreedyFed's stopping  ~ [3]        expect.   exact [10]   no [3]
+banzhaf               Banzhaf value (MSR)             no           expect.   expect.      yes [4]
+weighted-shap         Beta(alpha, beta) semivalue     no [5]       expect.   exact        yes [4]
+loo                   leave-one-out                   no           exact     exact        (exact)
+svarm                 Shapley value (size strata)     no           expect.   expect.      yes [6]
+kernel-shap           Shapley value (regression)      exact [7]    expect.   expect.      no [7]
+leverage-shap         Shapley value (regression)      exact [7]    expect.   expect.      no [7]
+kadd-shap             Shapley of a 2-additive fit     exact [7]    expect.   expect.      no [7]
+first-order           first-order terms (1 gradient)  no           [9]       exact        no [9]
+first-order-refined   Simpson first-order + walks     no           expect.   exact        no [11]
+====================  ==============================  ===========  ========  ===========  ========
 
 [1] walk sampler (default): every walk telescopes to ``nu(N) - nu(empty)``; with ``eta > 0`` a
     truncated walk loses less than ``eta`` of the gain. The flip sampler is efficient only in
@@ -68,6 +69,11 @@ first-order     first-order terms (1 gradient)  no           [9]       exact    
     truncations at ``eps = 1e-4`` and GreedyFed's convergence rule (about 20 permutations);
     a round whose gain ``|nu(N) - nu(empty)|`` is below ``eps`` is not valued and every player,
     a null player too, gets ``1e-9``.
+[11] ``first-order-refined`` (:mod:`~fedowen_strategy.valuation.refined`): Simpson's rule
+    over the first-order terms at 0, 1/2 and 1 (three gradients) for every player, then
+    antithetic Owen walks only for the players whose bands (``band`` x the terms' second
+    difference) overlap another's; exact for additive and quadratic games; biased for the
+    settled players; symmetric players are refined alike in expectation (random tie order).
 
 References: Owen (1972); Okhrati and Lipani (2021); Castro et al. (2009); Liu et al. (2022,
 GTG-Shapley); Singhal et al. (2024, GreedyFed); Wang and Jia (2023, Data Banzhaf); Kwon and
