@@ -128,6 +128,7 @@ def test_an_update_that_keeps_the_indicator_is_flagged_one_that_forgets_it_is_no
     # the planting: before 0 (label 0 first of the ties), after 1.0 on label 1, norm |PLANTED_W|
     assert (record["before"], record["label_before"], record["planted"], record["label"]) == (
         0.0, 0, 1.0, 1)
+    assert (record["before_mean"], record["planted_mean"]) == (0.0, pytest.approx(1.25 / 3))
     assert record["norm"] == pytest.approx(np.sqrt(0.25 ** 2 + 1.0))
 
 

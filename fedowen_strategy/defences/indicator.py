@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 from numpy.typing import NDArray
 
 from fedowen_strategy.defences.base import Dispatching, Guard, GuardedRound, RoundView
@@ -87,8 +88,9 @@ def strongest(accuracy: Mapping[int, float]) -> tuple[int, float]:
 
 class Indicator(Guard):
     """BackdoorIndicator: planted at dispatch, read at screen (recorded: ``indicator`` with the
-    planting's ``before`` and ``planted`` accuracy, its label and ``norm``, and per client its
-    ``accuracy`` and ``label``).
+    planting's strongest label accuracy ``before`` and ``planted`` and their labels, the mean
+    over labels of each, ``before_mean`` and ``planted_mean``, the planting's ``norm``, and per
+    client its strongest ``accuracy`` and that label, ``labels``).
 
     Parameters
     ----------
@@ -113,15 +115,18 @@ class Indicator(Guard):
     def dispatch(self, state: dict[str, NDArray], dispatching: Dispatching
                  ) -> dict[str, NDArray]:
         task = self._task()
-        label_before, before = strongest(task.label_accuracy(state))
+        old = task.label_accuracy(state)
         trained = task.plant(state, dispatching.server_round, dispatching.guards)
-        label, after = strongest(task.label_accuracy(trained))
+        new = task.label_accuracy(trained)
+        (label_before, before), (label, after) = strongest(old), strongest(new)
         sent = sent_model(state, trained)
         self.planted = Planted(
             dispatching.server_round,
             {k: v for k, v in trained.items() if not is_update(k, v)},
-            {"before": before, "label_before": label_before, "planted": after,
-             "label": label, "norm": update_norm(sent, state)})
+            {"before": before, "label_before": label_before, "planted": after, "label": label,
+             "before_mean": float(np.mean(list(old.values()))),
+             "planted_mean": float(np.mean(list(new.values()))),
+             "norm": update_norm(sent, state)})
         return sent
 
     def screen(self, round_: GuardedRound, view: RoundView) -> GuardedRound:
