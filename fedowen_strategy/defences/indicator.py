@@ -148,7 +148,8 @@ class Indicator(Guard):
             if acc >= threshold:
                 round_.rejected[upd.client_id] = (
                     f"BackdoorIndicator: accuracy {acc:.3g} on the indicator samples of label "
-                    f"{label} >= indicator-threshold {threshold:g} (the planted task kept)")
+                    f"{label} >= indicator-threshold {threshold:g} (read as keeping the "
+                    "planted task)")
             else:
                 kept.append(upd)
         round_.updates = kept
