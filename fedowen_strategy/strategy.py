@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 from numpy.typing import NDArray
 
 from fedowen_strategy import nodes, replies
-from fedowen_strategy.defences.base import Gate, Guard, refuse_replies
+from fedowen_strategy.defences.base import Dispatching, Gate, Guard, dispatch_model, refuse_replies
 from fedowen_strategy.defences.guard_settings import Defence, Guards
 from fedowen_strategy.defences.identity import IdentityBook, Roster
 from fedowen_strategy.defences.table import build, in_force
@@ -194,7 +194,8 @@ class FedOwen(FedAvg):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Select clients with the run's selector and send them the global model."""
+        """Select clients with the run's selector; send them the global model as the
+        dispatch steps leave it (the indicator's planting), the updates' reference."""
         server_round += self.round_offset
         self._global = arrays
         what = (f"clients-per-round={self.clients_per_round}" if self.clients_per_round
@@ -209,6 +210,8 @@ class FedOwen(FedAvg):
         if not selectable:
             self._selected, self._selected_nodes, self._choice = [], [], None
             return []
+        arrays = self._global = dispatch_model(self.defences, arrays,
+                                               Dispatching(server_round, self.guards))
         choice = self.chooser.choose(keys, server_round, round_size(
             len(keys), self.clients_per_round, self.fraction_train, self.min_train_nodes),
             self._asker(grid, arrays, selectable))

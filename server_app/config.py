@@ -168,7 +168,8 @@ class RunConfig(ServerKeys, TaskConfig):
         is in its declaration: :func:`fedowen_task.declare.rule_problems`)."""
         return (one_of("utility-metric", self.utility_metric, UTILITY_METRICS)
                 + selection_problems(self.valuation, self.selection, SETTINGS_KEYS)
-                + _defence_problems(self.defences))
+                + _defence_problems(self.defences)
+                + _indicator_problems(self.dataset, self.indicator_ood))
 
     def federation_config(self) -> dict[str, Any]:
         """The keys that shape the model and the federation (kebab-case), recorded in every
@@ -207,6 +208,12 @@ def _defence_problems(defences: str) -> list[str]:
     from fedowen_strategy.defences.table import problems  # imports flwr
 
     return problems(defences)
+
+
+def _indicator_problems(dataset: str, ood: str) -> list[str]:
+    from server_app.indicator import ood_problems  # imports torch
+
+    return ood_problems(dataset, ood)
 
 
 def _strategy_problems(cfg: RunConfig) -> list[str]:

@@ -97,6 +97,17 @@ class ServerKeys:
     alignins_lambda_c: float = owned(Guards, "alignins_lambda_c")
     multi_metrics_keep: float = owned(Guards, "multi_metrics_keep")
     flame_lambda: float = owned(Guards, "flame_lambda")
+    indicator_threshold: float = owned(Guards, "indicator_threshold")
+    indicator_epochs: int = owned(Guards, "indicator_epochs")
+    indicator_lr: float = owned(Guards, "indicator_lr")
+    indicator_mu: float = owned(Guards, "indicator_mu")
+    # BackdoorIndicator's out-of-distribution samples, which the ServerApp loads
+    # (server_app.indicator): their dataset and how many.
+    indicator_ood: str = key("auto", "BackdoorIndicator's OOD dataset: auto (fashion-mnist for "
+                             "mnist, femnist, medmnist; mnist for fashion-mnist; femnist for "
+                             "cifar10) or a dataset name")
+    indicator_samples: int = key(800, "BackdoorIndicator's OOD samples (whole batches of 64 "
+                                 "kept)", rule=at_least(64, " (one batch of 64 at least)"))
     # The defence list, in order (issue 72): fedowen_strategy.defences.table, docs/defences.md.
     defences: str = key("auto", "the defences, in order: auto (the strategy's own list) | none | "
                         "names from docs/defences.md")

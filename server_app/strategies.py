@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -34,6 +34,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp import strategy as flwr_strategies
 from flwr.serverapp.strategy import Result, Strategy
 
+from fedowen_strategy.defences.base import Guard
 from fedowen_strategy.defences.defended import Defended
 from fedowen_strategy.defences.guard_settings import Defence
 from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
@@ -237,15 +238,18 @@ def counters_kept(aggregate: ArrayRecord, sent: ArrayRecord) -> ArrayRecord:
 
 
 def build_flower_strategy(cfg: Any, num_nodes: int, on_round: RoundHook | None,
-                          on_evaluate: EvaluateHook | None = None,
+                          on_evaluate: EvaluateHook | None = None, *,
+                          defences: str | Sequence[str | Guard] | None = None,
                           **extra: Any) -> Recorded:
     """Flower's strategy (or a peer) ``cfg.strategy``, recording rounds through ``on_round``;
-    ``extra`` are constructor arguments the run config cannot hold (FLTrust's
+    ``defences`` the list around it (default: the run config's; it may hold bound guards, the
+    indicator's); ``extra`` are constructor arguments the run config cannot hold (FLTrust's
     ``server_update``)."""
     cls = strategy_class(cfg.strategy)
     inner = cls(**strategy_kwargs(cfg, cls, num_nodes), **extra)
     recorded = type(f"Recorded{cls.__name__}", (Recorded, Matched, Defended), {})
-    strategy = recorded(inner, cfg.defences, cfg.guards(), seed=cfg.seed)
+    strategy = recorded(inner, cfg.defences if defences is None else defences, cfg.guards(),
+                        seed=cfg.seed)
     strategy.on_round = on_round  # a resume sets ``round_offset`` (server_app.app.resume)
     strategy.on_evaluate = on_evaluate
     strategy.strategy_name = cfg.strategy

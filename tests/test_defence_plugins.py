@@ -50,9 +50,9 @@ def test_every_row_is_its_own_guard_and_the_auto_lists_are_rows() -> None:
     made = {name: spec.make() for name, spec in table.DEFENCES.items()}
     # Assert
     assert all(isinstance(g, Guard) and g.name == name for name, g in made.items())
-    # FedOwen's list is every row but the peers' opt-in filters (issue 72, deliver 2)
+    # FedOwen's list is every row but the peers' opt-in defences (issue 72, deliver 2)
     assert set(table.DEFENCES) - set(table.FEDOWEN_DEFENCES) == {"alignins", "multi-metrics",
-                                                                 "flame"}
+                                                                  "flame", "indicator"}
     assert table.resolve("auto", fedowen=True) == table.FEDOWEN_DEFENCES
     assert table.resolve("auto", fedowen=False) == ("statistics-cap", "statistics-rule")
     assert table.resolve("none", fedowen=True) == ()

@@ -3,9 +3,12 @@
 A defence is a :class:`Guard`: one module in this package and one row in the table
 (:data:`fedowen_strategy.defences.table.DEFENCES`), applied with the others as an ordered list
 (the run config's ``defences``). Like Flower's own DP wrappers, which clip the replies before
-the wrapped strategy aggregates them and add noise to what it returns, a guard may act at three
+the wrapped strategy aggregates them and add noise to what it returns, a guard may act at four
 points of a round, each optional (the base class passes everything through):
 
+- :meth:`Guard.dispatch`: the global model the strategy is about to send, before any message
+  of the round carries it (BackdoorIndicator plants its indicator task there); the updates of
+  the round are then read against the model sent;
 - :meth:`Guard.refuse`: the round's reply messages, before they are decoded (the identity
   check: a node may not speak for another's client id);
 - :meth:`Guard.screen`: the decoded updates (:class:`~fedowen_strategy.replies.ClientUpdate`,
@@ -13,12 +16,13 @@ points of a round, each optional (the base class passes everything through):
 - :meth:`Guard.settle`: the aggregate, once the strategy has combined the screened updates:
   rewrite it (the statistics rule, the sign vote, noise).
 
-The same list runs inside FedOwen's round (:func:`fedowen_strategy.round.round_step.
-aggregate_round`) and around any Flower strategy or peer (:class:`fedowen_strategy.defences.
-defended.Defended`). A guard reads its settings from the round's
-:class:`~fedowen_strategy.defences.guard_settings.Guards` (the run-config keys of the same
-names) or from its own constructor, keeps no state between rounds unless it says so, and draws
-randomness only from the generator it is handed. Pure functions of their inputs otherwise.
+The same list runs inside FedOwen's round (its ``configure_train`` and
+:func:`fedowen_strategy.round.round_step.aggregate_round`) and around any Flower strategy or
+peer (:class:`fedowen_strategy.defences.defended.Defended`). A guard reads its settings from
+the round's :class:`~fedowen_strategy.defences.guard_settings.Guards` (the run-config keys of
+the same names) or from its own constructor, keeps no state between rounds unless it says
+so, and draws randomness only from the generator it is handed. Pure functions of their inputs
+otherwise.
 """
 
 from __future__ import annotations
@@ -32,11 +36,11 @@ from numpy.typing import NDArray
 
 from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.nodes import client_order
-from fedowen_strategy.replies import ClientUpdate
+from fedowen_strategy.replies import ClientUpdate, record_to_state, state_to_record
 from fedowen_strategy.updates import State
 
 if TYPE_CHECKING:
-    from flwr.app import Message
+    from flwr.app import ArrayRecord, Message
 
 #: What a settle step returns: the new aggregate and the round record's fields it adds.
 Settled = tuple[dict[str, NDArray], dict[str, Any]]
@@ -57,6 +61,15 @@ class Gate:
 
     book: IdentityCheck | None = None
     connected: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Dispatching:
+    """What a :meth:`Guard.dispatch` step reads: the round about to be sent and the settings in
+    force."""
+
+    server_round: int
+    guards: Guards = field(default_factory=Guards)
 
 
 @dataclass(frozen=True)
@@ -128,6 +141,13 @@ class Guard:
     #: The defence's name in ``defences`` (its row in the table).
     name: ClassVar[str] = ""
 
+    def dispatch(self, state: dict[str, NDArray], dispatching: Dispatching
+                 ) -> dict[str, NDArray]:
+        """The model to send this round instead of ``state`` (the global model); the base
+        class sends ``state`` itself. A step that overrides this may keep what it needs of the
+        round until its :meth:`screen` (and says so)."""
+        return state
+
     def refuse(self, replies: list[Message], gate: Gate) -> tuple[list[Message], dict[str, str]]:
         """The replies kept, and the refused ones (``node:<id>`` or client id -> reason)."""
         return replies, {}
@@ -150,6 +170,25 @@ def measured_norms(updates: Sequence[ClientUpdate]) -> list[float] | None:
     else None: the step then measures them itself (the same numbers, not computed twice)."""
     norms = [u.norm for u in updates if u.norm is not None]
     return norms if len(norms) == len(updates) else None
+
+
+def dispatches(guard: Guard) -> bool:
+    """Whether ``guard`` changes the model sent (its class overrides :meth:`Guard.dispatch`)."""
+    return type(guard).dispatch is not Guard.dispatch
+
+
+def dispatch_model(defences: Sequence[Guard], arrays: ArrayRecord, dispatching: Dispatching
+                   ) -> ArrayRecord:
+    """The model a strategy sends: ``arrays`` after every :meth:`Guard.dispatch` step in
+    order, or ``arrays`` itself (the very record, not decoded) when no step dispatches, so a
+    list without such a step sends what it sent before the hook existed."""
+    steps = [guard for guard in defences if dispatches(guard)]
+    if not steps:
+        return arrays
+    state = record_to_state(arrays)
+    for guard in steps:
+        state = guard.dispatch(state, dispatching)
+    return state_to_record(state)
 
 
 def refuse_replies(defences: Sequence[Guard], replies: list[Message], gate: Gate

@@ -2,7 +2,9 @@
 wrappers (``DifferentialPrivacyServerSideFixedClipping``: clip the replies, let the wrapped
 strategy aggregate them, add noise to what it returns).
 
-Each round :class:`Defended` runs the list's refuse steps over the reply messages, decodes the
+Each round :class:`Defended` first runs the list's dispatch steps over the model the wrapped
+strategy is to send (BackdoorIndicator plants its task there; without such a step the model
+passes as it came), then its refuse steps over the reply messages, decodes the
 rest (:class:`~fedowen_strategy.replies.ClientUpdate`, against the model it sent), runs the
 screen steps, writes back into its reply each update a step changed (as Flower's wrapper does)
 and drops the replies a step rejected; the wrapped strategy aggregates what is left, and the
@@ -33,11 +35,13 @@ from flwr.serverapp.strategy import Strategy
 from numpy.typing import NDArray
 
 from fedowen_strategy.defences.base import (
+    Dispatching,
     Gate,
     Guard,
     GuardedRound,
     RoundView,
     Settling,
+    dispatch_model,
     refuse_replies,
     screen_round,
     settle_round,
@@ -112,6 +116,9 @@ class Defended(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        """The list's dispatch steps rewrite the model (none: ``arrays`` as it came); the
+        wrapped strategy sends that one, and the round's updates are read against it."""
+        arrays = dispatch_model(self.defences, arrays, Dispatching(server_round, self.guards))
         self._sent = arrays
         self._connected = tuple(grid.get_node_ids())
         return self.strategy.configure_train(server_round, arrays, config, grid)

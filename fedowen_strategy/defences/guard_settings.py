@@ -113,6 +113,20 @@ class Guards(Settings):
         noise of standard deviation this x its clip bound (the round's median update norm) to
         the aggregate's parameters (>= 0, 0: no noise; :mod:`fedowen_strategy.defences.flame`,
         opt-in, issue 72). ``aggregate-noise`` is the noise alone, inside FedOwen's list.
+    indicator_threshold : float
+        BackdoorIndicator's flag, in (0, 1]: an update whose model classifies the planted
+        out-of-distribution samples of some one assigned label with at least this accuracy
+        kept the indicator and is rejected (the public code's 95%;
+        :mod:`fedowen_strategy.defences.indicator`, opt-in, issue 72).
+    indicator_epochs : int
+        Epochs of the server's planting on the indicator samples each round (>= 1; the public
+        code's 200).
+    indicator_lr : float
+        The planting's SGD learning rate (> 0; the public code's 0.005, momentum 0.9, weight
+        decay 5e-4, x 0.8 at epochs 10, 20, 30, 160, 200, ...).
+    indicator_mu : float
+        The planting's pull towards the model it starts from: ``mu / 2 x ||w - w0||`` added to
+        its loss (>= 0; the public code's 0.4).
     """
 
     max_norm_ratio: float = declare.key(
@@ -158,6 +172,17 @@ class Guards(Settings):
     flame_lambda: float = declare.key(
         0.001, "FLAME's noise, x its clip bound (the round's median norm; 0: none), >= 0",
         name="flame-lambda")
+    indicator_threshold: float = declare.key(
+        0.95, "BackdoorIndicator: reject an update keeping this accuracy on a planted label, "
+        "in (0, 1]", name="indicator-threshold")
+    indicator_epochs: int = declare.key(
+        200, "BackdoorIndicator: the planting's epochs on its samples each round (>= 1)",
+        name="indicator-epochs")
+    indicator_lr: float = declare.key(
+        0.005, "BackdoorIndicator: the planting's learning rate (> 0)", name="indicator-lr")
+    indicator_mu: float = declare.key(
+        0.4, "BackdoorIndicator: the planting's pull to the model it starts from (>= 0)",
+        name="indicator-mu")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these guards (:class:`~fedowen_strategy.settings.Settings`)."""
@@ -202,6 +227,18 @@ class Guards(Settings):
             (math.isfinite(self.flame_lambda) and self.flame_lambda >= 0,
              f"{k('flame_lambda')}={self.flame_lambda!r} must be finite and >= 0 (FLAME's "
              "0.001; 0: no noise)"),
+            (0 < self.indicator_threshold <= 1,
+             f"{k('indicator_threshold')}={self.indicator_threshold!r} must lie in (0, 1] "
+             "(BackdoorIndicator's 0.95: an accuracy on the planted samples of one label)"),
+            (self.indicator_epochs >= 1,
+             f"{k('indicator_epochs')}={self.indicator_epochs!r} must be >= 1 "
+             "(BackdoorIndicator's 200)"),
+            (math.isfinite(self.indicator_lr) and self.indicator_lr > 0,
+             f"{k('indicator_lr')}={self.indicator_lr!r} must be finite and > 0 "
+             "(BackdoorIndicator's 0.005)"),
+            (math.isfinite(self.indicator_mu) and self.indicator_mu >= 0,
+             f"{k('indicator_mu')}={self.indicator_mu!r} must be finite and >= 0 "
+             "(BackdoorIndicator's 0.4; 0: no pull)"),
         ]
         found = [message for ok, message in checks if not ok]
         found += one_of(k("update_bound"), self.update_bound, UPDATE_BOUNDS)

@@ -10,8 +10,11 @@ at run time is seen.
 :data:`FLOWER_DEFENCES` around Flower's strategies and the peers: what each did before the
 defences were a list (issue 72). Each step acts as its own keys say (most are off by
 default), so the old keys keep their meaning; the list orders the steps, drops one, or adds
-one the table holds. The peers' filters (``alignins``, ``multi-metrics``) and FLAME whole
-(``flame``) are rows in no ``auto`` list: a run adds them by name.
+one the table holds. The peers' filters (``alignins``, ``multi-metrics``, ``indicator``) and
+FLAME whole (``flame``) are rows in no ``auto`` list: a run adds them by name. ``indicator``
+needs its task (the out-of-distribution samples and the model to plant them in): the row makes
+the guard without one, and the ServerApp puts a bound guard in its place
+(``server_app.indicator``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from fedowen_strategy.defences.base import Guard
 from fedowen_strategy.defences.flame import Flame
 from fedowen_strategy.defences.guard_settings import Defence, Guards
 from fedowen_strategy.defences.identity import Identity
+from fedowen_strategy.defences.indicator import Indicator
 from fedowen_strategy.defences.multi_metrics import MultiMetrics
 from fedowen_strategy.defences.noise import AggregateNoise
 from fedowen_strategy.defences.norm_cap import NormCap
@@ -82,6 +86,10 @@ DEFENCES = MappingProxyType({spec.name: spec for spec in (
                 "MultiMetrics: keep the lowest whitened cosine, Manhattan and length scores"),
     DefenceSpec("flame", Flame, ("flame-lambda",),
                 "FLAME: the majority cluster of directions, clipped to the median norm, noise"),
+    DefenceSpec("indicator", Indicator, ("indicator-threshold", "indicator-epochs",
+                                          "indicator-lr", "indicator-mu"),
+                "BackdoorIndicator: plant OOD samples in the model sent, reject updates that "
+                "keep them"),
 )})
 #: FedOwen's list under ``defences = "auto"``: every guard it applied before issue 72, in the
 #: order it applied them.
