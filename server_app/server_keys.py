@@ -135,6 +135,10 @@ class ServerKeys:
     selection_reward: str = owned(PosteriorSettings, "reward")
     selection_level: float = owned(PosteriorSettings, "resolve_level")
     selection_cap: float = owned(SelectionParams, "cap")
+    # Exclusion after a resolved negative contribution, around any selector (issue 72,
+    # deliver 4; opt-in): fedowen_strategy.selectors.exclusion.
+    exclusion_level: float = owned(SelectionParams, "exclusion_level")
+    exclusion_min_rounds: int = owned(SelectionParams, "exclusion_min_rounds")
     torch_threads: int = key(1, "the ServerApp's torch threads (0: torch's default)",
                              rule=at_least(0, " (0 = torch's default)"))
     valuation_workers: int = key(1, "threads that evaluate coalitions (0: one per core)",

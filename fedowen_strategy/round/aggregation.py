@@ -2,8 +2,10 @@
 
 The new global model is ``W = sum_i alpha_i W_i`` over the clients that returned an update this
 round. FedOwen's ``alpha`` is ``softmax(phi / T)``; the ``aggregation`` axis also offers
-FedAvg's ``n_i / sum n`` (``examples``) and equal weights (``uniform``), so each ablation
-changes one choice only. Arrays are plain ``dict[str, numpy.ndarray]`` (one state dict per
+``softmax-spread``, the same with ``T`` set on phi's own scale each round (the temperature times
+the round's standard deviation of phi: issue 72, the valuation's verdict acted on), FedAvg's
+``n_i / sum n`` (``examples``) and equal weights (``uniform``), so each ablation changes one
+choice only. Arrays are plain ``dict[str, numpy.ndarray]`` (one state dict per
 client); no Flower or torch here.
 """
 
@@ -17,10 +19,12 @@ from numpy.typing import NDArray
 from fedowen_strategy.updates import State, average_buffers, combine
 
 #: How a round's updates are weighted: softmax(phi / T), softmax over the updates with
-#: phi > 0 only (the others get 0), FedAvg's num-examples, equal.
-AGGREGATIONS = ("softmax", "positive", "examples", "uniform")
+#: phi > 0 only (the others get 0), softmax(phi / (T sd(phi))), FedAvg's num-examples, equal.
+AGGREGATIONS = ("softmax", "positive", "softmax-spread", "examples", "uniform")
 #: The aggregations that need contributions phi.
-NEEDS_PHI = ("softmax", "positive")
+NEEDS_PHI = ("softmax", "positive", "softmax-spread")
+#: A round's phi whose standard deviation lies below this does not spread: equal weights.
+FLAT_SPREAD = 1e-9
 
 
 def softmax_weights(phi: NDArray[np.float64], temperature: float = 1.0) -> NDArray[np.float64]:
@@ -41,6 +45,24 @@ def softmax_weights(phi: NDArray[np.float64], temperature: float = 1.0) -> NDArr
     z = phi / temperature
     z = np.exp(z - z.max())
     return z / z.sum()
+
+
+def spread_weights(phi: NDArray[np.float64], multiple: float = 1.0) -> NDArray[np.float64]:
+    """``softmax(phi / T)`` with ``T = multiple x sd(phi)``, the round's population standard
+    deviation: the weights are ``softmax`` of phi's z-scores over ``multiple``, so they move
+    with the round's own differences, whatever phi's units (at ``multiple`` 1 a client one
+    standard deviation below another weighs ``e^-1`` of it). A round whose phi do not spread
+    (sd below :data:`FLAT_SPREAD`, one update included) gets equal weights."""
+    phi = np.asarray(phi, dtype=np.float64)
+    if not multiple > 0.0 or not np.isfinite(multiple):
+        raise ValueError(f"temperature={multiple!r} (the multiple of phi's spread) must be a "
+                         "finite number > 0")
+    if phi.size == 0 or not np.all(np.isfinite(phi)):
+        return softmax_weights(phi)  # refuses them, naming what is wrong
+    spread = float(np.std(phi))
+    if spread < FLAT_SPREAD:
+        return uniform_weights(phi.size)
+    return softmax_weights(phi, multiple * spread)
 
 
 def example_weights(num_examples: Sequence[int]) -> NDArray[np.float64]:
@@ -71,6 +93,8 @@ def round_weights(kind: str, phi: NDArray[np.float64], num_examples: Sequence[in
         out = np.zeros(len(phi))
         out[keep] = softmax_weights(phi[keep], temperature)
         return out
+    if kind == "softmax-spread":
+        return spread_weights(phi, temperature)
     if kind == "examples":
         return example_weights(num_examples)
     if kind == "uniform":

@@ -64,11 +64,14 @@ class ValuationSettings(Settings):
     params: Mapping[str, Any] = field(default_factory=dict,
                                       metadata=declare.named("valuation-params"))
     phi_scale: str = declare.key("l1", "phi's scale: l1 | normalised | raw", name="phi-scale")
-    temperature: float = declare.key(1.0, "softmax(phi / T)'s T", name="temperature")
+    temperature: float = declare.key(
+        1.0, "softmax(phi / T)'s T (softmax-spread: T as a multiple of the round's phi "
+        "standard deviation)", name="temperature")
     krum_malicious: int = declare.key(
         0, "adversaries a round (Krum, MultiKrum)", name="krum-malicious")
     aggregation: str = declare.key(
-        "auto", "softmax | examples | uniform; auto: the valuation's own", name="aggregation")
+        "auto", "softmax | positive | softmax-spread | examples | uniform; auto: the "
+        "valuation's own", name="aggregation")
     game: str = declare.key("delta", "the coalition game: delta | average", name="game")
     uniform_mix: float = declare.key(
         0.0, "weights mixed with equal weights by this share", name="uniform-mix")

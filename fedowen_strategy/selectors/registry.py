@@ -21,6 +21,7 @@ from fedowen_strategy.selectors.adaptive import Adaptive, AdaptiveSettings
 from fedowen_strategy.selectors.base import Selector, SelectorSettings
 from fedowen_strategy.selectors.delta import Delta, DeltaSettings
 from fedowen_strategy.selectors.delta_phi import DeltaPhi, DeltaPhiSettings
+from fedowen_strategy.selectors.exclusion import Excluding
 from fedowen_strategy.selectors.greedyfed import GreedyFed, GreedyFedSettings
 from fedowen_strategy.selectors.hics import Hics, HicsSettings
 from fedowen_strategy.selectors.hics_phi import HicsPhi, HicsPhiSettings
@@ -96,7 +97,9 @@ def selection(name: str, settings: SelectorSettings | None, params: SelectionPar
               cap: float, rng: np.random.Generator) -> Selection:
     """A run's :class:`~fedowen_strategy.selectors.shared.Selection` with selector ``name``
     (its default settings when ``settings`` is None) behind the identity cap ``cap``
-    (resolved) and ``params``' link memory, drawing from ``rng``."""
+    (resolved) and ``params``' link memory, drawing from ``rng``; with ``params.
+    exclusion_level`` the selector is wrapped in
+    :class:`~fedowen_strategy.selectors.exclusion.Excluding`."""
     spec = SELECTORS.get(name)
     if spec is None:
         raise ValueError(f"selection={name!r} is not one of {', '.join(SELECTORS)}")
@@ -105,4 +108,10 @@ def selection(name: str, settings: SelectorSettings | None, params: SelectionPar
     if not isinstance(settings, spec.settings):
         raise ValueError(f"selection={name!r} takes {spec.settings.__name__}, got "
                          f"{type(settings).__name__}")
-    return Selection(name, spec.make(settings), settings, params, cap, rng, spec.make)
+    make: Callable[[Any], Selector] = spec.make
+    if params.exclusion_level > 0.0:
+        def excluding(settings: Any) -> Selector:
+            return Excluding(spec.make(settings), params.exclusion_level,
+                             params.exclusion_min_rounds)
+        make = excluding
+    return Selection(name, make(settings), settings, params, cap, rng, make)

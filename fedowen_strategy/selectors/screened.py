@@ -91,14 +91,16 @@ class Screened(Selector):
 
 
 def resolved_harmful(count: NDArray[np.int64], mean: NDArray[np.float64],
-                     m2: NDArray[np.float64], level: float) -> NDArray[np.bool_]:
+                     m2: NDArray[np.float64], level: float, min_count: int = 2
+                     ) -> NDArray[np.bool_]:
     """Which clients' true mean reward is resolved below 0: ``mean + z sqrt(s2 / count) < 0``,
     ``s2`` the within-client variance pooled over every client rewarded (as in
     :func:`posterior`) and ``z`` the one-sided normal quantile at ``level / (count (count +
     1))``: the levels of a client's looks sum to ``level``, so a client whose true mean is 0
     is screened at some round of the run with probability at most ``level`` (a union bound
     over its looks; a screened client is not selected again, so a false screen would last).
-    A client rewarded fewer than twice is never resolved."""
+    A client rewarded fewer than ``min_count`` times (at least twice) is never resolved (the
+    exclusion of :mod:`fedowen_strategy.selectors.exclusion` reads the same test)."""
     from scipy.stats import norm
 
     count = np.asarray(count, dtype=np.float64)
@@ -111,4 +113,4 @@ def resolved_harmful(count: NDArray[np.int64], mean: NDArray[np.float64],
     looks = np.maximum(count, 1.0)
     z = norm.isf(level / (looks * (looks + 1.0)))
     bound = mean + z * np.sqrt(max(s2, 0.0) / looks)
-    return np.asarray((count >= 2) & (bound < 0.0))
+    return np.asarray((count >= max(min_count, 2)) & (bound < 0.0))

@@ -66,6 +66,11 @@ class SelectionParams(Settings):
         Identity cap: a client (or a lasting link group) selected ``cap`` times its uniform
         share so far sits a round out (0: off; else >= 1). The default, :data:`AUTO_CAP`, is
         the selector's own.
+    exclusion_level, exclusion_min_rounds : float, int
+        Exclusion after a resolved negative contribution, around any selector
+        (:mod:`fedowen_strategy.selectors.exclusion`): a client whose mean phi is resolved
+        below 0 at this one-sided level over a run, after at least ``exclusion_min_rounds``
+        valued rounds (>= 2), is not drawn again and weighs 0 (0, the default: off).
     """
 
     link_memory: int = declare.key(
@@ -73,6 +78,12 @@ class SelectionParams(Settings):
     cap: float = declare.key(
         AUTO_CAP, "selections beyond cap x a uniform share sit out (0: off; -1: the selector's "
         "own)", name="selection-cap")
+    exclusion_level: float = declare.key(
+        0.0, "exclude a client once its mean phi is below 0 at this one-sided level over the "
+        "run (0: off)", name="exclusion-level")
+    exclusion_min_rounds: int = declare.key(
+        2, "valued rounds a client needs before exclusion-level tests it (>= 2)",
+        name="exclusion-min-rounds")
 
     def problems(self, keys: Keys = NO_KEYS) -> list[str]:
         """Everything wrong with these settings (:class:`~fedowen_strategy.settings.
@@ -84,6 +95,12 @@ class SelectionParams(Settings):
             (self.cap in (0.0, AUTO_CAP) or 1.0 <= self.cap < math.inf,
              f"{k('cap')}={self.cap!r} must be 0 (off), {AUTO_CAP:g} (the selector's own) or "
              "a finite number >= 1"),
+            (0.0 <= self.exclusion_level < 1.0,
+             f"{k('exclusion_level')}={self.exclusion_level!r} must lie in [0, 1) (0 = off; "
+             "e.g. 0.05)"),
+            (self.exclusion_min_rounds >= 2,
+             f"{k('exclusion_min_rounds')}={self.exclusion_min_rounds!r} must be >= 2 (the "
+             "test needs two valued rounds)"),
         ]
         return [message for ok, message in checks if not ok]
 
