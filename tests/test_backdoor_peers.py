@@ -9,8 +9,6 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.serverapp.strategy import FedAvg
 
 from fedowen_strategy.defences import table
 from fedowen_strategy.defences.alignins import (
@@ -19,16 +17,12 @@ from fedowen_strategy.defences.alignins import (
     sign_alignment,
     z_scores,
 )
-from fedowen_strategy.defences.defended import Defended
 from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.defences.guards import guard_round
 from fedowen_strategy.defences.multi_metrics import lowest, metric_sums, whitened_scores
-from fedowen_strategy.replies import ClientUpdate, record_to_state, state_to_record
+from fedowen_strategy.replies import ClientUpdate
 from server_app.config import parse_run_config
-from sim.inline_grid import InProcessGrid
-
-GLOBAL = {"w": np.ones(4, np.float32)}
-BASE = np.array([0.1, 0.2, 0.3, 0.4], np.float32)  # norm sqrt(0.3)
+from tests.peer_rounds import BASE, GLOBAL, around_fedavg
 
 
 def honest_and_flipped() -> list[ClientUpdate]:
@@ -38,25 +32,6 @@ def honest_and_flipped() -> list[ClientUpdate]:
             for i, d in enumerate(deltas)]
 
 
-def reply(delta: np.ndarray, cid: str, node: int) -> Message:
-    request = Message(RecordDict(), message_type=MessageType.TRAIN, dst_node_id=node)
-    content = RecordDict({"arrays": state_to_record({"w": GLOBAL["w"] + delta}),
-                          "metrics": MetricRecord({"num-examples": 10}),
-                          "client": ConfigRecord({"client-id": cid})})
-    return Message(content, reply_to=request)
-
-
-def around_fedavg(defences: str, guards: Guards, deltas: list[np.ndarray]
-                  ) -> tuple[Defended, np.ndarray]:
-    """FedAvg wrapped in ``defences`` after one round over ``deltas``, and its aggregate."""
-    wrapped = Defended(FedAvg(fraction_train=1.0), defences, guards)
-    grid = InProcessGrid(lambda m, c: Message(RecordDict(), reply_to=m),
-                         [{"partition-id": i} for i in range(len(deltas))])
-    list(wrapped.configure_train(1, state_to_record(GLOBAL), ConfigRecord(), grid))
-    arrays, _ = wrapped.aggregate_train(1, [reply(d, f"c{i + 1}", i + 1)
-                                            for i, d in enumerate(deltas)])
-    assert arrays is not None
-    return wrapped, record_to_state(arrays)["w"]
 
 
 def test_alignins_measures_by_hand() -> None:

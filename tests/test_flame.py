@@ -7,8 +7,6 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.serverapp.strategy import FedAvg
 
 from fedowen_strategy.defences import table
 from fedowen_strategy.defences.base import RoundView, Settling
@@ -16,14 +14,12 @@ from fedowen_strategy.defences.defended import Defended
 from fedowen_strategy.defences.flame import Flame, add_noise
 from fedowen_strategy.defences.guard_settings import Guards
 from fedowen_strategy.defences.guards import guard_round
-from fedowen_strategy.replies import ClientUpdate, ParsedReplies, record_to_state, state_to_record
+from fedowen_strategy.replies import ClientUpdate, ParsedReplies
 from fedowen_strategy.round.contribution import ValuationSettings
 from fedowen_strategy.round.round_step import aggregate_round
 from server_app.config import parse_run_config
-from sim.inline_grid import InProcessGrid
-
-GLOBAL = {"w": np.ones(4, np.float32)}
-BASE = np.array([0.1, 0.2, 0.3, 0.4], np.float32)  # for the two-update round
+from tests import peer_rounds
+from tests.peer_rounds import BASE, GLOBAL
 
 
 def at(degrees: float, norm: float) -> np.ndarray:
@@ -53,25 +49,10 @@ def updates_of(deltas: list[np.ndarray]) -> list[ClientUpdate]:
             for i, d in enumerate(deltas)]
 
 
-def reply(delta: np.ndarray, cid: str, node: int) -> Message:
-    request = Message(RecordDict(), message_type=MessageType.TRAIN, dst_node_id=node)
-    content = RecordDict({"arrays": state_to_record({"w": GLOBAL["w"] + delta}),
-                          "metrics": MetricRecord({"num-examples": 10}),
-                          "client": ConfigRecord({"client-id": cid})})
-    return Message(content, reply_to=request)
-
 
 def around_fedavg(guards: Guards, seed: int = 0) -> tuple[Defended, np.ndarray]:
     """FedAvg wrapped in ``flame`` after one round over :func:`round_deltas`; its aggregate."""
-    deltas = round_deltas()
-    wrapped = Defended(FedAvg(fraction_train=1.0), "flame", guards, seed=seed)
-    grid = InProcessGrid(lambda m, c: Message(RecordDict(), reply_to=m),
-                         [{"partition-id": i} for i in range(len(deltas))])
-    list(wrapped.configure_train(1, state_to_record(GLOBAL), ConfigRecord(), grid))
-    arrays, _ = wrapped.aggregate_train(1, [reply(d, f"c{i + 1}", i + 1)
-                                            for i, d in enumerate(deltas)])
-    assert arrays is not None
-    return wrapped, record_to_state(arrays)["w"]
+    return peer_rounds.around_fedavg("flame", guards, round_deltas(), seed=seed)
 
 
 def settle_once(state: dict[str, np.ndarray], level: float, clip_norm: float, seed: int
