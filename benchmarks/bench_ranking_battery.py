@@ -57,11 +57,12 @@ ESTIMATORS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("first-order-refined band=1", "first-order-refined", {"band": 1.0}),
     ("first-order-refined pairs=1", "first-order-refined", {"pairs": 1}),
     ("first-order-refined pairs=3", "first-order-refined", {"pairs": 3}),
+    ("first-order-simpson", "first-order-simpson", {}),
 )
 HALVES = ("dev", "report")
 #: Estimators that credit a zero update exactly 0 (valuation/__init__.py's axiom table)
 NULL_EXACT = ("owen", "owen-antithetic", "owen-paper", "loo", "first-order",
-              "first-order-refined")
+              "first-order-refined", "first-order-simpson")
 
 
 def spearman(estimate_values: np.ndarray, exact_values: np.ndarray) -> float:

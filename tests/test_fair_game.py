@@ -14,7 +14,8 @@ from fedowen_task.models import build_model, state_to_numpy
 
 # Estimators that keep the null-player axiom exactly (README's axiom table).
 NULL_EXACT = ("exact", "owen", "owen-antithetic", "owen-paper", "mc-shapley", "gtg-shapley",
-              "gtg-greedyfed", "weighted-shap", "loo", "first-order", "first-order-refined")
+              "gtg-greedyfed", "weighted-shap", "loo", "first-order", "first-order-refined",
+              "first-order-simpson")
 
 
 def test_delta_coefficients_by_hand() -> None:

@@ -130,7 +130,7 @@ def test_symmetric_players_equal_in_expectation(method: str) -> None:
     ("method", "params"),
     [("exact", {}), ("owen", {}), ("owen", {"sampler": "flip"}), ("owen-antithetic", {}),
      ("mc-shapley", {}), ("first-order", {}), ("first-order", {"at": 0.0}),
-     ("first-order-refined", {}),
+     ("first-order-refined", {}), ("first-order-simpson", {}),
      *((m, {}) for m in REGRESSIONS)],
 )
 def test_additive_game_is_recovered_exactly(method: str, params: dict[str, object]) -> None:
@@ -146,7 +146,8 @@ def test_additive_game_is_recovered_exactly(method: str, params: dict[str, objec
 
 
 @pytest.mark.parametrize("method", ["kadd-shap", "kernel-shap", "owen-antithetic",
-                                    "first-order", "first-order-refined"])
+                                    "first-order", "first-order-refined",
+                                    "first-order-simpson"])
 def test_pairwise_game_is_recovered_exactly(method: str) -> None:
     # Prepare: kADD-SHAP fits a 2-additive game, so any game with pairwise interactions is
     # recovered once the fit is determined; paired KernelSHAP is exact for such games too, an
@@ -272,9 +273,10 @@ def test_registered_names_are_exactly_the_contract() -> None:
         "exact", "owen", "owen-antithetic", "owen-paper", "mc-shapley", "gtg-shapley",
         "gtg-greedyfed", "banzhaf", "weighted-shap", "loo", "svarm", "kernel-shap",
         "leverage-shap", "kadd-shap", "first-order", "first-order-refined",
+        "first-order-simpson",
     }
     assert [m for m, spec in ESTIMATORS.items() if spec.uses_first_order] == [
-        "first-order", "first-order-refined"]
+        "first-order", "first-order-refined", "first-order-simpson"]
 
 
 def test_efficient_methods_sum_to_total_gain() -> None:

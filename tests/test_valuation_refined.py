@@ -72,6 +72,19 @@ def test_band_zero_refines_nobody() -> None:
     assert (result.n_evals, result.n_gradients) == (2, 3)
 
 
+def test_simpson_is_band_zero_under_its_own_name() -> None:
+    # Prepare: overlapping bands, which first-order-refined at band 1 would refine
+    game = game_with_terms(np.array([0.0, 0.4, 0.4, 0.0]))
+    # Execute
+    result = estimate("first-order-simpson", game, 4, budget=40, seed=0)
+    # Assert: Simpson's values, the ends and three gradients only, the same for any seed
+    np.testing.assert_allclose(result.values, SIMPSON, atol=1e-12)
+    assert (result.n_evals, result.n_gradients) == (2, 3)
+    again = estimate("first-order-simpson", game_with_terms(np.array([0.0, 0.4, 0.4, 0.0])),
+                     4, budget=40, seed=7)
+    np.testing.assert_array_equal(again.values, result.values)
+
+
 def test_a_refined_null_player_gets_exactly_zero() -> None:
     # Prepare: player 0 is null (the table ignores bit 0) and its terms are 0; player 1's band
     # (h = 1 * .3 / 2 = .15) covers 0, so player 0 is unsettled and refined; the rest of the

@@ -41,6 +41,7 @@ leverage-shap         Shapley value (regression)      exact [7]    expect.   exp
 kadd-shap             Shapley of a 2-additive fit     exact [7]    expect.   expect.      no [7]
 first-order           first-order terms (1 gradient)  no           [9]       exact        no [9]
 first-order-refined   Simpson first-order + walks     no           expect.   exact        no [11]
+first-order-simpson   Simpson's rule (3 gradients)    no           [9]       exact        no [11]
 ====================  ==============================  ===========  ========  ===========  ========
 
 [1] walk sampler (default): every walk telescopes to ``nu(N) - nu(empty)``; with ``eta > 0`` a
@@ -74,6 +75,7 @@ first-order-refined   Simpson first-order + walks     no           expect.   exa
     antithetic Owen walks only for the players whose bands (``band`` x the terms' second
     difference) overlap another's; exact for additive and quadratic games; biased for the
     settled players; symmetric players are refined alike in expectation (random tie order).
+    ``first-order-simpson`` is its step 1 alone (``band = 0``: no walks, deterministic).
 
 References: Owen (1972); Okhrati and Lipani (2021); Castro et al. (2009); Liu et al. (2022,
 GTG-Shapley); Singhal et al. (2024, GreedyFed); Wang and Jia (2023, Data Banzhaf); Kwon and

@@ -67,6 +67,12 @@ def first_order_refined(game: CachedGame, rng: np.random.Generator, *, band: flo
     return values
 
 
+def first_order_simpson(game: CachedGame, rng: np.random.Generator) -> FloatArray:
+    """``first-order-simpson``: Simpson's values alone, ``s_i`` of step 1 (three gradients, no
+    coalition but the ends): ``first-order-refined`` with ``band = 0``, under its own name."""
+    return cheap_values(game, 0.0)[0]
+
+
 def cheap_values(game: CachedGame, band: float) -> tuple[FloatArray, FloatArray]:
     """Simpson's values ``s`` and band half-widths ``h`` from the three first-order terms."""
     c0, c_mid, c1 = (game.first_order(at) for at in (0.0, 0.5, 1.0))

@@ -18,7 +18,7 @@ from fedowen_strategy.valuation.gtg import gtg_greedyfed
 from fedowen_strategy.valuation.owen import antithetic_min_budget, owen, owen_antithetic
 from fedowen_strategy.valuation.owen_paper import owen_paper
 from fedowen_strategy.valuation.permutation import gtg_shapley, loo, mc_shapley, weighted_shap
-from fedowen_strategy.valuation.refined import first_order_refined
+from fedowen_strategy.valuation.refined import first_order_refined, first_order_simpson
 from fedowen_strategy.valuation.regression import kadd_shap, kernel_shap, leverage_shap
 from fedowen_strategy.valuation.svarm import svarm
 
@@ -83,6 +83,8 @@ ESTIMATORS: Mapping[str, EstimatorSpec] = MappingProxyType(
             EstimatorSpec("first-order", first_order, lambda n: 2, "nu(empty) and nu(N)",
                           uses_first_order=True),
             EstimatorSpec("first-order-refined", first_order_refined, lambda n: 2,
+                          "nu(empty) and nu(N)", uses_first_order=True),
+            EstimatorSpec("first-order-simpson", first_order_simpson, lambda n: 2,
                           "nu(empty) and nu(N)", uses_first_order=True),
         )
     }
@@ -152,7 +154,7 @@ def estimate(
         One of ``ESTIMATORS`` (``exact``, ``owen``, ``owen-antithetic``, ``owen-paper``,
         ``mc-shapley``, ``gtg-shapley``, ``gtg-greedyfed``, ``banzhaf``, ``weighted-shap``,
         ``loo``, ``svarm``, ``kernel-shap``, ``leverage-shap``, ``kadd-shap``,
-        ``first-order``, ``first-order-refined``).
+        ``first-order``, ``first-order-refined``, ``first-order-simpson``).
     utility : callable
         ``utility(masks) -> values`` with ``masks`` a boolean ``(k, n)`` array and ``values``
         ``k`` floats. Called with batches; never with a coalition already evaluated in this call.
