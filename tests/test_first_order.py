@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_strategy.torch_utility.batched import CoalitionGame
 from fedowen_strategy.valuation import estimate
 from fedowen_task.models import build_model, load_numpy_state, state_to_numpy
@@ -89,3 +90,22 @@ def test_average_game_and_accuracy_have_no_first_order_terms(round_in_double: tu
     with pytest.raises(ValueError, match=r"at=1.5 must lie in \[0, 1\]"):
         CoalitionGame(model, glob, clients, [1] * 5, x, y, metric="neg-loss", device="cpu",
                       shares=SHARES).first_order(1.5)
+
+
+def test_backward_passes_run_through_the_eager_model_once_a_run(round_in_double: tuple
+                                                                 ) -> None:
+    # Prepare: on the CPU the forwards run through the pool rewrite (a torch.fx module)
+    model, glob, clients, x, y = round_in_double
+    utility = CoalitionUtility(model, x, y, metric="neg-loss", device="cpu")
+    first = utility(glob, clients, [1] * 5, shares=SHARES)
+    eager = CoalitionGame(model, glob, clients, [1] * 5, x, y, metric="neg-loss",
+                          device="cpu", shares=SHARES, forward="eager")
+    # Execute
+    terms = first.first_order(0.5)
+    second = utility(glob, clients, [1] * 5, shares=SHARES)
+    # Assert: the forwards' net is the rewrite, the backward's the eager model, built once
+    # for the run, and the terms are the eager game's bit for bit
+    assert isinstance(first._net, torch.fx.GraphModule)
+    assert not isinstance(first.gradient_net(), torch.fx.GraphModule)
+    assert second.gradient_net() is first.gradient_net()
+    np.testing.assert_array_equal(terms, eager.first_order(0.5))

@@ -27,7 +27,12 @@ import torch
 from torch import nn
 
 from fedowen_strategy.round.contribution import DEFAULT_UTILITY_METRIC
-from fedowen_strategy.torch_utility.batched import METRICS, CoalitionGame, resolve_device
+from fedowen_strategy.torch_utility.batched import (
+    METRICS,
+    CoalitionGame,
+    gradient_net,
+    resolve_device,
+)
 from fedowen_strategy.torch_utility.forward import prepare_net
 
 __all__ = ["CoalitionGame", "CoalitionUtility"]
@@ -66,6 +71,7 @@ class CoalitionUtility:
         self.model, self.x_eval, self.y_eval = model, x_eval, y_eval
         self.metric, self.device, self.options = metric, device, options
         self._prepared: tuple[torch.nn.Module, torch.Tensor, torch.Tensor] | None = None
+        self._grad_net: torch.nn.Module | None = None
 
     def _prepare(self) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
         """The network and the evaluation tensors on the device, built on the first call."""
@@ -86,4 +92,12 @@ class CoalitionUtility:
         net, x_eval, y_eval = self._prepare()
         return CoalitionGame(self.model, global_state, client_states, num_examples, x_eval,
                              y_eval, metric=self.metric, device=self.device,
-                             shares=shares, net=net, **self.options)
+                             shares=shares, net=net, grad_net=self._gradient_net(net),
+                             **self.options)
+
+    def _gradient_net(self, net: torch.nn.Module) -> torch.nn.Module:
+        """The network of the first-order terms' backward passes, built once a run
+        (:meth:`CoalitionGame.gradient_net`)."""
+        if self._grad_net is None:
+            self._grad_net = gradient_net(net, self.model, resolve_device(self.device))
+        return self._grad_net
