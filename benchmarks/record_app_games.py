@@ -83,10 +83,17 @@ class Cell:
     alpha: float
     round: int
     seed: int
+    model: str = ""  # "": the dataset's model in DATASETS
+
+    @property
+    def setting(self) -> str:
+        """The dataset, and the model where it is not the dataset's (``cifar10-resnet18``)."""
+        model = self.model or DATASETS[self.dataset]
+        return self.dataset if model == DATASETS[self.dataset] else f"{self.dataset}-{model}"
 
     @property
     def key(self) -> str:
-        return f"{self.dataset}_a{self.alpha:g}_r{self.round:02d}_s{self.seed}"
+        return f"{self.setting}_a{self.alpha:g}_r{self.round:02d}_s{self.seed}"
 
 
 def split_halves(cells: list[Cell]) -> dict[str, str]:
@@ -95,9 +102,9 @@ def split_halves(cells: list[Cell]) -> dict[str, str]:
     halves: dict[str, str] = {}
     groups: dict[tuple[str, float, int], list[Cell]] = {}
     for cell in cells:
-        groups.setdefault((cell.dataset, cell.alpha, cell.round), []).append(cell)
-    for (dataset, alpha, rnd), group in sorted(groups.items()):
-        entropy = [SPLIT_SEED, sum(map(ord, dataset)), int(alpha * 1000), rnd]
+        groups.setdefault((cell.setting, cell.alpha, cell.round), []).append(cell)
+    for (setting, alpha, rnd), group in sorted(groups.items()):
+        entropy = [SPLIT_SEED, sum(map(ord, setting)), int(alpha * 1000), rnd]
         order = np.random.default_rng(entropy).permutation(len(group))
         n_dev = max(1, len(group) // 2)
         for rank, idx in enumerate(order):
@@ -125,12 +132,17 @@ class CapturingUtility(CoalitionUtility):
         return super().__call__(global_state, client_states, num_examples, shares=shares)
 
 
-def run_config(dataset: str, alpha: float, seed: int, rounds: int, data_dir: str) -> RunConfig:
-    """The app's run config with this run's dataset, model, alpha, seed and length."""
-    return parse_run_config({
+def run_config(dataset: str, alpha: float, seed: int, rounds: int, data_dir: str,
+               **extra: Any) -> RunConfig:
+    """The app's run config with this run's dataset, model, alpha, seed and length; ``extra``
+    (run-config keys with ``_`` for ``-``: ``model``, ``device``, ``client_max_samples``,
+    ``clients_per_round``) where given."""
+    cfg: dict[str, Any] = {
         "dataset": dataset, "model": DATASETS[dataset], "alpha": alpha, "seed": seed,
         "num-server-rounds": rounds, "data-dir": data_dir, "device": "cpu",
-        "torch-threads": 1})
+        "torch-threads": 1}
+    cfg.update({k.replace("_", "-"): v for k, v in extra.items() if v})
+    return parse_run_config(cfg)
 
 
 def play(cfg: RunConfig, rounds: set[int]) -> tuple[CapturingUtility, dict[int, dict]]:
@@ -139,7 +151,7 @@ def play(cfg: RunConfig, rounds: set[int]) -> tuple[CapturingUtility, dict[int, 
     sets = server_sets(cfg, ds)
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes, seed=cfg.seed)
     factory = CapturingUtility(model, sets[0], sets[1], metric=cfg.utility_metric,
-                               device="cpu", rounds=rounds)
+                               device=cfg.torch_device(), rounds=rounds)
     strategy = build_strategy(cfg, factory, None)
     records: dict[int, dict] = {}
     started = time.perf_counter()
@@ -197,6 +209,7 @@ def record_game(cell: Cell, cfg: RunConfig, factory: CapturingUtility,
         accuracy[name] = evaluate(net, x_eval, y_eval)[1]
     meta = {
         "dataset": cell.dataset, "model": cfg.model_name(), "alpha": cell.alpha,
+        "client_max_samples": cfg.client_max_samples, "device": cfg.torch_device(),
         "imbalance_factor": cfg.imbalance_factor, "partition_scheme": cfg.partition_scheme,
         "num_partitions": NUM_PARTITIONS, "round": cell.round, "seed": cell.seed,
         "n": game.n, "eval_size": len(y_eval), "game": cfg.game, "metric": cfg.utility_metric,
@@ -243,12 +256,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, nargs="+", default=[3, 30])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--data-dir", default="", help="default: $FEDOWEN_DATA or ../shared/data")
+    p.add_argument("--model", default="",
+                   help="another model than the dataset's (e.g. resnet18 for cifar10; the "
+                        "games' keys then read cifar10-resnet18_...)")
+    p.add_argument("--client-max-samples", type=int, default=0,
+                   help="the run config's client-max-samples (0: the app's default)")
+    p.add_argument("--clients-per-round", type=int, default=0,
+                   help="players a round (0: the app's 10; fewer only for a smoke)")
+    p.add_argument("--device", default="cpu", help="where the runs and tables go (cpu, cuda)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data_dir = str(resolve_data_dir(args.data_dir or None))
-    cells = [Cell(d, a, r, s) for d, a, s, r in
+    cells = [Cell(d, a, r, s, args.model) for d, a, s, r in
              itertools.product(args.datasets, args.alphas, args.seeds, sorted(args.rounds))]
     manifest = out / "manifest.json"
     halves = split_halves(cells)
@@ -265,7 +286,10 @@ def main(argv: list[str] | None = None) -> None:
             continue
         print(f"{dataset} alpha={alpha:g} seed={seed}: rounds "
               f"{[c.round for c in todo]}", flush=True)
-        cfg = run_config(dataset, alpha, seed, max(c.round for c in todo), data_dir)
+        cfg = run_config(dataset, alpha, seed, max(c.round for c in todo), data_dir,
+                         model=args.model, device=args.device,
+                         client_max_samples=args.client_max_samples,
+                         clients_per_round=args.clients_per_round)
         factory, records = play(cfg, {c.round for c in todo})
         for cell in todo:
             payload = record_game(cell, cfg, factory, records[cell.round])

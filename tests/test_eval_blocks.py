@@ -3,12 +3,15 @@ blocks cut the set, and their score sums add up to the whole set's game."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from benchmarks.bench_eval_subsets import unions
-from benchmarks.record_app_games import table_of
+from benchmarks.record_app_games import Cell, split_halves, table_of
 from benchmarks.record_eval_blocks import block_tables, blocks_of
 from fedowen_strategy.torch_utility import CoalitionUtility
 from fedowen_task.models import build_model, state_to_numpy
@@ -48,3 +51,20 @@ def test_block_sums_add_up_to_the_whole_sets_game() -> None:
     # Assert: 4 blocks of 10; their sums over 40 images are the whole set's utilities
     assert sums.shape == (4, 8)
     np.testing.assert_allclose(sums.sum(axis=0) / 40, table_of(whole)[0], rtol=0, atol=1e-6)
+
+
+def test_another_model_names_its_games_and_leaves_the_recorded_split_alone() -> None:
+    # Prepare: the committed battery's manifest, written before its games were recorded
+    halves = json.loads((Path(__file__).parent / "data/games/manifest.json").read_text())
+    cells = []
+    for key in halves["halves"]:
+        dataset, alpha, rnd, seed = key.rsplit("_", 3)
+        cells.append(Cell(dataset, float(alpha[1:]), int(rnd[1:]), int(seed[1:])))
+    resnet = [Cell("cifar10", 0.1, 3, s, "resnet18") for s in (0, 1)]
+    # Execute
+    split = split_halves(cells + resnet)
+    # Assert: the recorded games keep their halves; ResNet-18's are named apart, one a half
+    assert {k: split[k] for k in halves["halves"]} == halves["halves"]
+    assert Cell("cifar10", 0.1, 3, 0, "cnn").key == "cifar10_a0.1_r03_s0"
+    assert sorted(split[c.key] for c in resnet) == ["dev", "report"]
+    assert resnet[0].key == "cifar10-resnet18_a0.1_r03_s0"
