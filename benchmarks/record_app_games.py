@@ -1,9 +1,9 @@
 r"""Record real rounds as the app plays them: full 2^n coalition tables (the estimator battery).
 
 Each *run* is the app in one process: the ServerApp's strategy
-(:func:`server_app.factory.build_strategy`, FedOwen with the run config's defaults: ``owen`` at
-M = 4 on the delta game with neg-loss, softmax aggregation on the l1 scale, Algorithm 2's
-selection, the 2 x median norm cap, link-cosine 0.98) over the in-process grid
+(:func:`server_app.factory.build_strategy`, FedOwen with the run config's defaults:
+``owen-antithetic`` at M = 4 on the delta game with neg-loss, softmax aggregation on the l1
+scale, Algorithm 2's selection, the 2 x median norm cap, link-cosine 0.98) over the in-process grid
 (:class:`sim.inline_grid.InProcessGrid`) whose 100 nodes are served by the real ClientApp
 (long-tail IF 0.01, per-class Dirichlet(alpha) split, one local epoch of SGD). So the warm-up
 before a recorded round is the app's own aggregation, not FedAvg. The utility factory is the
@@ -16,8 +16,9 @@ their example counts and the delta game's shares. After the run each kept game i
 first-order terms ``grad u(theta_0 + t D) . p_i delta_i`` are taken at t = 0, 1/2 and 1 (one
 backward pass each; :mod:`fedowen_strategy.torch_utility.gradient`).
 
-Models: LeNet-5 for MNIST and Fashion-MNIST, the small CNN (``model = "cnn"``) for CIFAR-10
-(ResNet-18, the app's CIFAR default, would take hours per table on a CPU core).
+Models: LeNet-5 for MNIST and Fashion-MNIST, the small CNN (``model = "cnn"``) for CIFAR-10;
+``--model resnet18`` records ResNet-18 games under their own keys (1-4 hours a table on a CPU
+core: a GPU's work, docs/benchmarks.md section 12).
 
 Output: one ``<dataset>_a<alpha>_r<round>_s<seed>.json.gz`` per game in ``--out`` (utilities
 and first-order terms as float32, ``meta`` with the settings, the players' ids, shares, example
