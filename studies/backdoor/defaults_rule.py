@@ -1,0 +1,242 @@
+"""backdoor-defaults-dev's rule (conf/backdoor-defaults-dev.toml, steps 1-3; issue 72, deliver 5).
+
+Per cell: its setting (dataset, alpha), arm, seed and attack (its grid's name before
+``-lenet`` / ``-cifar10``; ``clean`` for the clean grids); validation accuracy (mean of the
+last 5 rounds, %); for attacked cells the attack success (max of the last 5 rounds, %) and the
+attackers' payout ratio (their mean payout share on the ledger over an honest client's:
+:func:`studies.adversarial.adversary_stats.ledger_stats`). A cell the app's stall rule stopped
+(:func:`server_app.stall.stall_reason` true at its last round) is scored at its last recorded
+round, carried to the end; any other unfinished cell is left out (the rule then reads what is
+there, and says what is missing).
+
+The rule: an arm *holds* when in every setting and attack its mean ASR over seeds is <= 5%
+and its payout ratio <= 1, and in every setting the lower end of its paired clean cost's 95%
+t-interval (validation, against ``fedowen``) is >= -2 points. The pick: of the arms that hold,
+the smallest mean clean cost over the settings (ties to one decimal: fewer defences, then the
+first listed); none holding: of the arms meeting the cost, the one holding ASR and payout in the
+most (setting, attack) pairs, when that is more than ``fedowen`` holds (ties: smaller cost);
+otherwise none.
+
+    python -m studies.backdoor.defaults_rule conf/backdoor-defaults-dev.toml --results RESULTS \\
+        --out DIR
+
+writes ``cells.csv.gz`` (one row a scored cell) and ``decision.md`` (the tables, the pick, and
+the pick with each attacked and each clean seed left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from server_app.stall import stall_reason
+from sim.compact import open_csv
+from sim.presets import load_preset
+from sim.results import LAST_K, CellResult, load_results
+from sim.stats import paired_interval
+from studies.adversarial.adversary_stats import ledger_stats
+
+REFERENCE = "fedowen"
+ASR_BAR, COST_BAR, PAYOUT_BAR = 5.0, -2.0, 1.0
+MODEL_SUFFIXES = ("-lenet", "-cifar10")
+
+Setting = tuple[str, float]
+
+
+def attack_of(grid: str) -> str:
+    """The attack a grid runs, from its name (``square-lenet`` -> ``square``)."""
+    for suffix in MODEL_SUFFIXES:
+        if grid.endswith(suffix):
+            return grid[: -len(suffix)]
+    return grid
+
+
+def scored_rounds(result: CellResult) -> list[dict[str, Any]] | None:
+    """The rounds a cell is scored on: all of them when finished; a stalled cell's with its
+    last record carried to the end; None for a cell that neither finished nor stalled."""
+    if result.finished:
+        return result.rounds
+    train = [r for r in result.rounds if r.get("round", 0) > 0]
+    if not train or stall_reason(train, result.cell.config.max_stalled_rounds) is None:
+        return None
+    last = train[-1]
+    carried = [{**last, "round": k} for k in range(last["round"] + 1, result.total_rounds + 1)]
+    return result.rounds + carried
+
+
+def cell_row(result: CellResult, num_partitions: int) -> dict[str, Any] | None:
+    """One scored cell's row (None: not scored)."""
+    rounds = scored_rounds(result)
+    if rounds is None:
+        return None
+    train = [r for r in rounds if r.get("round", 0) > 0]
+    cfg = result.cell.config
+    attack = "clean" if cfg.adversary_fraction == 0 else attack_of(result.cell.grid)
+    val = [100 * r["val_accuracy"] for r in train if r.get("val_accuracy") is not None]
+    row: dict[str, Any] = {
+        "grid": result.cell.grid, "dataset": cfg.dataset, "alpha": cfg.alpha,
+        "arm": str(result.cell.point.get("variant")), "seed": cfg.seed, "attack": attack,
+        "val": float(np.mean(val[-LAST_K:])), "asr": math.nan, "payout_ratio": math.nan,
+        "stalled": not result.finished, "cell": result.cell.cell_id}
+    if attack != "clean":
+        asr = [100 * r["attack_success"] for r in train if r.get("attack_success") is not None]
+        row["asr"] = float(max(asr[-LAST_K:])) if asr else math.nan
+        row["payout_ratio"] = ledger_stats(result, num_partitions).get("ledger_payout_ratio",
+                                                                       math.nan)
+    return row
+
+
+@dataclass
+class Reading:
+    """The rule's reading of an arm over the seeds given."""
+
+    cost: dict[Setting, tuple[float, float]] = field(default_factory=dict)  # mean, lower end
+    asr: dict[tuple[Setting, str], float] = field(default_factory=dict)
+    payout: dict[tuple[Setting, str], float] = field(default_factory=dict)
+
+    def cost_ok(self) -> bool:
+        return bool(self.cost) and all(lo >= COST_BAR for _, lo in self.cost.values())
+
+    def pair_ok(self, key: tuple[Setting, str]) -> bool:
+        """ASR and payout held in one (setting, attack) pair (a NaN payout: no ledger, held)."""
+        pay = self.payout.get(key, math.nan)
+        return self.asr[key] <= ASR_BAR and not pay > PAYOUT_BAR
+
+    def pairs_held(self) -> int:
+        return sum(self.pair_ok(k) for k in self.asr)
+
+    def holds(self) -> bool:
+        return self.cost_ok() and bool(self.asr) and self.pairs_held() == len(self.asr)
+
+    def mean_cost(self) -> float:
+        return float(np.mean([m for m, _ in self.cost.values()])) if self.cost else math.nan
+
+
+def read(rows: Sequence[Mapping[str, Any]], arm: str, attacked_seeds: Iterable[int],
+         clean_seeds: Iterable[int]) -> Reading:
+    """Steps 1-2 for one arm over the given seeds."""
+    attacked_seeds, clean_seeds = set(attacked_seeds), set(clean_seeds)
+    clean: dict[tuple[str, Setting], dict[int, float]] = defaultdict(dict)
+    asr: dict[tuple[Setting, str], list[float]] = defaultdict(list)
+    payout: dict[tuple[Setting, str], list[float]] = defaultdict(list)
+    for r in rows:
+        setting = (r["dataset"], float(r["alpha"]))
+        if r["attack"] == "clean" and r["seed"] in clean_seeds:
+            clean[(r["arm"], setting)][r["seed"]] = r["val"]
+        elif r["attack"] != "clean" and r["arm"] == arm and r["seed"] in attacked_seeds:
+            asr[(setting, r["attack"])].append(r["asr"])
+            payout[(setting, r["attack"])].append(r["payout_ratio"])
+    out = Reading()
+    for (who, setting), vals in clean.items():
+        if who == arm:
+            iv = paired_interval(vals, clean.get((REFERENCE, setting), {}))
+            out.cost[setting] = (iv.mean, iv.lo)
+    out.asr = {k: float(np.mean(v)) for k, v in asr.items()}
+    out.payout = {k: float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
+                  for k, v in payout.items()}
+    return out
+
+
+def pick(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapping[str, int]
+         ) -> str | None:
+    """Step 3 over the arms (in listed order) other than the reference, among those read in
+    every (setting, attack) pair and every setting any arm was read in."""
+    pairs = max(len(r.asr) for r in readings.values())
+    settings = max(len(r.cost) for r in readings.values())
+    complete = [a for a in arms if a != REFERENCE
+                and (len(readings[a].asr), len(readings[a].cost)) == (pairs, settings)]
+    candidates = complete  # an arm missing a pair or a setting cannot be read as holding it
+    held = [a for a in candidates if readings[a].holds()]
+    if held:
+        return min(held, key=lambda a: (-round(readings[a].mean_cost(), 1), defences[a],
+                                         arms.index(a)))
+    within = [a for a in candidates if readings[a].cost_ok()]
+    floor = readings[REFERENCE].pairs_held() if REFERENCE in readings else 0
+    best = [a for a in within if readings[a].pairs_held() > floor]
+    if not best:
+        return None
+    return min(best, key=lambda a: (-readings[a].pairs_held(), -readings[a].mean_cost(),
+                                    arms.index(a)))
+
+
+def defence_count(arm: str) -> int:
+    """How many defences an arm adds on the defaults (its name's ``+``-joined parts)."""
+    return 0 if arm == REFERENCE else arm.count("+") + 1
+
+
+def decide(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seeds: Sequence[int],
+           clean_seeds: Sequence[int]) -> tuple[str | None, dict[str, Reading]]:
+    """The pick and every arm's reading."""
+    readings = {a: read(rows, a, attacked_seeds, clean_seeds) for a in arms}
+    return pick(readings, arms, {a: defence_count(a) for a in arms}), readings
+
+
+def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seeds: Sequence[int],
+           clean_seeds: Sequence[int], expected: int) -> str:
+    """decision.md's text."""
+    chosen, readings = decide(rows, arms, attacked_seeds, clean_seeds)
+    lines = [f"# backdoor-defaults-dev: the rule's reading ({len(rows)} of {expected} cells "
+             "scored)", "",
+             "| arm | holds | (setting, attack) pairs held | clean cost, mean over settings "
+             "| worst clean cost's lower end |", "|---|---|---:|---:|---:|"]
+    for a in arms:
+        rd = readings[a]
+        worst = min((lo for _, lo in rd.cost.values()), default=math.nan)
+        lines.append(f"| {a} | {'yes' if rd.holds() else 'no'} | {rd.pairs_held()} of "
+                     f"{len(rd.asr)} | {rd.mean_cost():+.2f} | {worst:+.2f} |")
+    pairs = sorted({k for rd in readings.values() for k in rd.asr})
+    lines += ["", "Mean ASR (%) over seeds / payout ratio, per setting and attack:", "",
+              "| setting | attack | " + " | ".join(arms) + " |",
+              "|---|---|" + "---:|" * len(arms)]
+    for key in pairs:
+        cells = [f"{readings[a].asr.get(key, math.nan):.1f} / "
+                 f"{readings[a].payout.get(key, math.nan):.2f}" for a in arms]
+        lines.append(f"| {key[0][0]} a{key[0][1]} | {key[1]} | " + " | ".join(cells) + " |")
+    lines += ["", f"**Pick: {chosen or 'none'}**", ""]
+    for label, seeds, other in (("attacked", attacked_seeds, clean_seeds),
+                                ("clean", clean_seeds, attacked_seeds)):
+        for out in seeds:
+            keep = [s for s in seeds if s != out]
+            loo = (decide(rows, arms, keep, other) if label == "attacked"
+                   else decide(rows, arms, other, keep))[0]
+            lines.append(f"- without {label} seed {out}: {loo or 'none'}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("preset", type=Path)
+    p.add_argument("--results", type=Path, required=True, help="the preset's results folder")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    preset = load_preset(args.preset)
+    results = load_results(preset, args.results)
+    rows = [row for r in results.values()
+            if (row := cell_row(r, preset.num_supernodes)) is not None]
+    if not rows:
+        raise SystemExit(f"no finished or stalled cell under {args.results}: run the preset "
+                         f"first (python -m sim.experiments run {args.preset})")
+    arms = list(dict.fromkeys(str(c.point.get("variant")) for c in preset.cells()))
+    attacked = sorted({c.config.seed for c in preset.cells() if c.config.adversary_fraction > 0})
+    clean = sorted({c.config.seed for c in preset.cells() if c.config.adversary_fraction == 0})
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open_csv(args.out / "cells.csv.gz", "w") as fh:
+        fields = list(rows[0])
+        fh.write(",".join(fields) + "\n")
+        for row in sorted(rows, key=lambda x: (x["grid"], x["dataset"], x["alpha"], x["arm"],
+                                               x["seed"])):
+            fh.write(",".join(str(row[k]) for k in fields) + "\n")
+    text = report(rows, arms, attacked, clean, len(results))
+    (args.out / "decision.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

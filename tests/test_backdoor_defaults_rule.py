@@ -1,0 +1,115 @@
+"""backdoor-defaults-dev's rule (studies.backdoor.defaults_rule) on hand-built cell rows, and
+how it scores a stalled cell."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from sim.presets import load_preset
+from sim.results import CellResult
+from studies.backdoor.defaults_rule import attack_of, decide, defence_count, report, scored_rounds
+
+SETTINGS = (("mnist", 0.1), ("cifar10", 0.1))
+ATTACKS = ("square", "dba")
+ARMS = ["fedowen", "a", "a+b", "c"]
+
+
+def rows(arm: str, asr: float, clean: list[float], payout: float = 0.5,
+         worse: tuple[tuple[str, float], str, float] | None = None) -> list[dict[str, Any]]:
+    """An arm's cells: attacked (seeds 0-2) at ``asr`` everywhere (``worse``: one (setting,
+    attack) pair at another ASR) and clean (seeds 0-4) at validation ``clean``."""
+    out = []
+    for ds, alpha in SETTINGS:
+        for attack in ATTACKS:
+            for seed in range(3):
+                hit = asr if worse is None or worse[:2] != ((ds, alpha), attack) else worse[2]
+                out.append({"dataset": ds, "alpha": alpha, "arm": arm, "seed": seed,
+                            "attack": attack, "asr": hit, "val": 0.0, "payout_ratio": payout})
+        for seed, v in enumerate(clean):
+            out.append({"dataset": ds, "alpha": alpha, "arm": arm, "seed": seed,
+                        "attack": "clean", "asr": math.nan, "val": v, "payout_ratio": math.nan})
+    return out
+
+
+BASE = [90.0, 91.0, 92.0, 90.5, 91.5]
+
+
+def shifted(by: float, jitter: float = 0.1) -> list[float]:
+    return [v + by + (jitter if i % 2 else -jitter) for i, v in enumerate(BASE)]
+
+
+def test_of_the_arms_that_hold_the_cheapest_is_picked() -> None:
+    table = (rows("fedowen", 90.0, BASE) + rows("a", 3.0, shifted(-1.0))
+             + rows("a+b", 1.0, shifted(-0.2)) + rows("c", 50.0, shifted(0.0)))
+    chosen, readings = decide(table, ARMS, [0, 1, 2], [0, 1, 2, 3, 4])
+    assert readings["a"].holds() and readings["a+b"].holds() and not readings["c"].holds()
+    assert chosen == "a+b"  # -0.2 points beats -1.0, though it adds two defences
+
+
+def test_a_tie_in_cost_goes_to_fewer_defences() -> None:
+    table = (rows("fedowen", 90.0, BASE) + rows("a", 3.0, shifted(-0.52))
+             + rows("a+b", 1.0, shifted(-0.48)))
+    assert decide(table, ["fedowen", "a", "a+b"], [0, 1, 2], [0, 1, 2, 3, 4])[0] == "a"
+
+
+def test_one_pair_above_5_percent_or_overpaid_attackers_or_a_wide_cost_fail() -> None:
+    table = (rows("fedowen", 90.0, BASE)
+             + rows("a", 3.0, shifted(-0.5), worse=(("cifar10", 0.1), "dba", 5.1))
+             + rows("a+b", 3.0, shifted(-0.5), payout=1.2)
+             + rows("c", 3.0, shifted(-1.5, jitter=2.0)))   # mean -1.5, interval below -2
+    chosen, readings = decide(table, ARMS, [0, 1, 2], [0, 1, 2, 3, 4])
+    assert not any(readings[a].holds() for a in ("a", "a+b", "c"))
+    assert readings["a"].pairs_held() == 3 and readings["a+b"].pairs_held() == 0
+    assert not readings["c"].cost_ok() and readings["a"].cost_ok()
+    assert chosen == "a"  # none holds: the most pairs within the cost, more than fedowen's 0
+
+
+def test_no_pick_when_nothing_beats_the_defaults_pairs() -> None:
+    table = rows("fedowen", 4.0, BASE) + rows("a", 4.0, shifted(-0.5), payout=1.5)
+    assert decide(table, ["fedowen", "a"], [0, 1, 2], [0, 1, 2, 3, 4])[0] is None
+
+
+def test_the_report_names_the_pick_and_its_leave_one_out_readings() -> None:
+    table = rows("fedowen", 90.0, BASE) + rows("a", 3.0, shifted(-0.5))
+    text = report(table, ["fedowen", "a"], [0, 1, 2], [0, 1, 2, 3, 4], expected=len(table))
+    assert "**Pick: a**" in text
+    assert text.count("- without attacked seed") == 3 and text.count("- without clean seed") == 5
+    assert "| mnist a0.1 | square | 90.0 / 0.50 | 3.0 / 0.50 |" in text
+
+
+def test_grid_names_and_defence_counts() -> None:
+    assert attack_of("neurotoxin-cifar10") == "neurotoxin" and attack_of("plus-lenet") == "plus"
+    assert [defence_count(a) for a in ("fedowen", "alignins-2", "alignins-2+spread-2")] == [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def cell():
+    preset = load_preset("conf/backdoor-defaults-dev.toml")
+    return preset.cells()[0]
+
+
+def _round(k: int, accepted: bool) -> dict[str, Any]:
+    return {"round": k, "returned": ["1"] if accepted else [],
+            "rejected": {} if accepted else {"1": "norm", "2": "cosine"},
+            "val_accuracy": 0.1 * k, "attack_success": 0.01 * k}
+
+
+def test_a_stalled_cell_is_carried_to_the_end_and_a_broken_one_left_out(cell) -> None:
+    total = cell.config.num_server_rounds
+    stalled = [{"round": 0}] + [_round(1, True)] + [_round(k, False) for k in (2, 3, 4)]
+    scored = scored_rounds(CellResult(cell, stalled))
+    assert scored is not None and len(scored) == total + 1
+    assert scored[-1]["round"] == total and scored[-1]["val_accuracy"] == pytest.approx(0.4)
+    cut = [{"round": 0}] + [_round(k, True) for k in (1, 2, 3)]  # ended, but learning
+    assert scored_rounds(CellResult(cell, cut)) is None
+
+
+def test_an_arm_missing_a_pair_is_not_read_as_holding_it() -> None:
+    full = rows("a+b", 3.0, shifted(-1.0))
+    partial = [r for r in rows("a", 1.0, shifted(0.0))
+               if not (r["dataset"] == "cifar10" and r["attack"] == "dba")]
+    table = rows("fedowen", 90.0, BASE) + partial + full
+    assert decide(table, ["fedowen", "a", "a+b"], [0, 1, 2], [0, 1, 2, 3, 4])[0] == "a+b"
