@@ -29,7 +29,10 @@ def cell_scores(folder: Path) -> dict:
     assert len(last) == 5, (folder.name, len(last))
     shares = [r["valuation_seconds"] / r["round_seconds"] for r in rows
               if r["round"] >= 2 and r.get("round_seconds")]
-    return {"cell": folder.name, "dataset": cfg["dataset"], "alpha": cfg["alpha"],
+    attempts = json.loads((folder / "code.json").read_text())
+    kernels = (attempts[-1].get("machine") or {}).get("kernels", "")
+    return {"cell": folder.name, "kernels": kernels, "dataset": cfg["dataset"],
+            "alpha": cfg["alpha"],
             "arm": ARMS[cfg["valuation"]], "seed": cfg["seed"],
             "val": 100 * statistics.mean(r["val_accuracy"] for r in last),
             "test": 100 * statistics.mean(r["test_accuracy"] for r in last),
@@ -76,6 +79,10 @@ def main() -> None:
               f"| {fmt(*paired(score, s, 'first-order', 'owen', 'val', SEEDS))} "
               f"| {fmt(*paired(score, s, 'first-order', 'simpson', 'val', SEEDS))} "
               f"| {share['owen']:.0f}% / {share['simpson']:.0f}% / {share['first-order']:.0f}% |")
+    straddle = [(s, k) for s in SETTINGS for k in SEEDS
+                if score[(s, "owen", k)]["kernels"] != score[(s, "simpson", k)]["kernels"]]
+    print(f"\nPairs whose two arms ran on CPUs of other kernel flags (AVX2 kernels pinned on "
+          f"both): {len(straddle)} of {len(SETTINGS) * len(SEEDS)} {straddle or ''}")
     held, losing = verdict(score, SEEDS)
     print(f"\nStep 2, the grid's half: {'holds' if held else 'fails'}"
           + ("" if held else f" (simpson loses beyond the CI in {losing})"))
