@@ -14,7 +14,8 @@ import statistics
 import sys
 from pathlib import Path
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}  # Student t, 97.5% quantile, by df
+from sim.stats import paired_interval
+
 SETTINGS = [("mnist", 0.01), ("mnist", 0.1), ("fashion-mnist", 0.01), ("fashion-mnist", 0.1),
             ("cifar10", 0.1)]
 ARMS = {"owen-antithetic": "owen", "first-order-simpson": "simpson", "first-order": "first-order"}
@@ -42,10 +43,9 @@ def cell_scores(folder: Path) -> dict:
 
 def paired(score: dict, setting, a: str, b: str, metric: str, seeds) -> tuple[float, float, float]:
     """Mean of metric(a) - metric(b) over seeds and its 95% t-interval."""
-    d = [score[(setting, a, s)][metric] - score[(setting, b, s)][metric] for s in seeds]
-    m = statistics.mean(d)
-    h = T975[len(d) - 1] * statistics.stdev(d) / len(d) ** 0.5
-    return m, m - h, m + h
+    iv = paired_interval({s: score[(setting, a, s)][metric] for s in seeds},
+                         {s: score[(setting, b, s)][metric] for s in seeds})
+    return iv.mean, iv.lo, iv.hi
 
 
 def first_order(score: dict, setting, against: str) -> str:
