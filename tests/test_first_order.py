@@ -109,3 +109,38 @@ def test_backward_passes_run_through_the_eager_model_once_a_run(round_in_double:
     assert not isinstance(first.gradient_net(), torch.fx.GraphModule)
     assert second.gradient_net() is first.gradient_net()
     np.testing.assert_array_equal(terms, eager.first_order(0.5))
+
+
+@pytest.mark.parametrize("method", ["first-order-simpson", "first-order-refined"])
+def test_gradient_passes_give_the_ends_at_no_forward(method: str) -> None:
+    # Prepare: LeNet in float32 as the app runs it, 5 updates, client 2's zero
+    torch.set_num_threads(1)
+    model = build_model("lenet", 1, 10, seed=0)
+    rng = np.random.default_rng(0)
+    glob = state_to_numpy(model)
+    clients = [{k: v if i == 2 else (v + rng.normal(0, 0.05, v.shape)).astype(v.dtype)
+                for k, v in glob.items()} for i in range(5)]
+    x = torch.randn(90, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    y = torch.randint(0, 10, (90,), generator=torch.Generator().manual_seed(2))
+
+    def game() -> CoalitionGame:
+        return CoalitionGame(model, glob, clients, [1] * 5, x, y, metric="neg-loss",
+                             device="cpu", shares=SHARES, batch_size=40)
+
+    forwards = game()
+    ends = forwards(np.array([[False] * 5, [True] * 5]))
+    # Execute
+    primed = game()
+    result = estimate(method, primed, 5, budget=12, seed=0)
+    # Assert: both ends came from the backward passes (no forward for them), within float
+    # rounding of the coalition forwards' values; the budget still counts them
+    assert result.n_evals >= 2 and result.n_gradients == 3 == primed.n_backward
+    assert primed.n_model_evals == result.n_evals - 2
+    np.testing.assert_allclose([result.v_empty, result.v_grand], ends, rtol=1e-6)
+    assert result.values[2] == 0.0
+    # ...and phi is the game's whose ends a forward scored, within the same rounding
+    reference = game()
+    reference(np.array([[False] * 5, [True] * 5]))
+    again = estimate(method, reference, 5, budget=12, seed=0)
+    assert reference.n_model_evals == again.n_evals
+    np.testing.assert_allclose(result.values, again.values, rtol=1e-5, atol=1e-9)

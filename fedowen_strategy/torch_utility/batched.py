@@ -239,7 +239,13 @@ class CoalitionGame:
     def first_order(self, at: float = 0.5) -> np.ndarray:
         """The players' first-order terms ``grad u(theta_0 + at D) . p_i delta_i`` (float64
         ``(n,)``; :mod:`.gradient`): one backward pass over the evaluation set per distinct
-        ``at`` (counted in ``n_backward``). Needs the delta game and ``metric="neg-loss"``."""
+        ``at`` (counted in ``n_backward``). Needs the delta game and ``metric="neg-loss"``.
+
+        At ``at = 0`` and ``at = 1`` the pass's forwards score the empty and the grand
+        coalition, with the parameters a coalition forward would use, bit for bit: their
+        values go to the cache unless a forward already gave them, so a method that takes
+        those terms first gets ``nu(empty)`` and ``nu(N)`` at no forward (the eager network's
+        float rounding, within 1e-6 of the forward's: tests/test_first_order.py)."""
         if self._deltas is None or self.shares is None:
             raise ValueError("first-order terms are defined for the delta game only (pass "
                              "shares); the average game's coalition model is not linear in "
@@ -248,6 +254,9 @@ class CoalitionGame:
             raise ValueError(f"first-order terms need metric='neg-loss', got {self.metric!r} "
                              "(accuracy is piecewise constant: its gradient is zero)")
         key = float(at)
+        if not 0.0 <= key <= 1.0:
+            raise ValueError(f"at={at!r} must lie in [0, 1] (0: the global model, 1: the "
+                             "aggregate)")
         if key not in self._first_order:
             net = self.gradient_net()
             buffers = {name for name, _ in net.named_buffers()}
@@ -259,11 +268,25 @@ class CoalitionGame:
                        for k, v in self._params(theta[None]).items()}
                 return functional_call(net, one, (x,))
 
-            self._first_order[key] = first_order_terms(
-                forward, self._stacked[self.n], self._deltas, np.asarray(self.shares), self._x,
-                self._y, key, self.batch_size)
+            end = {0.0: np.zeros(self.n, bool), 1.0: ~self._zero}.get(key)
+            theta = (self._end_params(end) if end is not None else self._stacked[self.n]
+                     + key * (torch.as_tensor(self.shares, dtype=self._deltas.dtype,
+                                              device=self.device) @ self._deltas))
+            self._first_order[key], value = first_order_terms(
+                forward, theta, self._deltas, np.asarray(self.shares), self._x, self._y,
+                self.batch_size)
             self.n_backward += 1
+            if end is not None:
+                self._cache.setdefault(end.tobytes(), value)
         return self._first_order[key].copy()
+
+    def _end_params(self, mask: np.ndarray) -> torch.Tensor:
+        """The flattened parameters ``_evaluate`` builds for the coalition ``mask`` (P,)."""
+        assert self._deltas is not None
+        coef = torch.from_numpy(coalition_coefficients(mask[None], self.num_examples,
+                                                       self.shares))
+        return delta_params(self._stacked[self.n], self._deltas,
+                            coef.to(self.device, self._stacked.dtype))[0]
 
     def gradient_net(self) -> nn.Module:
         """The network the first-order terms' backward passes run through (:func:`gradient_net`;

@@ -31,45 +31,47 @@ Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def utility_gradient(forward: Forward, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                     batch_size: int) -> torch.Tensor:
-    """Gradient of minus the mean cross-entropy over ``(x, y)`` at ``theta`` (shape (P,)).
+                     batch_size: int) -> tuple[torch.Tensor, float]:
+    """Gradient of minus the mean cross-entropy over ``(x, y)`` at ``theta`` (shape (P,)), and
+    that utility itself (float64: the forwards the backward passes need compute it anyway).
 
     One backward pass per batch of ``batch_size`` examples, accumulated, so memory holds one
     batch's activations at a time.
     """
     leaf = theta.detach().clone().requires_grad_(True)
+    value = 0.0
     with torch.inference_mode(False), torch.enable_grad():
         for s in range(0, len(x), batch_size):
             logits = forward(leaf, x[s : s + batch_size])
-            part = score_sum(logits, y[s : s + batch_size], "neg-loss") / len(x)
-            part.backward()
+            part = score_sum(logits, y[s : s + batch_size], "neg-loss")
+            value += float(part.detach())
+            (part / len(x)).backward()
     assert leaf.grad is not None
-    return leaf.grad.detach()
+    return leaf.grad.detach(), value / len(x)
 
 
-def first_order_terms(forward: Forward, base: torch.Tensor, deltas: torch.Tensor,
-                      shares: np.ndarray, x: torch.Tensor, y: torch.Tensor, at: float,
-                      batch_size: int) -> np.ndarray:
-    """``c_i(at)`` for every player (see the module docstring), as float64 ``(n,)``.
+def first_order_terms(forward: Forward, theta: torch.Tensor, deltas: torch.Tensor,
+                      shares: np.ndarray, x: torch.Tensor, y: torch.Tensor,
+                      batch_size: int) -> tuple[np.ndarray, float]:
+    """``grad u(theta) . p_i delta_i`` for every player, as float64 ``(n,)``, and ``u(theta)``.
+
+    ``theta = theta_0 + t D`` gives ``c_i(t)`` (see the module docstring); at ``t = 0`` and
+    ``t = 1`` it is the empty and the grand coalition's model, so ``u(theta)`` is their value.
 
     Parameters
     ----------
     forward : callable
         ``forward(theta, x) -> logits`` for flattened parameters of shape (P,).
-    base : torch.Tensor
-        The global model, flattened, shape (P,).
+    theta : torch.Tensor
+        Where the gradient is taken, flattened, shape (P,).
     deltas : torch.Tensor
         The updates ``delta_i = W_i - theta_0``, shape (n, P).
     shares : np.ndarray
         The delta game's shares ``p`` (n,).
-    at : float
-        Where along the applied update the gradient is taken, in [0, 1].
     """
-    if not 0.0 <= at <= 1.0:
-        raise ValueError(f"at={at!r} must lie in [0, 1] (0: the global model, 1: the aggregate)")
     p = torch.as_tensor(np.asarray(shares, dtype=np.float64), device=deltas.device)
-    theta = base if at == 0.0 else base + at * (p.to(deltas.dtype) @ deltas)
-    grad = utility_gradient(forward, theta, x, y, batch_size).double()
+    grad, value = utility_gradient(forward, theta, x, y, batch_size)
+    grad = grad.double()
     # row by row in float64: no (n, P) copy, and a zero update's row gives exactly 0
     dots = torch.stack([deltas[i].double() @ grad for i in range(len(deltas))])
-    return (p * dots).cpu().numpy()
+    return (p * dots).cpu().numpy(), value

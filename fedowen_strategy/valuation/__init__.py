@@ -16,6 +16,9 @@ seed gives the same values.
 A utility may also offer ``utility.first_order(at)``, its players' first-order terms (one
 gradient; see ``_base``). The methods that use them (``ESTIMATORS[name].uses_first_order``)
 refuse a utility without; ``Valuation.n_gradients`` counts the calls, outside the budget.
+Those that take the terms at 0 and 1 (``ESTIMATORS[name].ends_from_gradients``) take them
+before the ends: the torch utility's backward passes there score the empty and the grand
+coalition, so its ``nu(empty)`` and ``nu(N)`` need no forward (still counted in ``n_evals``).
 
 Methods and the axioms they keep
 --------------------------------

@@ -31,7 +31,9 @@ class EstimatorSpec:
     ``nu(N)`` are already evaluated (``game.ends()`` serves them from the cache), so every
     minimum budget counts those two rows. ``uses_first_order``: the method calls
     ``game.first_order`` (the utility must offer first-order terms: the torch utility's delta
-    game with neg-loss, or a recorded game).
+    game with neg-loss, or a recorded game). ``ends_from_gradients``: it takes the terms at 0
+    and 1, so :func:`estimate` asks for those before the ends, whose values the torch
+    utility's backward passes then give at no forward (the budget still counts both rows).
     """
 
     name: str
@@ -39,6 +41,7 @@ class EstimatorSpec:
     min_budget: Callable[[int], int]
     needs: str  # what the minimum budget buys, for the error message
     uses_first_order: bool = False
+    ends_from_gradients: bool = False
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -83,9 +86,11 @@ ESTIMATORS: Mapping[str, EstimatorSpec] = MappingProxyType(
             EstimatorSpec("first-order", first_order, lambda n: 2, "nu(empty) and nu(N)",
                           uses_first_order=True),
             EstimatorSpec("first-order-refined", first_order_refined, lambda n: 2,
-                          "nu(empty) and nu(N)", uses_first_order=True),
+                          "nu(empty) and nu(N)", uses_first_order=True,
+                          ends_from_gradients=True),
             EstimatorSpec("first-order-simpson", first_order_simpson, lambda n: 2,
-                          "nu(empty) and nu(N)", uses_first_order=True),
+                          "nu(empty) and nu(N)", uses_first_order=True,
+                          ends_from_gradients=True),
         )
     }
 )
@@ -183,6 +188,8 @@ def estimate(
     _check_call(spec, n_players, budget, params)
     rng = np.random.default_rng(seed)
     game = CachedGame(utility, int(n_players), int(budget))
+    for at in (0.0, 1.0) if spec.ends_from_gradients else ():
+        game.first_order(at)  # its passes score the ends too (the torch utility)
     v_empty, v_grand = game.ends()  # within the budget, for every method (the round's record)
     values = spec.fn(game, rng, **params)
     return Valuation(
