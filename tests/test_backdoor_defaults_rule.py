@@ -113,3 +113,16 @@ def test_an_arm_missing_a_pair_is_not_read_as_holding_it() -> None:
                if not (r["dataset"] == "cifar10" and r["attack"] == "dba")]
     table = rows("fedowen", 90.0, BASE) + partial + full
     assert decide(table, ["fedowen", "a", "a+b"], [0, 1, 2], [0, 1, 2, 3, 4])[0] == "a+b"
+
+
+def test_the_report_names_clean_pairs_run_on_cpus_of_other_kernels() -> None:
+    # Prepare: every cell on one CPU but arm a's clean seed 3 on mnist (another CPU's kernels)
+    table = rows("fedowen", 90.0, BASE) + rows("a", 3.0, shifted(-0.5))
+    for r in table:
+        other = (r["arm"], r["attack"], r["seed"], r["dataset"]) == ("a", "clean", 3, "mnist")
+        r["kernels"] = "AVX2 [avx2 fma avx]" if other else "AVX512 [avx512f avx2 fma avx]"
+    # Execute
+    text = report(table, ["fedowen", "a"], [0, 1, 2], [0, 1, 2, 3, 4], expected=len(table))
+    # Assert
+    assert "AVX2 [avx2 fma avx]: 1; AVX512 [avx512f avx2 fma avx]: 43." in text
+    assert "other kernel flags: 1 of 10 [('mnist', 0.1, 3, 'a')]." in text

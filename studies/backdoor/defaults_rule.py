@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from server_app.stall import stall_reason
+from sim.cell_state import cell_machines
 from sim.compact import open_csv
 from sim.presets import load_preset
 from sim.results import LAST_K, CellResult, load_results
@@ -71,7 +72,16 @@ def scored_rounds(result: CellResult) -> list[dict[str, Any]] | None:
     return result.rounds + carried
 
 
-def cell_row(result: CellResult, num_partitions: int) -> dict[str, Any] | None:
+def cell_kernels(results: Path | None, cell_id: str) -> str:
+    """The CPU kernels the cell's attempts ran on (``code.json``), ``|``-joined when a resumed
+    cell ran on CPUs of other kernel flags; empty when unrecorded."""
+    if results is None:
+        return ""
+    return "|".join(sorted({str(m.get("kernels", "")) for m in cell_machines(results / cell_id)}))
+
+
+def cell_row(result: CellResult, num_partitions: int, results: Path | None = None
+             ) -> dict[str, Any] | None:
     """One scored cell's row (None: not scored)."""
     rounds = scored_rounds(result)
     if rounds is None:
@@ -84,7 +94,8 @@ def cell_row(result: CellResult, num_partitions: int) -> dict[str, Any] | None:
         "grid": result.cell.grid, "dataset": cfg.dataset, "alpha": cfg.alpha,
         "arm": str(result.cell.point.get("variant")), "seed": cfg.seed, "attack": attack,
         "val": float(np.mean(val[-LAST_K:])), "asr": math.nan, "payout_ratio": math.nan,
-        "stalled": not result.finished, "cell": result.cell.cell_id}
+        "stalled": not result.finished, "cell": result.cell.cell_id,
+        "kernels": cell_kernels(results, result.cell.cell_id)}
     if attack != "clean":
         asr = [100 * r["attack_success"] for r in train if r.get("attack_success") is not None]
         row["asr"] = float(max(asr[-LAST_K:])) if asr else math.nan
@@ -199,7 +210,7 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
         cells = [f"{readings[a].asr.get(key, math.nan):.1f} / "
                  f"{readings[a].payout.get(key, math.nan):.2f}" for a in arms]
         lines.append(f"| {key[0][0]} a{key[0][1]} | {key[1]} | " + " | ".join(cells) + " |")
-    lines += ["", f"**Pick: {chosen or 'none'}**", ""]
+    lines += ["", f"**Pick: {chosen or 'none'}**", "", *machine_lines(rows), ""]
     for label, seeds, other in (("attacked", attacked_seeds, clean_seeds),
                                 ("clean", clean_seeds, attacked_seeds)):
         for out in seeds:
@@ -208,6 +219,23 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
                    else decide(rows, arms, other, keep))[0]
             lines.append(f"- without {label} seed {out}: {loo or 'none'}")
     return "\n".join(lines) + "\n"
+
+
+def machine_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Where the cells ran: the kernels' counts, and the clean pairs whose two cells (an arm and
+    the reference, one setting and seed) ran on CPUs of other kernel flags (AVX2 kernels pinned
+    on all, as the preset says; reported, not deciding)."""
+    kinds: dict[str, int] = defaultdict(int)
+    for r in rows:
+        kinds[r.get("kernels") or "unrecorded"] += 1
+    clean = {(r["dataset"], r["alpha"], r["seed"], r["arm"]): r.get("kernels") for r in rows
+             if r["attack"] == "clean"}
+    pairs = [k for k in clean if k[3] != REFERENCE and (*k[:3], REFERENCE) in clean]
+    straddle = [k for k in pairs if clean[k] != clean[(*k[:3], REFERENCE)]]
+    return ["Cells by the CPU kernels they ran on: " + "; ".join(
+                f"{k}: {n}" for k, n in sorted(kinds.items())) + ".",
+            f"Clean pairs whose two cells ran on CPUs of other kernel flags: {len(straddle)} of "
+            f"{len(pairs)}" + (f" {straddle}" if straddle else "") + "."]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -219,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     preset = load_preset(args.preset)
     results = load_results(preset, args.results)
     rows = [row for r in results.values()
-            if (row := cell_row(r, preset.num_supernodes)) is not None]
+            if (row := cell_row(r, preset.num_supernodes, args.results)) is not None]
     if not rows:
         raise SystemExit(f"no finished or stalled cell under {args.results}: run the preset "
                          f"first (python -m sim.experiments run {args.preset})")
