@@ -173,6 +173,7 @@ def check_model(run_config: RunConfig, ds: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from fedowen_task.data import DatasetNotFoundError, load_dataset  # torch: only to run
+    from fedowen_task.pool import check_clients_fit
 
     args = parse_args(argv)
     cfg = build_run_config(args)
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         run_config = parse_run_config(cfg)
         ds = load_dataset(run_config.dataset, run_config.data_dir, download=run_config.download)
         check_model(run_config, ds)
+        check_clients_fit(ds, run_config, args.supernodes)
     except ValueError as err:
         print(f"[fedowen] {err}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ round goes on with the rest.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -193,6 +194,23 @@ def _count(value: object) -> int | None:
     return count if 0 < count <= MAX_EXAMPLES else None
 
 
+#: Terminal colours in an error's text (Ray colours its actor's name).
+_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+#: Where Ray's wrapper of a ClientApp's exception (its traceback, the actor's pid, address and
+#: id, which differ by node) gives way to the ClientApp's own message.
+_RAY_MESSAGE = "ClientAppException occurred. Message: "
+
+
+def failure_reason(code: int, reason: str | None) -> str:
+    """A failed reply's reason as the round record keeps it: ``error <code>: <text>``. For an
+    exception a ClientApp raised under Ray, the text is its own message (Ray's traceback is in
+    the log already), so every node that failed alike gives one reason."""
+    text = _COLOURS.sub("", reason or "")
+    if _RAY_MESSAGE in text:
+        text = "ClientApp raised: " + text.rsplit(_RAY_MESSAGE, 1)[1].removesuffix("'>").strip()
+    return f"error {code}: {text}"
+
+
 def parse_replies(
     replies: Iterable[Message],
     reference: Mapping[str, NDArray],
@@ -221,7 +239,7 @@ def parse_replies(
     for msg in replies:
         who = client_id_of(msg, known)
         if msg.has_error():
-            out.failed[who] = f"error {msg.error.code}: {msg.error.reason}"
+            out.failed[who] = failure_reason(msg.error.code, msg.error.reason)
             log.warning("client %s failed this round: %s", who, out.failed[who])
             continue
         try:

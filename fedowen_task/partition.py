@@ -197,8 +197,9 @@ def partition_indices(
     if len(kept) < num_clients * min_size:
         raise ValueError(
             f"The long-tailed pool has {len(kept)} samples (imbalance_factor={imbalance_factor}"
-            f"), too few for {num_clients} clients with min_size={min_size}: lower min_size or "
-            "num_clients, or raise imbalance_factor."
+            f"), too few for {num_clients} clients with min_size={min_size}: lower min_size "
+            "(min-partition-size) or num_clients (num-supernodes), or raise imbalance_factor "
+            "(imbalance-factor; 0 keeps the data's own counts)."
         )
     rng = np.random.default_rng(split_seq)
     if scheme == "per-class":
@@ -281,3 +282,4 @@ def _writer_split(
             f"(imbalance_factor={imbalance_factor}): lower min_size or num_clients."
         )
     return [kept[p] for p in parts]
+

@@ -28,6 +28,7 @@ from fedowen_strategy.torch_utility.batched import resolve_device
 from fedowen_task.adversary.attacks import adversaries_record, attack_of
 from fedowen_task.data import load_dataset, resolve_data_dir
 from fedowen_task.models import build_model, check_model_input, state_to_numpy
+from fedowen_task.pool import check_clients_fit
 from server_app.byzantine import ByzantineGrid
 from server_app.config import RunConfig, parse_run_config
 from server_app.evaluation import CentralEvaluation, ServerParts, server_sets
@@ -74,6 +75,7 @@ def run(grid: Grid, cfg: RunConfig, out_dir: Path) -> dict[str, Any]:
     set_torch_threads(cfg.torch_threads)
     recorder = RunRecorder(out_dir)
     ds = load_dataset(cfg.dataset, resolve_data_dir(cfg.data_dir or None), download=cfg.download)
+    check_clients_fit(ds, cfg, len(nodes))  # or every ClientApp raises it, every round
     sets = server_sets(cfg, ds)
     model = build_model(cfg.model_name(), ds.in_channels, ds.num_classes, seed=cfg.seed)
     check_model_input(model, cfg.model_name(), sets.x_test, ds.num_classes)

@@ -37,7 +37,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedowen_strategy.defences.base import Guard
 from fedowen_strategy.defences.defended import Defended
 from fedowen_strategy.defences.guard_settings import Defence
-from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
+from fedowen_strategy.replies import client_id_of, failure_reason, record_to_state, state_to_record
 from fedowen_strategy.strategy import EvaluateHook, RoundHook, ServerStep
 from fedowen_strategy.updates import restore_counters
 from fedowen_task.config import did_you_mean, parse_params
@@ -215,7 +215,8 @@ class Recorded(Strategy):
         if result[0] is not None:  # Flower's average turns counters into floats
             result = (counters_kept(result[0], self._sent_arrays), result[1])
         answered = {r.metadata.src_node_id for r in replies}
-        failed = {client_id_of(r): r.error.reason for r in replies if r.has_error()}
+        failed = {client_id_of(r): failure_reason(r.error.code, r.error.reason)
+                  for r in replies if r.has_error()}
         failed.update({f"node:{n}": "no reply" for n in self._selected_nodes
                        if n not in answered})
         record = {"selected": [names.get(n, f"node:{n}") for n in self._selected_nodes],

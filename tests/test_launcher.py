@@ -109,6 +109,8 @@ def test_resume_hint_repeats_the_arguments_with_resume_from(tmp_path: Path) -> N
     (["--set", "alpah=0.5"], "unknown key 'alpah' (did you mean 'alpha'?)"),
     (["--set", "model=tests.user_models:wrong_classes"],
      "model='tests.user_models:wrong_classes' returned [2, 3] for 2 inputs"),
+    (["--dataset", "medmnist"],  # BreastMNIST's 546 images cannot make 100 partitions of 10
+     "dataset=medmnist: the clients' pool keeps 398 of 546 training samples"),
 ])
 def test_run_sh_fails_before_any_superlink_naming_the_problem(
         args: list[str], said: str, shared_data_dir: Path, tmp_path: Path,

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedowen_task import dirichlet
+from fedowen_task.config import TaskConfig
 from fedowen_task.data import DatasetArrays
 from fedowen_task.holdout import holdout_split, server_eval_split
 from fedowen_task.partition import (
@@ -15,6 +16,7 @@ from fedowen_task.partition import (
     long_tail_indices,
     partition_indices,
 )
+from fedowen_task.pool import check_clients_fit, client_pool
 from fedowen_task.writers import writer_partition, writer_sample
 
 # MNIST's training class counts: realistic, slightly unequal pools without loading data.
@@ -267,3 +269,34 @@ def test_writer_sample_draws_the_same_writers_as_clients_for_every_run_seed() ->
     assert drawn[0] == drawn[1]
     with pytest.raises(ValueError, match="writers"):
         writer_sample(writers, 31)
+
+
+@pytest.mark.parametrize("scheme", ["per-class", "per-client", "writer"])
+def test_client_pool_is_what_the_split_divides(scheme: str) -> None:
+    labels = labels_with((300, 200, 100))
+    writers = np.random.default_rng(2).integers(0, 40, size=len(labels))
+    ds = fake_dataset(labels, writers)
+    for seed in (0, 7):
+        # Execute
+        split = federated_split(ds, num_clients=8, alpha=0.5, imbalance_factor=0.1, seed=seed,
+                                scheme=scheme, min_size=1, eval_fraction=0.05,
+                                validation_fraction=0.1)
+        pool = client_pool(ds, imbalance_factor=0.1, seed=seed, eval_fraction=0.05,
+                           validation_fraction=0.1)
+        # Assert: the same samples, drawn by the same seeds
+        assert np.array_equal(np.sort(np.concatenate(split.client_idx)), np.sort(pool))
+
+
+def test_a_federation_too_large_for_the_pool_is_named_in_the_run_configs_words() -> None:
+    ds = fake_dataset(labels_with((400, 150)))
+    cfg = TaskConfig(imbalance_factor=0.0, min_partition_size=10, eval_fraction=0.01)
+    kept = len(client_pool(ds, imbalance_factor=0.0, seed=cfg.seed, eval_fraction=0.01))
+    # Execute / Assert: the most clients that fit pass, and split; one more fails, naming keys
+    check_clients_fit(ds, cfg, kept // 10)
+    federated_split(ds, num_clients=kept // 10, alpha=0.1, imbalance_factor=0.0,
+                    seed=cfg.seed, min_size=10)
+    with pytest.raises(ValueError, match=(
+            rf"clients' pool keeps {kept} of 550 .* too few for {kept // 10 + 1} clients of "
+            rf"min-partition-size=10: run at most {kept // 10} clients")):
+        check_clients_fit(ds, cfg, kept // 10 + 1)
+

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 
+from fedowen_strategy import replies
 from fedowen_strategy.replies import parse_replies, state_to_record
 
 REF = {"w": np.ones((2, 3), np.float32), "b": np.zeros(3, np.float32)}
@@ -116,3 +117,21 @@ def test_the_check_keeps_each_updates_norm_for_the_guards() -> None:
     # Assert: the norm the check measured rides along; none where nothing measured it
     assert measured.norm == pytest.approx(np.sqrt(6.0), rel=1e-7)
     assert unmeasured.norm is None
+
+
+def test_a_ray_wrapped_clientapp_error_is_recorded_as_its_own_message() -> None:
+    # Prepare: Ray's text of one exception on two actors (pids, ids, addresses differ)
+    def ray_text(pid: int, actor: str) -> str:
+        return ("<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::"
+                f"ClientAppActor.run()\x1b[39m (pid={pid}, ip=192.0.2.2, actor_id={actor}, "
+                "repr=<ClientAppActor object at 0x7fb0bf3c8c90>)\n  File \"app.py\", line 1\n"
+                "flwr.clientapp.client_app.ClientAppException: \nException ClientAppException "
+                "occurred. Message: too few samples: lower min_size'>")
+
+    # Execute
+    reasons = {replies.failure_reason(2, ray_text(p, a)) for p, a in ((1, "ab"), (2, "cd"))}
+    # Assert: one reason, the ClientApp's; other reasons keep their text
+    assert reasons == {"error 2: ClientApp raised: too few samples: lower min_size"}
+    assert replies.failure_reason(3, "out of memory") == "error 3: out of memory"
+    assert replies.failure_reason(0, None) == "error 0: "
+
