@@ -28,6 +28,7 @@ import tomli_w
 
 from fedowen_deploy.launcher import APP_DIR, BIN, flower_env, flwr_run, free_port
 from fedowen_deploy.procs import exit_on_signals, stop_tree
+from server_app.config import RunConfig
 
 MAKE_CERTS = APP_DIR / "scripts" / "make-certs.sh"
 
@@ -231,8 +232,12 @@ def _wait_listening(proc: ManagedProcess, port: int, timeout: float) -> None:
 
 def rehearse(work_dir: Path, num_nodes: int, run_config: dict[str, Any],
              stream_to: IO[str] | None = None) -> int:
-    """Certificates, SuperLink, ``num_nodes`` registered SuperNodes, one ``flwr run``."""
+    """Certificates, SuperLink, ``num_nodes`` registered SuperNodes, one ``flwr run``. Each
+    rehearsal starts the SuperLink from an empty state (an earlier one's registered keys
+    would refuse this one's registrations: "Public key already in use")."""
     certs = make_certs(work_dir / "certs", num_nodes)
+    for old in (work_dir / "flwr-home").glob("state.db*"):
+        old.unlink()
     with SecureSuperLink(work_dir / "flwr-home", certs) as link:
         keys = [certs / "supernodes" / f"site-{i}" for i in range(num_nodes)]
         link.register(*(k.with_suffix(".pub") for k in keys))
@@ -254,12 +259,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="run config override (TOML value), repeatable")
     args = parser.parse_args(argv)
-    run_config: dict[str, Any] = {}
-    for item in args.set:
-        key, _, raw = item.partition("=")
-        run_config.update(_toml_value(key.strip(), raw.strip()))
+    run_config = rehearsal_config(args.set, args.nodes)
     with exit_on_signals():  # SIGTERM/SIGINT: every process started is stopped on the way out
         return rehearse(args.work_dir.resolve(), args.nodes, run_config, stream_to=sys.stdout)
+
+
+def rehearsal_config(sets: list[str], num_nodes: int) -> dict[str, Any]:
+    """The run config of ``--set KEY=VALUE`` items. A rehearsal's nodes are all the
+    federation there is, so ``clients-per-round`` is at most their number unless set (the
+    default round of 10 would wait for nodes that never come)."""
+    run_config: dict[str, Any] = {}
+    for item in sets:
+        key, _, raw = item.partition("=")
+        run_config.update(_toml_value(key.strip(), raw.strip()))
+    run_config.setdefault("clients-per-round", min(num_nodes, RunConfig().clients_per_round))
+    return run_config
 
 
 def _toml_value(key: str, raw: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import yaml
 
 from fedowen_deploy.gateway import allowed
 from fedowen_deploy.launcher import APP_DIR, BIN, flower_env, flwr_run
-from fedowen_deploy.rehearsal import SecureSuperLink, make_certs, node_config
+from fedowen_deploy.rehearsal import SecureSuperLink, make_certs, node_config, rehearsal_config
 from server_app.store.records import read_rounds
 from tests.compose_federation import compose_command
 
@@ -338,3 +338,13 @@ def test_docker_compose_config_validates(path: Path) -> None:
     proc = subprocess.run([*compose_command(), *files, "config", "--quiet"],
                           cwd=DOCKER, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, f"{path.name} ({time.monotonic() - started:.0f}s): {proc.stderr}"
+
+
+def test_a_rehearsal_asks_no_more_clients_a_round_than_it_starts() -> None:
+    # the README's `--nodes 3 --set num-server-rounds=2` waited for 10 nodes and failed
+    assert rehearsal_config(["num-server-rounds=2"], 3) == {"num-server-rounds": 2,
+                                                            "clients-per-round": 3}
+    assert rehearsal_config([], 30)["clients-per-round"] == 10
+    assert rehearsal_config(["clients-per-round=2", "dataset=cifar10"], 3) == {
+        "clients-per-round": 2, "dataset": "cifar10"}
+
