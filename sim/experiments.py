@@ -73,6 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from fedowen_deploy.launcher import LocalSuperLink, flwr_run
     from fedowen_task.data import resolve_data_dir
+    from sim.fit import unfit_cells
     from sim.inline import inline_run
 
     preset, results = _load(args)
@@ -88,6 +89,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         runner = Runner(preset, results, data_dir, run_fn=flwr_run, link_factory=LocalSuperLink)
     cells = runner.selected_cells(args.grid, args.where)
+    if unfit := unfit_cells(cells, preset.num_supernodes, data_dir):
+        first = next(c for c in cells if c.cell_id in unfit)
+        raise SystemExit(f"[experiments] {preset.name}: {len(unfit)} of {len(cells)} cells "
+                         f"cannot split their data among num-supernodes = "
+                         f"{preset.num_supernodes}, e.g. {first.label() or first.cell_id}: "
+                         f"{unfit[first.cell_id]}. Fix the preset, or select other cells "
+                         "(--grid, --where); nothing ran.")
     print(f"[experiments] {preset.name}: {len(cells)} cells, {preset.num_supernodes} virtual "
           f"clients, backend {backend} (jobs {args.jobs}), results in {results}, data "
           f"{data_dir}", flush=True)

@@ -36,7 +36,7 @@ ROOMS = (*PRODUCT, *EXPERIMENTS)
 #: module here is harness or belongs in a study's folder under studies/.
 HARNESS = {
     "__init__", "archives", "carry", "cell_state", "cluster", "cluster_task", "compact",
-    "experiments", "experiments_args", "follow", "grid", "inline", "inline_grid", "ledger",
+    "experiments", "experiments_args", "fit", "follow", "grid", "inline", "inline_grid", "ledger",
     "local_cluster", "plots", "presets", "report", "results", "run", "runner", "sections", "stats",
 }
 #: The names the studies' modules had in sim/ before issue 61: no harness file names them again.

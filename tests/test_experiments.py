@@ -313,3 +313,26 @@ def test_real_flwr_run_preset_resumes_and_reports(tmp_path: Path, shared_data_di
     assert first["done"] == 1 and second["done"] == 1
     assert len(read_state(tmp_path / "res")[preset.cells()[0].cell_id]) == 1
     assert "Cells finished: 1 of 1" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_a_preset_whose_cells_cannot_split_their_data_stops_before_any_cell(
+        tmp_path: Path, shared_data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.experiments import main
+
+    # Prepare: BreastMNIST's 546 images for 100 clients of 10 at IF 0.01 (paper-full's setting),
+    # beside MNIST cells that fit
+    preset = tmp_path / "p.toml"
+    preset.write_text(
+        '[preset]\nname = "p"\nnum-supernodes = 100\nbackend = "inline"\n'
+        '[base]\nnum-server-rounds = 1\nvaluation = "none"\n'
+        '[[grid]]\nname = "g"\naxes = { seed = [0, 1], dataset = ["mnist", "medmnist"] }\n')
+    # Execute
+    with pytest.raises(SystemExit) as stop:
+        main(["run", str(preset), "--results", str(tmp_path / "res"), "--data-dir",
+              str(shared_data_dir)])
+    # Assert: the count, one cell's reason in the config's words, and no cell started
+    said = str(stop.value)
+    assert "2 of 4 cells cannot split their data among num-supernodes = 100" in said, said
+    assert "dataset=medmnist: the clients' pool keeps" in said and "nothing ran" in said
+    assert not (tmp_path / "res").exists() or not any(
+        p.is_dir() for p in (tmp_path / "res").iterdir())
