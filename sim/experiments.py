@@ -72,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fedowen_deploy.launcher import LocalSuperLink, flwr_run
-    from fedowen_task.data import resolve_data_dir
+    from fedowen_task.data import DatasetNotFoundError, resolve_data_dir
     from sim.fit import unfit_cells
     from sim.inline import inline_run
 
@@ -89,7 +89,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         runner = Runner(preset, results, data_dir, run_fn=flwr_run, link_factory=LocalSuperLink)
     cells = runner.selected_cells(args.grid, args.where)
-    if unfit := unfit_cells(cells, preset.num_supernodes, data_dir):
+    try:
+        unfit = unfit_cells(cells, preset.num_supernodes, data_dir)
+    except DatasetNotFoundError as err:
+        raise SystemExit(f"[experiments] {preset.name}: data-dir={data_dir}: {err}") from None
+    if unfit:
         first = next(c for c in cells if c.cell_id in unfit)
         raise SystemExit(f"[experiments] {preset.name}: {len(unfit)} of {len(cells)} cells "
                          f"cannot split their data among num-supernodes = "

@@ -336,3 +336,16 @@ def test_a_preset_whose_cells_cannot_split_their_data_stops_before_any_cell(
     assert "dataset=medmnist: the clients' pool keeps" in said and "nothing ran" in said
     assert not (tmp_path / "res").exists() or not any(
         p.is_dir() for p in (tmp_path / "res").iterdir())
+
+
+def test_a_preset_whose_data_is_missing_stops_before_any_cell_naming_the_folder(
+        tmp_path: Path) -> None:
+    from sim.experiments import main
+
+    preset = tmp_path / "p.toml"
+    preset.write_text('[preset]\nname = "p"\nnum-supernodes = 4\nbackend = "inline"\n'
+                      '[base]\nnum-server-rounds = 1\n[[grid]]\nname = "g"\n'
+                      'axes = { seed = [0], valuation = ["none"] }\n')
+    with pytest.raises(SystemExit, match=r"\[experiments\] p: data-dir=.*nowhere.*not found"):
+        main(["run", str(preset), "--results", str(tmp_path / "res"), "--data-dir",
+              str(tmp_path / "nowhere")])
