@@ -10,7 +10,8 @@ import pytest
 
 from sim.presets import load_preset
 from sim.results import CellResult
-from studies.backdoor.defaults_rule import attack_of, decide, defence_count, report, scored_rounds
+from studies.backdoor.defaults_rule import (attack_of, decide, defence_count, ranking, read,
+                                            report, scored_rounds)
 
 SETTINGS = (("mnist", 0.1), ("cifar10", 0.1))
 ATTACKS = ("square", "dba")
@@ -47,6 +48,19 @@ def test_of_the_arms_that_hold_the_cheapest_is_picked() -> None:
     chosen, readings = decide(table, ARMS, [0, 1, 2], [0, 1, 2, 3, 4])
     assert readings["a"].holds() and readings["a+b"].holds() and not readings["c"].holds()
     assert chosen == "a+b"  # -0.2 points beats -1.0, though it adds two defences
+
+
+def test_step_3_orders_every_arm_that_holds_and_the_report_names_the_order() -> None:
+    # Prepare: a+b cheapest, a next, c fails (ASR 50)
+    table = (rows("fedowen", 90.0, BASE) + rows("a", 3.0, shifted(-1.0))
+             + rows("a+b", 1.0, shifted(-0.2)) + rows("c", 50.0, shifted(0.0)))
+    readings = {a: read(table, a, [0, 1, 2], [0, 1, 2, 3, 4]) for a in ARMS}
+    # Execute
+    order = ranking(readings, ARMS, {a: defence_count(a) for a in ARMS})
+    text = report(table, ARMS, [0, 1, 2], [0, 1, 2, 3, 4], expected=len(table))
+    # Assert: the pick first, then the arm stage 2 falls back to; c is in no order
+    assert order == ["a+b", "a"]
+    assert "**Pick: a+b** (step 3's order, which stage 2 falls back along: a+b, a)" in text
 
 
 def test_a_tie_in_cost_goes_to_fewer_defences() -> None:

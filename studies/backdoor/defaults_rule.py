@@ -155,26 +155,34 @@ def read(rows: Sequence[Mapping[str, Any]], arm: str, attacked_seeds: Iterable[i
     return out
 
 
-def pick(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapping[str, int]
-         ) -> str | None:
-    """Step 3 over the arms (in listed order) other than the reference, among those read in
-    every (setting, attack) pair and every setting any arm was read in."""
+def ranking(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapping[str, int]
+            ) -> list[str]:
+    """Step 3's order over the arms (in listed order) other than the reference, among those
+    read in every (setting, attack) pair and every setting any arm was read in: the arms that
+    hold, by mean clean cost (ties to one decimal: fewer defences, then the first listed); none
+    holding, the arms meeting the cost that hold ASR and payout in more pairs than ``fedowen``,
+    by pairs held (ties: the smaller cost). Its first is the pick; stage 2 (step 4) falls back
+    along it."""
     pairs = max(len(r.asr) for r in readings.values())
     settings = max(len(r.cost) for r in readings.values())
-    complete = [a for a in arms if a != REFERENCE
-                and (len(readings[a].asr), len(readings[a].cost)) == (pairs, settings)]
-    candidates = complete  # an arm missing a pair or a setting cannot be read as holding it
+    candidates = [a for a in arms if a != REFERENCE  # an arm missing a pair or a setting
+                  and (len(readings[a].asr), len(readings[a].cost)) == (pairs, settings)]
     held = [a for a in candidates if readings[a].holds()]
     if held:
-        return min(held, key=lambda a: (-round(readings[a].mean_cost(), 1), defences[a],
-                                         arms.index(a)))
-    within = [a for a in candidates if readings[a].cost_ok()]
+        return sorted(held, key=lambda a: (-round(readings[a].mean_cost(), 1), defences[a],
+                                           arms.index(a)))
     floor = readings[REFERENCE].pairs_held() if REFERENCE in readings else 0
-    best = [a for a in within if readings[a].pairs_held() > floor]
-    if not best:
-        return None
-    return min(best, key=lambda a: (-readings[a].pairs_held(), -readings[a].mean_cost(),
-                                    arms.index(a)))
+    best = [a for a in candidates
+            if readings[a].cost_ok() and readings[a].pairs_held() > floor]
+    return sorted(best, key=lambda a: (-readings[a].pairs_held(), -readings[a].mean_cost(),
+                                       arms.index(a)))
+
+
+def pick(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapping[str, int]
+         ) -> str | None:
+    """Step 3: the first of :func:`ranking`, or None."""
+    order = ranking(readings, arms, defences)
+    return order[0] if order else None
 
 
 def defence_count(arm: str) -> int:
@@ -210,7 +218,9 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
         cells = [f"{readings[a].asr.get(key, math.nan):.1f} / "
                  f"{readings[a].payout.get(key, math.nan):.2f}" for a in arms]
         lines.append(f"| {key[0][0]} a{key[0][1]} | {key[1]} | " + " | ".join(cells) + " |")
-    lines += ["", f"**Pick: {chosen or 'none'}**", "", *machine_lines(rows), ""]
+    order = ranking(readings, arms, {a: defence_count(a) for a in arms})
+    lines += ["", f"**Pick: {chosen or 'none'}**" + (f" (step 3's order, which stage 2 falls "
+              f"back along: {', '.join(order)})" if order else ""), "", *machine_lines(rows), ""]
     for label, seeds, other in (("attacked", attacked_seeds, clean_seeds),
                                 ("clean", clean_seeds, attacked_seeds)):
         for out in seeds:
