@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from fedowen_deploy.launcher import APP_DIR
@@ -30,7 +31,7 @@ from sim.archives import archive_sources, keep_archive, restore_cells
 from sim.carry import carry_rows
 from sim.cell_state import cell_status, read_state
 from sim.experiments_args import build_parser
-from sim.grid import Preset, expand_grid
+from sim.grid import Cell, Preset, expand_grid
 from sim.presets import PresetError, load_preset, parse_preset
 from sim.results import drift_summary, sweep_drift
 from sim.runner import PRESET_FILE, Runner
@@ -72,8 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fedowen_deploy.launcher import LocalSuperLink, flwr_run
-    from fedowen_task.data import DatasetNotFoundError, resolve_data_dir
-    from sim.fit import unfit_cells
+    from fedowen_task.data import resolve_data_dir
     from sim.inline import inline_run
 
     preset, results = _load(args)
@@ -89,17 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         runner = Runner(preset, results, data_dir, run_fn=flwr_run, link_factory=LocalSuperLink)
     cells = runner.selected_cells(args.grid, args.where)
-    try:
-        unfit = unfit_cells(cells, preset.num_supernodes, data_dir)
-    except DatasetNotFoundError as err:
-        raise SystemExit(f"[experiments] {preset.name}: data-dir={data_dir}: {err}") from None
-    if unfit:
-        first = next(c for c in cells if c.cell_id in unfit)
-        raise SystemExit(f"[experiments] {preset.name}: {len(unfit)} of {len(cells)} cells "
-                         f"cannot split their data among num-supernodes = "
-                         f"{preset.num_supernodes}, e.g. {first.label() or first.cell_id}: "
-                         f"{unfit[first.cell_id]}. Fix the preset, or select other cells "
-                         "(--grid, --where); nothing ran.")
+    stop_unfit(preset, cells, data_dir)
     print(f"[experiments] {preset.name}: {len(cells)} cells, {preset.num_supernodes} virtual "
           f"clients, backend {backend} (jobs {args.jobs}), results in {results}, data "
           f"{data_dir}", flush=True)
@@ -112,6 +102,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"[experiments] {preset.name}: {counts}. Report: python -m sim.experiments report "
           f"{args.preset or '--results ' + str(results)}", flush=True)
     return 0 if counts["failed"] == 0 else 1
+
+
+def stop_unfit(preset: Preset, cells: Sequence[Cell], data_dir: Path,
+               here: bool = True) -> None:
+    """Stop before any cell runs when some cannot split their data (:func:`sim.fit.unfit_cells`)
+    or the data is missing; with ``here`` False (a cluster's driver, whose nodes hold the data)
+    missing data only says that the check is left to each cell."""
+    from fedowen_task.data import DatasetNotFoundError
+    from sim.fit import unfit_cells
+
+    try:
+        unfit = unfit_cells(cells, preset.num_supernodes, data_dir)
+    except DatasetNotFoundError as err:
+        if here:
+            raise SystemExit(f"[experiments] {preset.name}: data-dir={data_dir}: {err}"
+                             ) from None
+        print(f"[experiments] {preset.name}: data-dir={data_dir} is not on this machine "
+              f"({err}); each cell checks its split on its node", flush=True)
+        return
+    if unfit:
+        first = next(c for c in cells if c.cell_id in unfit)
+        raise SystemExit(f"[experiments] {preset.name}: {len(unfit)} of {len(cells)} cells "
+                         f"cannot split their data among num-supernodes = "
+                         f"{preset.num_supernodes}, e.g. {first.label() or first.cell_id}: "
+                         f"{unfit[first.cell_id]}. Fix the preset, or select other cells "
+                         "(--grid, --where); nothing ran.")
 
 
 def _restore(args: argparse.Namespace, preset: Preset, results: Path) -> None:
@@ -165,6 +181,7 @@ def cmd_run_on_cluster(args: argparse.Namespace) -> int:
         runner = Runner(preset, results, data_dir, run_fn=session.run_fn,
                         link_factory=nullcontext, jobs=jobs, follow_rounds=False)
         cells = runner.selected_cells(args.grid, args.where)
+        stop_unfit(preset, cells, data_dir, here=False)
         print(f"[experiments] {preset.name}: {len(cells)} cells, {preset.num_supernodes} "
               f"virtual clients, inline backend on the {session.describe()}; {jobs} in "
               f"flight; results in {results}, data {data_dir} (the same path on every node)",

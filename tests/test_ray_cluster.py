@@ -126,6 +126,25 @@ def test_a_sweep_on_the_cluster_matches_the_local_runner_cell_for_cell(
     assert "done on node" not in again.stdout
 
 
+def test_a_sweep_whose_cells_cannot_split_their_data_stops_before_any_task(
+        cluster: dict[str, Any], shared_data_dir: Path, tmp_path: Path) -> None:
+    # Prepare: BreastMNIST's 546 images cannot make 100 clients of 10 (the local run's check)
+    import tomli_w
+
+    preset = tmp_path / "unfit.toml"
+    preset.write_text(tomli_w.dumps({
+        "preset": {"name": "unfit", "num-supernodes": 100, "backend": "inline"},
+        "base": {"num-server-rounds": 1, "valuation": "none"},
+        "grid": [{"name": "g", "axes": {"seed": [0], "dataset": ["mnist", "medmnist"]}}]}))
+    # Execute
+    done = experiments(str(preset), "--results", str(tmp_path / "res"), "--ray-address",
+                       cluster["address"], "--data-dir", str(shared_data_dir))
+    # Assert: the count and the reason, as a local run says them, and no task ran
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "1 of 2 cells cannot split their data among num-supernodes = 100" in done.stderr
+    assert "nothing ran" in done.stderr and "done on node" not in done.stdout
+
+
 @pytest.mark.e2e
 def test_a_failing_cell_on_the_cluster_is_retried_once_then_marked_failed(
         cluster: dict[str, Any], tmp_path: Path) -> None:
