@@ -73,6 +73,22 @@ def test_a_wrong_list_is_one_problem_per_mistake_naming_the_value() -> None:
         table.build("norm-capp", fedowen=True)
 
 
+def test_auto_with_other_names_says_it_stands_alone_and_gives_the_list_meant() -> None:
+    # Execute
+    found = table.problems("auto alignins")
+    # Assert: one problem, with FedOwen's list and alignins among its screens, copyable
+    assert len(found) == 1 and "'auto' stands alone" in found[0]
+    meant = found[0].split('defences = "')[1].split('"')[0]
+    assert table.resolve(meant, fedowen=True) == (
+        "identity", "norm-ratio", "update-bound", "update-filter", "alignins", "norm-cap",
+        "statistics-cap", "value-cap", "links", "statistics-rule", "robust-lr",
+        "aggregate-noise")
+    # a misspelt name beside none is its own problem and stays out of the list meant
+    both = table.problems("none flamee")
+    assert len(both) == 2 and "'none' stands alone" in both[0] and "to add a defence" in both[0]
+    assert "'flamee' is not a defence (did you mean 'flame'?)" in both[1]
+
+
 def test_the_run_config_checks_the_key_and_hands_fedowen_its_list() -> None:
     # Execute
     cfg = parse_run_config({"defences": "norm-ratio links"})

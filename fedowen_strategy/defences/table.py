@@ -118,8 +118,10 @@ def problems(text: str, key: str = "defences") -> list[str]:
                 f"list) or to names of {', '.join(DEFENCES)} (an empty list: \"none\")"]
     if found == ["none"]:
         return []
-    bad = []
+    bad = [alone(word, found, key) for word in found if word in (AUTO, "none")][:1]
     for name in found:
+        if name in (AUTO, "none"):
+            continue
         if name not in DEFENCES:
             close = difflib.get_close_matches(name, [*DEFENCES, AUTO], n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -128,6 +130,18 @@ def problems(text: str, key: str = "defences") -> list[str]:
     bad += [f"{key}: {name!r} is listed twice; each defence acts once a round"
             for name in dict.fromkeys(n for n in found if found.count(n) > 1)]
     return bad
+
+
+def alone(word: str, found: Sequence[str], key: str = "defences") -> str:
+    """The problem of ``auto`` or ``none`` listed with other names: the list a user most likely
+    means, FedOwen's ``auto`` list with the other names as screens before ``norm-cap``."""
+    extra = [n for n in found if n in DEFENCES and n not in FEDOWEN_DEFENCES]
+    at = FEDOWEN_DEFENCES.index("norm-cap")
+    meant = [*FEDOWEN_DEFENCES[:at], *extra, *FEDOWEN_DEFENCES[at:]]
+    return (f"{key}: {word!r} stands alone (the strategy's own list, or no defence); to add "
+            f"{', '.join(map(repr, extra)) or 'a defence'} to FedOwen's, list every name, e.g. "
+            f"{key} = \"{' '.join(meant)}\" (around a Flower strategy its auto list is "
+            f"{' '.join(FLOWER_DEFENCES)}; docs/defences.md)")
 
 
 def resolve(text: str | Sequence[str], fedowen: bool) -> tuple[str, ...]:
