@@ -10,8 +10,15 @@ import pytest
 
 from sim.presets import load_preset
 from sim.results import CellResult
-from studies.backdoor.defaults_rule import (attack_of, decide, defence_count, ranking, read,
-                                            report, scored_rounds)
+from studies.backdoor.defaults_rule import (
+    attack_of,
+    decide,
+    defence_count,
+    ranking,
+    read,
+    report,
+    scored_rounds,
+)
 
 SETTINGS = (("mnist", 0.1), ("cifar10", 0.1))
 ATTACKS = ("square", "dba")
@@ -61,6 +68,23 @@ def test_step_3_orders_every_arm_that_holds_and_the_report_names_the_order() -> 
     # Assert: the pick first, then the arm stage 2 falls back to; c is in no order
     assert order == ["a+b", "a"]
     assert "**Pick: a+b** (step 3's order, which stage 2 falls back along: a+b, a)" in text
+
+
+def test_stage_2_without_clean_cells_holds_an_arm_on_asr_and_payout_alone() -> None:
+    # Prepare: stage 2's cells, attacked only: the pick holds every pair, or misses one
+    attacked = [r for r in rows("fedowen", 90.0, BASE) + rows("a", 3.0, BASE)
+                if r["attack"] != "clean"]
+    missed = [r for r in rows("fedowen", 90.0, BASE)
+              + rows("a", 3.0, BASE, worse=(("mnist", 0.1), "square", 7.0))
+              if r["attack"] != "clean"]
+    # Execute
+    held, readings = decide(attacked, ["fedowen", "a"], [0, 1, 2], [])
+    text = report(attacked, ["fedowen", "a"], [0, 1, 2], [], len(attacked), "stage-2")
+    # Assert
+    assert held == "a" and readings["a"].holds_attacks() and not readings["a"].cost_ok()
+    assert text.startswith("# stage-2: the rule's reading") and "No clean cells" in text
+    assert "| a | yes | 4 of 4 |" in text and "- without clean seed" not in text
+    assert decide(missed, ["fedowen", "a"], [0, 1, 2], [])[0] is None
 
 
 def test_a_tie_in_cost_goes_to_fewer_defences() -> None:

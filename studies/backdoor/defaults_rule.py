@@ -123,8 +123,12 @@ class Reading:
     def pairs_held(self) -> int:
         return sum(self.pair_ok(k) for k in self.asr)
 
+    def holds_attacks(self) -> bool:
+        """Step 2 (a) and (c) in every pair read (stage 2: the clean cost is stage 1's)."""
+        return bool(self.asr) and self.pairs_held() == len(self.asr)
+
     def holds(self) -> bool:
-        return self.cost_ok() and bool(self.asr) and self.pairs_held() == len(self.asr)
+        return self.cost_ok() and self.holds_attacks()
 
     def mean_cost(self) -> float:
         return float(np.mean([m for m, _ in self.cost.values()])) if self.cost else math.nan
@@ -155,18 +159,22 @@ def read(rows: Sequence[Mapping[str, Any]], arm: str, attacked_seeds: Iterable[i
     return out
 
 
-def ranking(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapping[str, int]
-            ) -> list[str]:
+def ranking(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapping[str, int],
+            with_cost: bool = True) -> list[str]:
     """Step 3's order over the arms (in listed order) other than the reference, among those
     read in every (setting, attack) pair and every setting any arm was read in: the arms that
     hold, by mean clean cost (ties to one decimal: fewer defences, then the first listed); none
     holding, the arms meeting the cost that hold ASR and payout in more pairs than ``fedowen``,
     by pairs held (ties: the smaller cost). Its first is the pick; stage 2 (step 4) falls back
-    along it."""
+    along it. Without ``with_cost`` (stage 2's cells, none clean) an arm holds on step 2 (a)
+    and (c) alone, ties going to fewer defences."""
     pairs = max(len(r.asr) for r in readings.values())
     settings = max(len(r.cost) for r in readings.values())
     candidates = [a for a in arms if a != REFERENCE  # an arm missing a pair or a setting
                   and (len(readings[a].asr), len(readings[a].cost)) == (pairs, settings)]
+    if not with_cost:
+        return sorted([a for a in candidates if readings[a].holds_attacks()],
+                      key=lambda a: (defences[a], arms.index(a)))
     held = [a for a in candidates if readings[a].holds()]
     if held:
         return sorted(held, key=lambda a: (-round(readings[a].mean_cost(), 1), defences[a],
@@ -178,10 +186,10 @@ def ranking(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapp
                                        arms.index(a)))
 
 
-def pick(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapping[str, int]
-         ) -> str | None:
+def pick(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapping[str, int],
+         with_cost: bool = True) -> str | None:
     """Step 3: the first of :func:`ranking`, or None."""
-    order = ranking(readings, arms, defences)
+    order = ranking(readings, arms, defences, with_cost)
     return order[0] if order else None
 
 
@@ -194,21 +202,31 @@ def decide(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
            clean_seeds: Sequence[int]) -> tuple[str | None, dict[str, Reading]]:
     """The pick and every arm's reading."""
     readings = {a: read(rows, a, attacked_seeds, clean_seeds) for a in arms}
-    return pick(readings, arms, {a: defence_count(a) for a in arms}), readings
+    return pick(readings, arms, {a: defence_count(a) for a in arms}, has_clean(rows)), readings
+
+
+def has_clean(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the cells include clean ones (stage 2's have none: its rule reads step 2 (a)
+    and (c) only)."""
+    return any(r["attack"] == "clean" for r in rows)
 
 
 def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seeds: Sequence[int],
-           clean_seeds: Sequence[int], expected: int) -> str:
+           clean_seeds: Sequence[int], expected: int, name: str = "backdoor-defaults-dev") -> str:
     """decision.md's text."""
     chosen, readings = decide(rows, arms, attacked_seeds, clean_seeds)
-    lines = [f"# backdoor-defaults-dev: the rule's reading ({len(rows)} of {expected} cells "
-             "scored)", "",
+    clean = has_clean(rows)
+    lines = [f"# {name}: the rule's reading ({len(rows)} of {expected} cells "
+             "scored)", "", *([] if clean else [
+                 "No clean cells (stage 2): an arm holds on step 2 (a) and (c) alone; its clean "
+                 "cost is stage 1's.", ""]),
              "| arm | holds | (setting, attack) pairs held | clean cost, mean over settings "
              "| worst clean cost's lower end |", "|---|---|---:|---:|---:|"]
     for a in arms:
         rd = readings[a]
         worst = min((lo for _, lo in rd.cost.values()), default=math.nan)
-        lines.append(f"| {a} | {'yes' if rd.holds() else 'no'} | {rd.pairs_held()} of "
+        held = rd.holds() if clean else rd.holds_attacks()
+        lines.append(f"| {a} | {'yes' if held else 'no'} | {rd.pairs_held()} of "
                      f"{len(rd.asr)} | {rd.mean_cost():+.2f} | {worst:+.2f} |")
     pairs = sorted({k for rd in readings.values() for k in rd.asr})
     lines += ["", "Mean ASR (%) over seeds / payout ratio, per setting and attack:", "",
@@ -218,7 +236,7 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
         cells = [f"{readings[a].asr.get(key, math.nan):.1f} / "
                  f"{readings[a].payout.get(key, math.nan):.2f}" for a in arms]
         lines.append(f"| {key[0][0]} a{key[0][1]} | {key[1]} | " + " | ".join(cells) + " |")
-    order = ranking(readings, arms, {a: defence_count(a) for a in arms})
+    order = ranking(readings, arms, {a: defence_count(a) for a in arms}, clean)
     lines += ["", f"**Pick: {chosen or 'none'}**" + (f" (step 3's order, which stage 2 falls "
               f"back along: {', '.join(order)})" if order else ""), "", *machine_lines(rows), ""]
     for label, seeds, other in (("attacked", attacked_seeds, clean_seeds),
@@ -271,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for row in sorted(rows, key=lambda x: (x["grid"], x["dataset"], x["alpha"], x["arm"],
                                                x["seed"])):
             fh.write(",".join(str(row[k]) for k in fields) + "\n")
-    text = report(rows, arms, attacked, clean, len(results))
+    text = report(rows, arms, attacked, clean, len(results), preset.name)
     (args.out / "decision.md").write_text(text)
     print(text)
 
