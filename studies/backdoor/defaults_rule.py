@@ -20,8 +20,9 @@ otherwise none.
     python -m studies.backdoor.defaults_rule conf/backdoor-defaults-dev.toml --results RESULTS \\
         --out DIR
 
-writes ``cells.csv.gz`` (one row a scored cell) and ``decision.md`` (the tables, the pick, and
-the pick with each attacked and each clean seed left out).
+writes ``cells.csv.gz`` (one row a scored cell), ``decision.md`` (the tables, the pick, and
+the pick with each attacked and each clean seed left out) and the per-round curves with their
+rows (:mod:`studies.backdoor.curves`: ``rounds.csv.gz``, ``rounds.png``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from sim.presets import load_preset
 from sim.results import LAST_K, CellResult, load_results
 from sim.stats import paired_interval
 from studies.adversarial.adversary_stats import ledger_stats
+from studies.backdoor.curves import write_curves
 
 REFERENCE = "fedowen"
 ASR_BAR, COST_BAR, PAYOUT_BAR = 5.0, -2.0, 1.0
@@ -291,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             fh.write(",".join(str(row[k]) for k in fields) + "\n")
     text = report(rows, arms, attacked, clean, len(results), preset.name)
     (args.out / "decision.md").write_text(text)
+    write_curves(results, arms, args.out, attack_of)
     print(text)
 
 
