@@ -7,7 +7,9 @@
   rows (``run --carry``) get their records;
 - the full archive (:data:`ARCHIVED`: every finished cell's ``rounds.jsonl``, summary, config,
   code record and carried rows) as ``cells-partNN.tar.xz``, each a tar of whole cells and at
-  most :data:`sim.compact.PART_LIMIT` bytes, so no tracked file is over 1 MB. xz, not gzip:
+  most :data:`sim.compact.PART_LIMIT` bytes, so no tracked file is over 1 MB; the cells its
+  parts already held come first, in their order (:func:`kept_first`), so archiving a sweep
+  again rewrites only its last part and adds new ones. xz, not gzip:
   one part holds a few MB of JSON lines and xz's larger window makes it about 30% smaller. The
   parts of a report under ``docs/results/<preset>`` go to ``archives/<preset>/`` at the
   repository's root (docs/ stays small enough to read and to send); elsewhere they lie beside
@@ -162,6 +164,24 @@ def write_parts(cells: list[list[Entry]], folder: Path, limit: int | None = None
     return paths
 
 
+def kept_first(cells: list[list[Entry]], folder: Path) -> list[list[Entry]]:
+    """The cells with those the parts in ``folder`` already hold first, in the parts' order,
+    then the rest as given: an archive of more cells rewrites only the last part it had and
+    adds parts, so git keeps one copy of the earlier ones (a sweep that finishes cells out of
+    the preset's order, seed by seed, would otherwise reshuffle every part each time)."""
+    held: dict[str, int] = {}
+    for part in sorted(folder.glob("cells-part*.tar.xz"), key=_part_number):
+        with tarfile.open(part, "r:xz") as tar:
+            for m in tar.getmembers():
+                held.setdefault(m.name.partition("/")[0], len(held))
+    old = sorted((c for c in cells if _cell_of(c) in held), key=lambda c: held[_cell_of(c)])
+    return old + [c for c in cells if _cell_of(c) not in held]
+
+
+def _cell_of(entries: list[Entry]) -> str:
+    return entries[0][0].name.partition("/")[0]
+
+
 def write_manifest(out: Path, preset: str, parts: list[Path], cells: list[dict[str, Any]],
                    rebuild: str, **extra: Any) -> Path:
     """``out/cells-manifest.json``: the parts (path from ``out``, SHA-256, bytes, cells), each
@@ -192,7 +212,8 @@ def keep_archive(preset: Preset, results: Path, out: Path, source: str | None = 
     ``source``: the preset file, for the manifest's rebuild command (default
     ``conf/<preset name>.toml``)."""
     archive_cells(preset, results, out / RECORDS, names=RECORDED)
-    parts = write_parts(cell_entries(preset, results), folder or parts_folder(out))
+    folder = folder or parts_folder(out)
+    parts = write_parts(kept_first(cell_entries(preset, results), folder), folder)
     (out / ARCHIVE).unlink(missing_ok=True)
     cells = []
     for cell in preset.cells():

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.archives import Entry, archive_sources, write_parts
+from sim.archives import Entry, archive_sources, kept_first, write_parts
 
 
 def cells(n: int, rounds: int, seed: int = 0) -> list[list[Entry]]:
@@ -61,3 +61,24 @@ def test_a_cell_larger_than_a_part_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"cell000: one cell is \d+ bytes compressed, over the "
                                          r"part limit 2000"):
         write_parts(cells(1, 40), tmp_path, limit=2000)
+
+
+def test_archiving_more_cells_keeps_every_part_but_the_last_byte_for_byte(tmp_path: Path
+                                                                          ) -> None:
+    # Prepare: 30 of 60 cells archived, every other one (a sweep finishing seed by seed)
+    data = cells(60, 40)
+    limit = 30_000
+    first = write_parts(kept_first(data[::2], tmp_path), tmp_path, limit=limit)
+    before = [p.read_bytes() for p in first]
+    # Execute: all 60 in the preset's order
+    ordered = kept_first(data, tmp_path)
+    after = write_parts(ordered, tmp_path, limit=limit)
+    # Assert: the archived cells first in their order, then the rest; every earlier part but
+    # the last the same bytes, and every cell once
+    names = [c[0][0].name for c in ordered]
+    assert names[:30] == [c[0][0].name for c in data[::2]]
+    assert names[30:] == [c[0][0].name for c in data[1::2]]
+    assert len(first) >= 3 and len(after) > len(first)
+    assert [p.read_bytes() for p in after[:len(first) - 1]] == before[:-1]
+    assert sorted(n for part in members(after) for n in part) == sorted(
+        c[0][0].name for c in data)
