@@ -57,7 +57,7 @@ def test_write_curves_writes_what_it_draws_beside_the_png(results, tmp_path: Pat
     with open_csv(tmp_path / "curves.csv.gz") as fh:
         lines = fh.read().splitlines()
     assert lines[0] == ",".join(FIELDS) and len(lines) == 1 + 12
-    assert "mnist,0.1,square,alignins-2,asr,2,12.0000,3" in lines
-    assert "mnist,0.1,clean,fedowen,val,1,82.0000,5" in lines
+    assert "mnist,0.1,square,alignins-2,asr,2,12.00,3" in lines
+    assert "mnist,0.1,clean,fedowen,val,1,82.00,5" in lines
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert write_curves({}, ["fedowen"], tmp_path / "none", attack_of) == []

@@ -87,8 +87,9 @@ def plot(curves: Mapping[str, Curves], arms: Sequence[str], path: Path) -> Path:
             for k, arm in enumerate(arms):
                 if (setting, attack, arm) in panel:
                     x, y, _ = panel[(setting, attack, arm)]
-                    ax.plot(x, y, color=colours(k % 10), lw=1.2, label=arm)
-            ax.set_ylim(0, 100)
+                    ax.plot(x, y, color=colours(k % 10), lw=1.0, label=arm, antialiased=False)
+            if attack != "clean":  # validation keeps its own range: the cost is points
+                ax.set_ylim(0, 100)
             ax.grid(alpha=0.3)
             if i == 0:
                 ax.set_title("clean: val %" if attack == "clean" else f"{attack}: ASR %",
@@ -118,6 +119,6 @@ def write_curves(results: Mapping[str, CellResult], arms: Sequence[str], out: Pa
         for metric, by_key in curves.items():
             for ((dataset, alpha), attack, arm), (x, y, n) in by_key.items():
                 for k, mean, seeds in zip(x, y, n, strict=True):
-                    fh.write(f"{dataset},{alpha},{attack},{arm},{metric},{k},{mean:.4f},"
+                    fh.write(f"{dataset},{alpha},{attack},{arm},{metric},{k},{mean:.2f},"
                              f"{seeds}\n")
     return [out / "curves.csv.gz", plot(curves, arms, out / "curves.png")]
