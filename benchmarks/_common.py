@@ -8,6 +8,7 @@ so a number can be read against the machine and the background load it was taken
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import platform
@@ -81,14 +82,30 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 def write_outputs(payload: dict[str, Any], table: str, out_json: str | None,
                   out_md: str | None) -> None:
-    """Print ``table`` and write the JSON payload and markdown rows where asked."""
+    """Print ``table`` and write the JSON payload (gzip-compressed when ``out_json`` ends in
+    ``.gz``: :func:`write_json`) and markdown rows where asked."""
     print(table, flush=True)
     if out_json:
-        Path(out_json).parent.mkdir(parents=True, exist_ok=True)
-        Path(out_json).write_text(json.dumps(payload, indent=2) + "\n")
+        write_json(Path(out_json), payload)
     if out_md:
         Path(out_md).parent.mkdir(parents=True, exist_ok=True)
         Path(out_md).write_text(table)
+
+
+def write_json(path: Path, payload: Any, indent: int = 2) -> Path:
+    """``payload`` as JSON at ``path``, gzip-compressed (no name or time in its header: the
+    same payload gives the same bytes) when ``path`` ends in ``.gz``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = (json.dumps(payload, indent=indent) + "\n").encode()
+    path.write_bytes(gzip.compress(text, compresslevel=9, mtime=0) if path.suffix == ".gz"
+                     else text)
+    return path
+
+
+def read_json(path: Path) -> Any:
+    """What :func:`write_json` wrote (gzip-compressed when ``path`` ends in ``.gz``)."""
+    data = path.read_bytes()
+    return json.loads(gzip.decompress(data) if path.suffix == ".gz" else data)
 
 
 def _proc_table() -> dict[int, tuple[int, str, int]]:

@@ -17,7 +17,8 @@ backward pass over the time of one coalition evaluation (``meta.seconds_first_or
 meta.seconds_per_eval``), reported beside the table.
 
     PYTHONPATH=. python benchmarks/bench_ranking_battery.py \
-        --out-json docs/benchmarks/ranking_battery.json --out-md docs/benchmarks/ranking_battery.md
+        --out-json docs/benchmarks/ranking_battery.json.gz \
+        --out-md docs/benchmarks/ranking_battery.md
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ valuation's seconds and share of each round. A failed run is a result too: its s
 last lines of the run's and the SuperLink's logs go into the JSON. Example::
 
     PYTHONPATH=. python benchmarks/bench_scale.py \
-        --out-json docs/benchmarks/scale.json --out-md docs/benchmarks/scale.md
+        --out-json docs/benchmarks/scale.json.gz --out-md docs/benchmarks/scale.md
 """
 
 from __future__ import annotations

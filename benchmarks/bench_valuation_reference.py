@@ -9,13 +9,12 @@ cell's lowest MSE. The summary counts, per method, the cells within 1.2x of the 
 and the worst ratio. Writes Markdown (``--out``) and JSON (``--out-json``)::
 
     PYTHONPATH=. python benchmarks/bench_valuation_reference.py --seeds 50 \\
-        --out docs/valuation-reference.md --out-json docs/benchmarks/valuation_reference.json
+        --out docs/valuation-reference.md --out-json docs/benchmarks/valuation_reference.json.gz
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks._common import read_json, write_json
 from fedowen_strategy.valuation import estimate
 from fedowen_strategy.valuation.games import TableGame, interaction_game, reference_games
 
@@ -132,7 +132,7 @@ def main() -> None:
     script = "PYTHONPATH=. python benchmarks/bench_valuation_reference.py "
     command = script + " ".join(sys.argv[1:])
     if args.from_json:
-        saved = json.loads(args.from_json.read_text())
+        saved = read_json(args.from_json)
         rows, args.seeds = with_ratios(saved["rows"]), saved["seeds"]
         script = "PYTHONPATH=. python benchmarks/bench_valuation_reference.py "
         command = script + f"--seeds {args.seeds}"
@@ -144,8 +144,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(text)
     if args.out_json:
-        args.out_json.parent.mkdir(parents=True, exist_ok=True)
-        args.out_json.write_text(json.dumps({"seeds": args.seeds, "rows": rows}, indent=1) + "\n")
+        write_json(args.out_json, {"seeds": args.seeds, "rows": rows}, indent=1)
 
 
 if __name__ == "__main__":
