@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Self, TypeVar
 
-from fedowen_task.adversary.keys import AdversaryConfig, Trigger
+from fedowen_task.adversary.keys import KNOWS, AdversaryConfig, Trigger
 from fedowen_task.declare import (
     ABSOLUTE_PATH,
     above,
@@ -122,6 +122,9 @@ class _AdversaryKeys:
     adversary_neurotoxin_top: float = key(
         0.05, "neurotoxin: the share of coordinates it leaves alone (the largest of the last "
         "global change)", rule=within(0, 1, closed="[)", note=" (0: none, a plain backdoor)"))
+    adversary_knows: str = key(
+        "bounds", "what adaptive-backdoor shapes its update to pass: bounds (the norm bound "
+        "and the honest cone) | defences (also the run's defence list, simulated on the round)")
 
     def adversary_problems(self) -> list[str]:
         """The backdoor trigger's problems (:class:`Trigger` owns them; the other keys' rules
@@ -131,7 +134,7 @@ class _AdversaryKeys:
                           self.adversary_trigger_position, self.adversary_target,
                           self.adversary_poison_fraction, self.adversary_dba_parts,
                           self.adversary_dba_gap)
-        return trigger.problems()
+        return trigger.problems() + one_of("adversary-knows", self.adversary_knows, KNOWS)
 
 
 # Bases list their fields last base first: the data keys, then the adversary-* keys

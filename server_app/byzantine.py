@@ -13,8 +13,11 @@ This module is the attacks' eyes and hands, not the attacks: it decodes the roun
 replies into flat updates ``d_i = trained_i - global`` (floating arrays only, in the model's
 float type: :mod:`fedowen_strategy.updates`), shows them to the row's ``server`` function as a
 :class:`~fedowen_task.adversary.server.RoundView` together with the defence's bound
-(:func:`attacker_bound`: FedOwen's own :func:`fedowen_strategy.defences.guards.bound_in_force`, so
-``max-norm-ratio``, ``update-bound`` and ``norm-cap`` as the guards apply them), adds
+(:func:`server_app.attacker_view.attacker_bound`: FedOwen's own
+:func:`fedowen_strategy.defences.guards.bound_in_force`, so ``max-norm-ratio``,
+``update-bound`` and ``norm-cap`` as the guards apply them) and, for an attacker that knows
+the defence list, what its screen steps would keep (:func:`server_app.attacker_view.
+screens_admit`), adds
 ``adversary-jitter`` (:func:`~fedowen_task.adversary.server.jittered`, seeded by (seed,
 round, client id)) and encodes the result. Honest statistics come from the round's replies
 of non-adversarial clients that carry no error. Integer arrays (counters) come from the
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -38,10 +41,8 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
-from fedowen_strategy.defences.bounds import lower_median
 from fedowen_strategy.defences.guard_settings import Defence
-from fedowen_strategy.defences.guards import Median, bound_in_force
-from fedowen_strategy.replies import client_id_of, record_to_state, state_to_record
+from fedowen_strategy.replies import ClientUpdate, client_id_of, record_to_state, state_to_record
 from fedowen_strategy.updates import (
     State,
     apply_delta,
@@ -51,40 +52,14 @@ from fedowen_strategy.updates import (
     vector_norm,
 )
 from fedowen_task.adversary.attacks import attack_of, server_side
-from fedowen_task.adversary.server import MARGIN, RoundView, jittered, median_faced
+from fedowen_task.adversary.server import RoundView, jittered
 from fedowen_task.protocol import NUM_EXAMPLES_FIELD
+from server_app.attacker_view import attacker_bound as attacker_bound  # where tests read it
+from server_app.attacker_view import screens_admit
 from server_app.config import RunConfig
 
 log = logging.getLogger(__name__)
 AttackHook = Callable[[int, dict[str, Any]], None]
-
-
-def attacker_bound(defence: Defence | None, norms: Sequence[float], examples: Sequence[int],
-                   own_examples: int, global_norm: float, server_norm: float | None = None,
-                   others: Sequence[float] | None = None, attackers: int = 0) -> float | None:
-    """The largest norm an update of ``own_examples`` examples may have and pass the run's
-    defences unchanged, as an omniscient attacker knows them: FedOwen's own
-    :func:`fedowen_strategy.defences.guards.bound_in_force` under the strategy's ``defence`` (its
-    guards and resolved norm cap: :attr:`server_app.strategies.ServerStrategy.defence`), read from
-    the round's honest update ``norms`` and ``examples`` (the attackers' honest ones
-    included), the global model's norm and, for ``norm-cap = "server"``, ``server_norm``, the
-    norm of the round's server step (without it, the median is the attacker's estimate).
-    Given the honest ``others`` and the number of ``attackers`` sending at the bound, the
-    median the cap reads is the one their own updates leave (:func:`median_faced`), not the
-    median of every honest update, which a multiple above 1 puts below what the server will
-    let through. None without a defence (a strategy without FedOwen's guards: FLTrust
-    rescales every update to the server's norm whatever was sent).
-    """
-    if defence is None:
-        return None
-    guards, norm_cap = defence
-    median: Median = lower_median
-    if others is not None and attackers > 0:
-        def median(_: Sequence[float]) -> float | None:
-            return median_faced(others, attackers, MARGIN * guards.norm_cap_multiple)
-    return bound_in_force(guards, norm_cap, norms=norms, examples=examples,
-                          own_examples=own_examples, global_norm=global_norm,
-                          server_norm=server_norm, median=median)
 
 
 @dataclass(frozen=True)
@@ -191,7 +166,9 @@ class ByzantineGrid(Grid):
         width = bad[0].delta.size
         view = RoundView(_stack([r.delta for r in honest], width),
                          _stack([r.delta for r in bad], width), len(rows),
-                         [r.examples for r in bad], self._bound(rows, honest, bad, server_round))
+                         [r.examples for r in bad], self._bound(rows, honest, bad, server_round),
+                         self._admits(honest, bad, server_round)
+                         if self.adversary.knows == "defences" else None)
         deltas, params = self.attack(view, self.adversary)
         if self.adversary.jitter > 0:
             deltas = jittered(deltas, self.adversary.jitter, self.adversary.seed, server_round,
@@ -230,6 +207,19 @@ class ByzantineGrid(Grid):
             return attacker_bound(self.defence, own_examples=own_examples, attackers=len(bad),
                                   **facts())
         return bound
+
+    def _admits(self, honest: list[_Reply], bad: list[_Reply], server_round: int
+                ) -> Callable[[NDArray], list[bool]]:
+        """:func:`~server_app.attacker_view.screens_admit` for the round's attackers."""
+        def update(r: _Reply, state: State) -> ClientUpdate:
+            return ClientUpdate(r.message.metadata.src_node_id, r.client_id, dict(state),
+                                r.examples, 0.0)
+        global_state = bad[0].global_state
+        keys = update_keys(global_state)
+        return screens_admit(
+            self.cfg, self.defence, global_state, [update(r, r.state) for r in honest],
+            lambda deltas: [update(r, apply_delta(global_state, d, keys, others=r.state))
+                            for r, d in zip(bad, deltas, strict=True)], server_round)
 
     def _server_norm(self, global_state: State, server_round: int) -> float | None:
         """The norm of the round's server step, the reference of ``norm-cap = "server"``

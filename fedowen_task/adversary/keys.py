@@ -19,6 +19,9 @@ import numpy as np
 #: pattern (Xie et al., ICLR 2020), which the ``dba`` attackers plant one bar each.
 TRIGGER_SHAPES = ("square", "plus", "bars")
 TRIGGER_POSITIONS = ("bottom-right", "top-left", "center")
+#: What ``adaptive-backdoor`` shapes its update to pass (``adversary-knows``): the norm bound
+#: in force and the honest cone, or also every screen step of the run's defence list.
+KNOWS = ("bounds", "defences")
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class AdversaryConfig:
     dba_parts: int
     dba_gap: int
     neurotoxin_top: float
+    knows: str
     seed: int
 
     @classmethod

@@ -23,7 +23,11 @@ and backend. Over the flat float64 updates ``d_i = trained_i - global`` (floatin
   directions whose cosine with the round's honest mean is at least the median honest
   client's (:func:`cone_projection`, only when it is below; the value game then reads it as
   aligned as a typical honest update), and its norm at ``0.99 x`` the bound in force, as
-  ``adaptive`` (the norm cap clips nothing, so the average takes it whole).
+  ``adaptive`` (the norm cap clips nothing, so the average takes it whole). With
+  ``adversary-knows = "defences"`` it also knows the run's defence list: where the list's
+  screen steps, simulated on the round, would reject an attacker, every attacker's update is
+  mixed with the honest update nearest it as little as lets all of them through
+  (:func:`evade`; the peers' filters, AlignIns, FLAME and MultiMetrics, are such steps).
 
 Honest statistics come from the round's honest replies; with fewer than 2 of them the
 attackers use their own honest updates instead (Baruch et al.'s non-omniscient variant).
@@ -47,6 +51,8 @@ from fedowen_task.adversary.keys import AdversaryConfig
 
 #: The adaptive attacker's margin under the bound (floating-point slack in the server's check).
 MARGIN = 0.99
+#: :func:`evade`'s bisection halvings (t to 1/256).
+EVADE_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,9 @@ class RoundView:
     attackers' own honest ones; ``replies`` the round's usable train replies (``n``);
     ``own_examples`` each attacker's ``num-examples``; ``bound(examples)`` the largest norm an
     attacker's update of that many examples may have and pass the defence unchanged, as the
-    round's attackers face it (None: no bound in force).
+    round's attackers face it (None: no bound in force); ``admits(sent)``, for the ``(m, d)``
+    updates the attackers would send, whether the run's screen steps would keep each (None:
+    not simulated).
     """
 
     honest: NDArray
@@ -65,6 +73,7 @@ class RoundView:
     replies: int
     own_examples: Sequence[int]
     bound: Callable[[int], float | None]
+    admits: Callable[[NDArray], Sequence[bool]] | None = None
 
 
 #: The updates the ``m`` attackers send (``(m, d)``) and the attack's parameters (recorded).
@@ -214,10 +223,48 @@ def adaptive_backdoor(view: RoundView, cfg: AdversaryConfig) -> tuple[NDArray, d
                for row, b in zip(shaped, bounds, strict=True)]
     sent = shaped * np.asarray(factors)[:, None]
     params.update(bounds=bounds, factors=factors)
+    if cfg.knows == "defences" and view.admits is not None and view.honest.shape[0] >= 1:
+        sent, evaded = evade(sent, view.honest, view.admits)
+        params.update(evaded)
     if len(sent) >= 2:  # how close the attackers came to each other (link-cosine links them)
         params["attackers_max_cosine"] = max(cosine(sent[i], sent[j]) for i in range(len(sent))
                                              for j in range(i + 1, len(sent)))
     return sent, params
+
+
+def evade(sent: NDArray, honest: NDArray, admits: Callable[[NDArray], Sequence[bool]],
+          steps: int = EVADE_STEPS) -> tuple[NDArray, dict[str, Any]]:
+    """``sent`` mixed with honest updates as little as lets ``admits`` keep as many rows as it
+    can: row ``i`` becomes ``(1 - t) h_i + t sent_i``, ``h_i`` the honest update nearest it in
+    direction (largest cosine); ``t = 1`` (``sent`` as it is) when every row is admitted, else
+    the largest ``t`` in [2^-steps, 1] that a bisection of ``steps`` halvings finds with as
+    many rows admitted as at ``2^-steps``, the most honest-looking it can be without copying an
+    honest client, which the links would catch (none admitted even there: sent there).
+    Recorded: ``evade_t``, ``admitted`` (per row, at that ``t``) and ``evade_checks``."""
+    rows = _rows(honest)
+    unit = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-300)
+    nearest = rows[np.argmax(sent @ unit.T, axis=1)]
+
+    def at(t: float) -> NDArray:
+        return (1.0 - t) * nearest + t * sent
+
+    checks, low, high = 1, 2.0 ** -steps, 1.0
+    kept = list(admits(sent))
+    if all(kept):
+        return sent, {"evade_t": 1.0, "admitted": kept, "evade_checks": checks}
+    kept = list(admits(at(low)))
+    checks += 1
+    need = sum(kept)  # as many as get through when mixed the most (a filter that always
+    if need:          # rejects a share, as MultiMetrics', may not let all of them through)
+        for _ in range(steps):
+            mid = (low + high) / 2
+            found = list(admits(at(mid)))
+            checks += 1
+            if sum(found) >= need:
+                low, kept = mid, found
+            else:
+                high = mid
+    return at(low), {"evade_t": low, "admitted": kept, "evade_checks": checks}
 
 
 def _on_honest_cone(view: RoundView) -> tuple[NDArray, dict[str, Any]]:
