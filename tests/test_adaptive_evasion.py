@@ -98,7 +98,7 @@ def test_adversary_knows_is_checked() -> None:
         parse_run_config({"adversary-knows": "all"})
 
 
-@pytest.mark.parametrize("defence", ["alignins", "multi-metrics"])
+@pytest.mark.parametrize("defence", ["alignins", "multi-metrics", "flame"])
 def test_through_the_real_apps_the_simulated_screens_predict_the_strategys_decision(
         defence: str, shared_data_dir: Path, tmp_path: Path) -> None:
     # Prepare: 2 of 5 clients attack, all drawn, 2 rounds, a peer's filter in the defaults' list

@@ -93,8 +93,13 @@ def test_fresh_seeds_run_the_app_defaults_beside_the_pinned_reference(
     out = tmp_path / "fresh.toml"
     out.write_text(tomli_w.dumps(made))
     cells = load_preset(out).cells()
-    # Assert: attacked at stage 1's 20% on 70-72, clean on 70-74; adopted pins no key
-    assert len(cells) == 2 * (75 + 25)
+    # Assert: attacked at stage 1's 20% on 70-72, clean on 70-74, and the adaptive attack again
+    # knowing the defence list; adopted pins no key
+    assert len(cells) == 2 * (75 + 25 + 15)
+    knows = [c for c in cells if c.grid.startswith("adaptive-knows-")]
+    assert len(knows) == 30 and {c.run_config["adversary-knows"] for c in knows} == {"defences"}
+    assert {c.run_config.get("adversary-knows", "bounds") for c in cells if c not in knows} == {
+        "bounds"}
     assert {c.config.seed for c in cells if c.config.adversary_fraction == 0.2} == {70, 71, 72}
     assert {c.config.seed for c in cells if c.config.adversary_fraction == 0} == set(range(70, 75))
     assert made["variants"]["adopted"] == {}

@@ -16,7 +16,8 @@ A pick that fails there gives way to the next arm of step 3's order (decision.md
 key pinned: the app's defaults at the commit the cells run at, which must resolve to the pick's
 keys: checked here, naming each key that does not) and ``fedowen`` (stage 2's pinned copy of
 stage 1's defaults, the reference) in stage 1's attacks at its fraction and clean, on seeds no
-preset under conf/ names. ::
+preset under conf/ names, and its adaptive attack again knowing the defence list
+(``adaptive-knows``: :func:`knowing`). ::
 
     python -m studies.backdoor.next_stage fresh conf/backdoor-defaults-dev.toml \\
         --stage2 conf/backdoor-defaults-dev-10.toml --arm PICK --seeds 70 71 72 \\
@@ -168,6 +169,23 @@ def fresh(raw: Raw, raw2: Raw, arm: str, seeds: Sequence[int], clean_seeds: Sequ
         hit = attacked(grid, raw["base"])
         grid["axes"] = {**grid["axes"], "seed": list(seeds if hit else clean_seeds),
                         "variant": [REFERENCE, "adopted"]}
+    out["grid"] += knowing(out["grid"])
+    return out
+
+
+def knowing(grids: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each ``adaptive-backdoor`` grid again as ``adaptive-knows-*``, its attacker knowing the
+    run's defence list (``adversary-knows = "defences"``: docs/arena.md), which stage 1's
+    ``adaptive`` did not (it knows the defaults' bounds): reported beside the rule's attacks."""
+    out = []
+    for grid in grids:
+        if grid.get("set", {}).get("adversary-kind") == "adaptive-backdoor":
+            again = copy.deepcopy(dict(grid))
+            again["name"] = grid["name"].replace("adaptive-", "adaptive-knows-", 1)
+            again["set"] = {**grid["set"], "adversary-knows": "defences"}
+            again["description"] = ("its attacker knows the run's defence list; "
+                                    + grid.get("description", ""))
+            out.append(again)
     return out
 
 
