@@ -87,6 +87,21 @@ def test_stage_2_without_clean_cells_holds_an_arm_on_asr_and_payout_alone() -> N
     assert decide(missed, ["fedowen", "a"], [0, 1, 2], [])[0] is None
 
 
+def test_the_report_names_attacked_cells_whose_model_the_attack_broke() -> None:
+    # Prepare: arm a holds on ASR, but one attacked cell's model is at chance (ASR 0)
+    table = rows("fedowen", 90.0, BASE) + rows("a", 3.0, shifted(-0.5))
+    for r in table:
+        r["val"] = r["val"] if r["attack"] == "clean" else 90.0
+    broken = next(r for r in table if r["arm"] == "a" and r["attack"] == "dba")
+    broken.update(val=9.8, asr=0.0)
+    # Execute
+    text = report(table, ["fedowen", "a"], [0, 1, 2], [0, 1, 2, 3, 4], expected=len(table))
+    # Assert: named, with its clean reference; the rule's pick is not changed by it
+    assert "under their arm's clean mean (reported, not deciding): 1:" in text
+    assert "- a mnist a0.1 dba seed 0: 9.8 against 90.5 clean (ASR 0.0)" in text
+    assert "**Pick: a**" in text
+
+
 def test_a_tie_in_cost_goes_to_fewer_defences() -> None:
     table = (rows("fedowen", 90.0, BASE) + rows("a", 3.0, shifted(-0.52))
              + rows("a+b", 1.0, shifted(-0.48)))

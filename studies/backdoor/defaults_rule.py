@@ -240,7 +240,8 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
         lines.append(f"| {key[0][0]} a{key[0][1]} | {key[1]} | " + " | ".join(cells) + " |")
     order = ranking(readings, arms, {a: defence_count(a) for a in arms}, clean)
     lines += ["", f"**Pick: {chosen or 'none'}**" + (f" (step 3's order, which stage 2 falls "
-              f"back along: {', '.join(order)})" if order else ""), "", *machine_lines(rows), ""]
+              f"back along: {', '.join(order)})" if order else ""), "", *degraded_lines(rows),
+              *machine_lines(rows), ""]
     for label, seeds, other in (("attacked", attacked_seeds, clean_seeds),
                                 ("clean", clean_seeds, attacked_seeds)):
         for out in seeds:
@@ -249,6 +250,31 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
                    else decide(rows, arms, other, keep))[0]
             lines.append(f"- without {label} seed {out}: {loo or 'none'}")
     return "\n".join(lines) + "\n"
+
+
+#: An attacked cell this many validation points under its arm's clean mean in its setting is
+#: named as degraded (reported, not deciding: a model the attack broke can read as held).
+DEGRADED_POINTS = 10.0
+
+
+def degraded_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The attacked cells whose validation accuracy is :data:`DEGRADED_POINTS` or more under
+    the mean of their arm's clean cells in their setting: an attack that broke the model (at
+    chance, its ASR may read 0) is named here, beside the rule, which reads ASR."""
+    clean: dict[tuple[str, float, str], list[float]] = defaultdict(list)
+    for r in rows:
+        if r["attack"] == "clean":
+            clean[(r["dataset"], float(r["alpha"]), r["arm"])].append(float(r["val"]))
+    low = []
+    for r in rows:
+        ref = clean.get((r["dataset"], float(r["alpha"]), r["arm"]))
+        if r["attack"] != "clean" and ref and float(r["val"]) <= np.mean(ref) - DEGRADED_POINTS:
+            low.append(f"{r['arm']} {r['dataset']} a{r['alpha']} {r['attack']} seed "
+                       f"{r['seed']}: {float(r['val']):.1f} against {np.mean(ref):.1f} clean "
+                       f"(ASR {float(r['asr']):.1f})")
+    head = (f"Attacked cells {DEGRADED_POINTS:g} or more validation points under their arm's "
+            f"clean mean (reported, not deciding): {len(low)}" + (":" if low else "."))
+    return [head, *(f"- {line}" for line in low), ""]
 
 
 def machine_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
