@@ -26,8 +26,8 @@ and backend. Over the flat float64 updates ``d_i = trained_i - global`` (floatin
   ``adaptive`` (the norm cap clips nothing, so the average takes it whole). With
   ``adversary-knows = "defences"`` it also knows the run's defence list: where the list's
   screen steps, simulated on the round, would reject an attacker, every attacker's update is
-  mixed with the honest update nearest it as little as lets all of them through
-  (:func:`evade`; the peers' filters, AlignIns, FLAME and MultiMetrics, are such steps).
+  mixed with the honest update nearest it as little as lets as many of them through as can
+  pass (:func:`evade`; the peers' filters, AlignIns, FLAME and MultiMetrics, are such steps).
 
 Honest statistics come from the round's honest replies; with fewer than 2 of them the
 attackers use their own honest updates instead (Baruch et al.'s non-omniscient variant).
