@@ -117,6 +117,7 @@ ONE_MISTAKE = {
     "indicator-lr": 0.0, "indicator-mu": -0.1, "indicator-ood": "mnist",
     "indicator-samples": 63,
     "adversary-dba-parts": 0, "adversary-dba-gap": -1, "adversary-neurotoxin-top": 1.0,
+    "adversary-knows": "everything",
     "fltrust-root-size": -1,
     "fltrust-root-epochs": 0, "fltrust-server-lr": 0.0, "foolsgold-kappa": 0.0, "device": 1,
     "torch-threads": -1, "valuation-workers": -1,

@@ -41,15 +41,15 @@ CONFIRM_GRID = "confirm"
 #: learns nothing stops; a cell that finished learned the same at any value).
 _PER_RUN = ("seed", "output_dir", "data_dir", "resume_from", "max_stalled_rounds")
 #: Keys issue 72 added (DBA, Neurotoxin; AlignIns, MultiMetrics, FLAME, BackdoorIndicator; the
-#: exclusion after a resolved negative contribution), at their defaults: both protocols predate
-#: them.
+#: exclusion after a resolved negative contribution; what the adaptive backdoor knows), at their
+#: defaults: both protocols predate them.
 ISSUE72_KEYS: dict[str, Any] = {
     "adversary_dba_parts": 4, "adversary_dba_gap": 2, "adversary_neurotoxin_top": 0.05,
     "alignins_sparsity": 0.3, "alignins_lambda_s": 1.0, "alignins_lambda_c": 1.0,
     "multi_metrics_keep": 0.3, "flame_lambda": 0.001, "indicator_threshold": 0.95,
     "indicator_epochs": 200, "indicator_lr": 0.005, "indicator_mu": 0.4,
     "indicator_ood": "auto", "indicator_samples": 800, "exclusion_level": 0.0,
-    "exclusion_min_rounds": 2}
+    "exclusion_min_rounds": 2, "adversary_knows": "bounds"}
 #: Keys the app gained after the protocol commit (839845a), with the value that runs as the
 #: code did before them: a config without them (a cell's config.json written then, or a
 #: preset that leaves them to the defaults, which have changed since) ran at that value, and
