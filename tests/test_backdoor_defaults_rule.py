@@ -12,6 +12,7 @@ from sim.presets import load_preset
 from sim.results import CellResult
 from studies.backdoor.defaults_rule import (
     attack_of,
+    cell_row,
     decide,
     defence_count,
     ranking,
@@ -179,3 +180,37 @@ def test_the_report_names_clean_pairs_run_on_cpus_of_other_kernels() -> None:
     # Assert
     assert "AVX2 [avx2 fma avx]: 1; AVX512 [avx512f avx2 fma avx]: 43." in text
     assert "other kernel flags: 1 of 10 [('mnist', 0.1, 3, 'a')]." in text
+
+
+def test_the_report_shows_each_settings_clean_cost_interval_and_the_reported_numbers() -> None:
+    # Prepare: arm a costs 1 point (+-0.1 jitter) everywhere; its attackers weigh half an honest
+    table = rows("fedowen", 90.0, BASE) + rows("a", 3.0, shifted(-1.0))
+    for r in table:
+        r.update(test=r["val"] - 1.0, seconds=2.0 if r["arm"] == "a" else 1.0,
+                 honest_rejected=0.5 if r["arm"] == "a" else 0.0,
+                 weight_ratio=0.5 if r["attack"] != "clean" else math.nan)
+    # Execute
+    text = report(table, ["fedowen", "a"], [0, 1, 2], [0, 1, 2, 3, 4], expected=len(table))
+    # Assert: step 1's interval per setting (fedowen's column is its mean) ...
+    assert "| mnist a0.1 | 91.00 | -1.02 [-1.16, -0.88] |" in text
+    # ... and the reported row: test cost, weight ratio, rejections clean / attacked, seconds
+    assert "| a | -1.02 | 0.50 | 0.50 / 0.50 | 2.00 |" in text
+    assert "| fedowen | - | 0.50 | 0.00 / 0.00 | 1.00 |" in text
+
+
+def test_a_cells_row_counts_honest_rejections_and_the_attackers_weight(cell) -> None:
+    # Prepare: the cell's attackers (20% of 100) and two honest ids
+    cfg = cell.config
+    adv = sorted(cfg.adversary().client_ids(100), key=int)
+    honest = [str(c) for c in range(100) if str(c) not in adv][:2]
+    recs = [{"round": 0}] + [
+        {"round": k, "returned": [adv[0], *honest], "rejected": {honest[0]: "norm", adv[1]: "x"},
+         "weights": {adv[0]: 0.1, honest[1]: 0.3}, "val_accuracy": 0.9, "test_accuracy": 0.8,
+         "attack_success": 0.02, "round_seconds": 1.5}
+        for k in range(1, cfg.num_server_rounds + 1)]
+    # Execute
+    row = cell_row(CellResult(cell, recs), 100)
+    # Assert
+    assert row is not None and row["attack"] != "clean"
+    assert row["honest_rejected"] == 1.0 and row["weight_ratio"] == pytest.approx(1 / 3)
+    assert row["test"] == pytest.approx(80.0) and row["seconds"] == 1.5

@@ -21,8 +21,11 @@ otherwise none.
         --out DIR
 
 writes ``cells.csv.gz`` (one row a scored cell), ``decision.md`` (the tables, the pick, and
-the pick with each attacked and each clean seed left out) and the per-round curves with their
-rows (:mod:`studies.backdoor.curves`: ``rounds.csv.gz``, ``rounds.png``).
+the pick with each attacked and each clean seed left out; beside them, reported and not
+deciding, each setting's clean cost with its interval, the clean test cost, the attackers' weight
+over an honest client's, honest updates rejected a round and seconds a round) and each arm's ASR
+per round with the rows drawn (:mod:`studies.backdoor.curves`: ``curves.png``,
+``curves.csv.gz``).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from sim.compact import open_csv
 from sim.presets import load_preset
 from sim.results import LAST_K, CellResult, load_results
 from sim.stats import paired_interval
-from studies.adversarial.adversary_stats import ledger_stats
+from studies.adversarial.adversary_stats import cell_adversaries, ledger_stats
+from studies.adversarial.attack_costs import weight_ratio
 from studies.backdoor.curves import write_curves
 
 REFERENCE = "fedowen"
@@ -92,18 +96,37 @@ def cell_row(result: CellResult, num_partitions: int, results: Path | None = Non
     cfg = result.cell.config
     attack = "clean" if cfg.adversary_fraction == 0 else attack_of(result.cell.grid)
     val = [100 * r["val_accuracy"] for r in train if r.get("val_accuracy") is not None]
+    test = [100 * r["test_accuracy"] for r in train if r.get("test_accuracy") is not None]
+    adv = cell_adversaries(result, num_partitions)
     row: dict[str, Any] = {
         "grid": result.cell.grid, "dataset": cfg.dataset, "alpha": cfg.alpha,
         "arm": str(result.cell.point.get("variant")), "seed": cfg.seed, "attack": attack,
         "val": float(np.mean(val[-LAST_K:])), "asr": math.nan, "payout_ratio": math.nan,
         "stalled": not result.finished, "cell": result.cell.cell_id,
-        "kernels": cell_kernels(results, result.cell.cell_id)}
+        "kernels": cell_kernels(results, result.cell.cell_id),
+        "test": float(np.mean(test[-LAST_K:])) if test else math.nan,
+        "weight_ratio": math.nan, "honest_rejected": honest_rejected(result.rounds, adv),
+        "seconds": mean_of(result.rounds, "round_seconds")}
     if attack != "clean":
         asr = [100 * r["attack_success"] for r in train if r.get("attack_success") is not None]
         row["asr"] = float(max(asr[-LAST_K:])) if asr else math.nan
         row["payout_ratio"] = ledger_stats(result, num_partitions).get("ledger_payout_ratio",
                                                                        math.nan)
+        row["weight_ratio"] = weight_ratio(result, adv)
     return row
+
+
+def honest_rejected(rounds: Sequence[Mapping[str, Any]], adversaries: frozenset[str]) -> float:
+    """Honest updates rejected a training round, on average (reported, not deciding)."""
+    counts = [sum(str(c) not in adversaries for c in (r.get("rejected") or {}))
+              for r in rounds if r.get("round", 0) > 0]
+    return float(np.mean(counts)) if counts else math.nan
+
+
+def mean_of(rounds: Sequence[Mapping[str, Any]], key: str) -> float:
+    """The mean of a per-round number over the training rounds that record it."""
+    xs = [float(r[key]) for r in rounds if r.get("round", 0) > 0 and r.get(key) is not None]
+    return float(np.mean(xs)) if xs else math.nan
 
 
 @dataclass
@@ -238,6 +261,7 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
         cells = [f"{readings[a].asr.get(key, math.nan):.1f} / "
                  f"{readings[a].payout.get(key, math.nan):.2f}" for a in arms]
         lines.append(f"| {key[0][0]} a{key[0][1]} | {key[1]} | " + " | ".join(cells) + " |")
+    lines += [*(cost_lines(rows, arms, clean_seeds) if clean else []), *reported_lines(rows, arms)]
     order = ranking(readings, arms, {a: defence_count(a) for a in arms}, clean)
     lines += ["", f"**Pick: {chosen or 'none'}**" + (f" (step 3's order, which stage 2 falls "
               f"back along: {', '.join(order)})" if order else ""), "", *degraded_lines(rows),
@@ -250,6 +274,69 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
                    else decide(rows, arms, other, keep))[0]
             lines.append(f"- without {label} seed {out}: {loo or 'none'}")
     return "\n".join(lines) + "\n"
+
+
+def cost_lines(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], clean_seeds: Sequence[int],
+               key: str = "val") -> list[str]:
+    """Each arm's clean cost in each setting, paired by clean seed against ``fedowen``: its mean
+    and 95% interval (step 1's numbers; ``fedowen``'s column: its own mean)."""
+    vals: dict[tuple[str, Setting], dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        if r["attack"] == "clean" and r["seed"] in set(clean_seeds):
+            vals[(r["arm"], (r["dataset"], float(r["alpha"])))][r["seed"]] = float(r[key])
+    settings = sorted({s for _, s in vals})
+    what = "validation" if key == "val" else "test"
+    out = ["", f"Clean cost ({what} points against {REFERENCE}, paired by clean seed; mean "
+           f"[95% interval]; {REFERENCE}: its mean):", "",
+           "| setting | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
+    for setting in settings:
+        ref = vals.get((REFERENCE, setting), {})
+        cells = []
+        for a in arms:
+            mine = vals.get((a, setting), {})
+            if a == REFERENCE:
+                cells.append(f"{np.mean(list(ref.values())):.2f}" if ref else "")
+            elif mine and ref:
+                iv = paired_interval(mine, ref)
+                cells.append(f"{iv.mean:+.2f} [{iv.lo:+.2f}, {iv.hi:+.2f}]")
+            else:
+                cells.append("")
+        out.append(f"| {setting[0]} a{setting[1]} | " + " | ".join(cells) + " |")
+    return out
+
+
+def shown(x: float, spec: str) -> str:
+    """``x`` formatted, or a dash where there is nothing to show (NaN)."""
+    return format(x, spec) if math.isfinite(x) else "-"
+
+
+def reported_lines(rows: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> list[str]:
+    """The preset's reported, not deciding numbers, per arm: the clean test cost (mean over the
+    settings of the paired mean), the attackers' weight over an honest client's, honest updates
+    rejected a round (clean and attacked cells) and seconds a round."""
+    def mean(xs: Iterable[Any]) -> float:
+        kept = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+        return float(np.mean(kept)) if kept else math.nan
+
+    test: dict[tuple[str, Setting], dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        if r["attack"] == "clean" and "test" in r:
+            test[(r["arm"], (r["dataset"], float(r["alpha"])))][int(r["seed"])] = float(r["test"])
+    out = ["", "Reported, not deciding (means over the arm's cells):", "",
+           "| arm | clean test cost | attackers' weight / honest | honest rejected a round, "
+           "clean / attacked | seconds a round |", "|---|---:|---:|---:|---:|"]
+    for a in arms:
+        mine = [r for r in rows if r["arm"] == a]
+        clean = [r for r in mine if r["attack"] == "clean"]
+        hit = [r for r in mine if r["attack"] != "clean"]
+        costs = [paired_interval(v, test[(REFERENCE, s)]).mean for (who, s), v in test.items()
+                 if who == a and a != REFERENCE and test.get((REFERENCE, s))]
+        out.append(f"| {a} | {shown(mean(costs), '+.2f')} "
+                   f"| {shown(mean(r.get('weight_ratio') for r in hit), '.2f')} "
+                   f"| {shown(mean(r.get('honest_rejected') for r in clean), '.2f')} / "
+                   f"{shown(mean(r.get('honest_rejected') for r in hit), '.2f')} "
+                   f"| {shown(mean(r.get('seconds') for r in mine), '.2f')} |")
+    return out
 
 
 #: An attacked cell this many validation points under its arm's clean mean in its setting is
