@@ -214,3 +214,21 @@ def test_a_cells_row_counts_honest_rejections_and_the_attackers_weight(cell) -> 
     assert row is not None and row["attack"] != "clean"
     assert row["honest_rejected"] == 1.0 and row["weight_ratio"] == pytest.approx(1 / 3)
     assert row["test"] == pytest.approx(80.0) and row["seconds"] == 1.5
+
+
+def test_stage_2_of_a_fallback_pick_asks_more_pairs_than_the_defaults_not_every_pair() -> None:
+    # Prepare: stage 2's cells; the pick misses one pair of four, fedowen holds none
+    missed = [r for r in rows("fedowen", 90.0, BASE)
+              + rows("a", 3.0, BASE, worse=(("mnist", 0.1), "square", 7.0))
+              if r["attack"] != "clean"]
+    arms = ["fedowen", "a"]
+    # Execute
+    strict = decide(missed, arms, [0, 1, 2], [])[0]
+    again = decide(missed, arms, [0, 1, 2], [], fallback=True)[0]
+    text = report(missed, arms, [0, 1, 2], [], len(missed), "stage-2", fallback=True)
+    # Assert: a pick stage 1 made by step 2 fails; one it made by step 3's fallback passes
+    assert strict is None and again == "a"
+    assert "more pairs than fedowen (0)" in text and "**Pick: a**" in text
+    everywhere = [r for r in rows("fedowen", 3.0, BASE) + rows("a", 7.0, BASE)
+                  if r["attack"] != "clean"]  # fedowen holds all four, a none
+    assert decide(everywhere, arms, [0, 1, 2], [], fallback=True)[0] is None

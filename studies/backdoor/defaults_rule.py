@@ -51,6 +51,12 @@ from studies.adversarial.attack_costs import weight_ratio
 from studies.backdoor.curves import write_curves
 
 REFERENCE = "fedowen"
+#: How stage 1 picked its arm, and so what stage 2 (step 4, "step 2 (a) and (c) read again")
+#: asks of it at 10% attackers: ``held``, every pair held; ``fallback`` (no arm held step 2
+#: and the pick held the most pairs, step 3's second branch), more pairs held than
+#: ``fedowen``. Written 2026-12-06, before any score of stage 1 was read: the preset's step 4
+#: does not say what a fallback pick must do at stage 2, and this reads it as step 3 again.
+STAGE_2 = ("held", "fallback")
 ASR_BAR, COST_BAR, PAYOUT_BAR = 5.0, -2.0, 1.0
 MODEL_SUFFIXES = ("-lenet", "-cifar10")
 
@@ -185,26 +191,33 @@ def read(rows: Sequence[Mapping[str, Any]], arm: str, attacked_seeds: Iterable[i
 
 
 def ranking(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapping[str, int],
-            with_cost: bool = True) -> list[str]:
+            with_cost: bool = True, fallback: bool = False) -> list[str]:
     """Step 3's order over the arms (in listed order) other than the reference, among those
     read in every (setting, attack) pair and every setting any arm was read in: the arms that
     hold, by mean clean cost (ties to one decimal: fewer defences, then the first listed); none
     holding, the arms meeting the cost that hold ASR and payout in more pairs than ``fedowen``,
     by pairs held (ties: the smaller cost). Its first is the pick; stage 2 (step 4) falls back
     along it. Without ``with_cost`` (stage 2's cells, none clean) an arm holds on step 2 (a)
-    and (c) alone, ties going to fewer defences."""
+    and (c) alone, ties going to fewer defences; with ``fallback`` too (stage 1's pick held no
+    step 2 and came from step 3's second branch), none holding, the arms that hold ASR and
+    payout in more pairs than ``fedowen`` follow, by pairs held: step 3's fallback read again
+    at stage 2's fraction (:data:`STAGE_2`)."""
     pairs = max(len(r.asr) for r in readings.values())
     settings = max(len(r.cost) for r in readings.values())
     candidates = [a for a in arms if a != REFERENCE  # an arm missing a pair or a setting
                   and (len(readings[a].asr), len(readings[a].cost)) == (pairs, settings)]
+    floor = readings[REFERENCE].pairs_held() if REFERENCE in readings else 0
     if not with_cost:
-        return sorted([a for a in candidates if readings[a].holds_attacks()],
+        held = sorted([a for a in candidates if readings[a].holds_attacks()],
                       key=lambda a: (defences[a], arms.index(a)))
+        if held or not fallback:
+            return held
+        return sorted([a for a in candidates if readings[a].pairs_held() > floor],
+                      key=lambda a: (-readings[a].pairs_held(), defences[a], arms.index(a)))
     held = [a for a in candidates if readings[a].holds()]
     if held:
         return sorted(held, key=lambda a: (-round(readings[a].mean_cost(), 1), defences[a],
                                            arms.index(a)))
-    floor = readings[REFERENCE].pairs_held() if REFERENCE in readings else 0
     best = [a for a in candidates
             if readings[a].cost_ok() and readings[a].pairs_held() > floor]
     return sorted(best, key=lambda a: (-readings[a].pairs_held(), -readings[a].mean_cost(),
@@ -212,9 +225,9 @@ def ranking(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapp
 
 
 def pick(readings: Mapping[str, Reading], arms: Sequence[str], defences: Mapping[str, int],
-         with_cost: bool = True) -> str | None:
+         with_cost: bool = True, fallback: bool = False) -> str | None:
     """Step 3: the first of :func:`ranking`, or None."""
-    order = ranking(readings, arms, defences, with_cost)
+    order = ranking(readings, arms, defences, with_cost, fallback)
     return order[0] if order else None
 
 
@@ -224,10 +237,12 @@ def defence_count(arm: str) -> int:
 
 
 def decide(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seeds: Sequence[int],
-           clean_seeds: Sequence[int]) -> tuple[str | None, dict[str, Reading]]:
-    """The pick and every arm's reading."""
+           clean_seeds: Sequence[int], fallback: bool = False
+           ) -> tuple[str | None, dict[str, Reading]]:
+    """The pick and every arm's reading (``fallback``: :func:`ranking`'s, for stage 2)."""
     readings = {a: read(rows, a, attacked_seeds, clean_seeds) for a in arms}
-    return pick(readings, arms, {a: defence_count(a) for a in arms}, has_clean(rows)), readings
+    return pick(readings, arms, {a: defence_count(a) for a in arms}, has_clean(rows),
+                fallback), readings
 
 
 def has_clean(rows: Sequence[Mapping[str, Any]]) -> bool:
@@ -237,14 +252,18 @@ def has_clean(rows: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seeds: Sequence[int],
-           clean_seeds: Sequence[int], expected: int, name: str = "backdoor-defaults-dev") -> str:
-    """decision.md's text."""
-    chosen, readings = decide(rows, arms, attacked_seeds, clean_seeds)
+           clean_seeds: Sequence[int], expected: int, name: str = "backdoor-defaults-dev",
+           fallback: bool = False) -> str:
+    """decision.md's text (``fallback``: stage 2 of a pick from step 3's fallback)."""
+    chosen, readings = decide(rows, arms, attacked_seeds, clean_seeds, fallback)
     clean = has_clean(rows)
+    floor = readings[REFERENCE].pairs_held() if REFERENCE in readings else 0
     lines = [f"# {name}: the rule's reading ({len(rows)} of {expected} cells "
              "scored)", "", *([] if clean else [
                  "No clean cells (stage 2): an arm holds on step 2 (a) and (c) alone; its clean "
-                 "cost is stage 1's.", ""]),
+                 "cost is stage 1's." + (f" Stage 1's pick came from step 3's fallback (no arm "
+                 f"held), so it passes here, holding none, when it holds more pairs than "
+                 f"{REFERENCE} ({floor})." if fallback else ""), ""]),
              "| arm | holds | (setting, attack) pairs held | clean cost, mean over settings "
              "| worst clean cost's lower end |", "|---|---|---:|---:|---:|"]
     for a in arms:
@@ -262,7 +281,7 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
                  f"{readings[a].payout.get(key, math.nan):.2f}" for a in arms]
         lines.append(f"| {key[0][0]} a{key[0][1]} | {key[1]} | " + " | ".join(cells) + " |")
     lines += [*(cost_lines(rows, arms, clean_seeds) if clean else []), *reported_lines(rows, arms)]
-    order = ranking(readings, arms, {a: defence_count(a) for a in arms}, clean)
+    order = ranking(readings, arms, {a: defence_count(a) for a in arms}, clean, fallback)
     lines += ["", f"**Pick: {chosen or 'none'}**" + (f" (step 3's order, which stage 2 falls "
               f"back along: {', '.join(order)})" if order else ""), "", *degraded_lines(rows),
               *machine_lines(rows), ""]
@@ -270,8 +289,8 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
                                 ("clean", clean_seeds, attacked_seeds)):
         for out in seeds:
             keep = [s for s in seeds if s != out]
-            loo = (decide(rows, arms, keep, other) if label == "attacked"
-                   else decide(rows, arms, other, keep))[0]
+            loo = (decide(rows, arms, keep, other, fallback) if label == "attacked"
+                   else decide(rows, arms, other, keep, fallback))[0]
             lines.append(f"- without {label} seed {out}: {loo or 'none'}")
     return "\n".join(lines) + "\n"
 
@@ -386,6 +405,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("preset", type=Path)
     p.add_argument("--results", type=Path, required=True, help="the preset's results folder")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--stage-1", choices=STAGE_2, default="held",
+                   help="stage 2's reading (no clean cells): how stage 1's decision.md picked "
+                   "the arm, 'held' (it held step 2) or 'fallback' (none held: step 3's "
+                   "second branch); the check read again at stage 2's fraction")
     args = p.parse_args(argv)
     preset = load_preset(args.preset)
     results = load_results(preset, args.results)
@@ -404,7 +427,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         for row in sorted(rows, key=lambda x: (x["grid"], x["dataset"], x["alpha"], x["arm"],
                                                x["seed"])):
             fh.write(",".join(str(row[k]) for k in fields) + "\n")
-    text = report(rows, arms, attacked, clean, len(results), preset.name)
+    text = report(rows, arms, attacked, clean, len(results), preset.name,
+                  fallback=args.stage_1 == "fallback")
     (args.out / "decision.md").write_text(text)
     write_curves(results, arms, args.out, attack_of)
     print(text)

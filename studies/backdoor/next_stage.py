@@ -23,7 +23,9 @@ preset under conf/ names, and its adaptive attack again knowing the defence list
         --stage2 conf/backdoor-defaults-dev-10.toml --arm PICK --seeds 70 71 72 \\
         --clean-seeds 70 71 72 73 74 --out conf/backdoor-defaults-fresh.toml
 
-Both read the same way as stage 1 (``python -m studies.backdoor.defaults_rule``).
+Both read the same way as stage 1 (``python -m studies.backdoor.defaults_rule``); stage 2 of a
+pick that stage 1's decision.md shows as not holding (step 3's fallback) with ``--stage-1
+fallback``.
 """
 
 from __future__ import annotations
