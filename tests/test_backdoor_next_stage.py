@@ -54,6 +54,14 @@ def test_stage_2_is_stage_1s_attacks_at_10_percent_for_the_pick_and_the_pinned_d
     picked = next(c for c in cells if c.point["variant"] == PICK)
     assert picked.run_config["aggregation"] == "softmax-spread"
     assert "written by python -m studies.backdoor.next_stage" in stage2_file.read_text()
+    assert "--out DIR --stage-1 held" in stage2_file.read_text()  # how to read it
+
+
+def test_stage_2_of_a_fallback_pick_says_how_it_is_read(tmp_path: Path) -> None:
+    out = tmp_path / "stage2.toml"
+    assert main(["stage2", str(STAGE1), "--arm", PICK, "--out", str(out),
+                 "--stage-1", "fallback"]) == 0
+    assert "--out DIR --stage-1 fallback" in out.read_text()
 
 
 def test_stage_2_refuses_the_reference_and_an_unknown_arm() -> None:

@@ -43,7 +43,7 @@ import tomli_w
 from fedowen_strategy.defences.table import resolve
 from fedowen_strategy.round.contribution import resolve_auto
 from server_app.keys import defaults
-from studies.backdoor.defaults_rule import REFERENCE
+from studies.backdoor.defaults_rule import REFERENCE, STAGE_2
 
 Raw = dict[str, Any]
 
@@ -210,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stage2", type=Path, help="fresh: stage 2's preset (its pinned fedowen)")
     p.add_argument("--seeds", type=int, nargs="+", help="fresh: the attacked cells' seeds")
     p.add_argument("--clean-seeds", type=int, nargs="+", help="fresh: the clean cells' seeds")
+    p.add_argument("--stage-1", choices=STAGE_2, default="held",
+                   help="stage2: how stage 1 picked the arm (decision.md: 'held', or 'fallback' "
+                   "where its holds column says no); written into the read command")
     args = p.parse_args(argv)
     raw = load(args.preset)
     if args.stage == "stage2":
@@ -217,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               [f"Stage 2 of {args.preset} (its rule, step 4): {args.arm}, the pick, and fedowen "
                "(the defaults, pinned),", f"at {100 * args.fraction:g}% attackers; read with "
                f"python -m studies.backdoor.defaults_rule {args.out} --results RESULTS --out DIR "
-               "(step 2 (a) and (c); the clean cost is stage 1's)."])
+               f"--stage-1 {args.stage_1}", "(step 2 (a) and (c); the clean cost is stage 1's)."])
         return 0
     if args.stage2 is None or not args.seeds or not args.clean_seeds:
         p.error("fresh needs --stage2, --seeds and --clean-seeds")
