@@ -161,6 +161,10 @@ class ByzantineGrid(Grid):
         bad = [r for r in rows if r.client_id in self.adversaries]
         if not bad:
             return
+        # An honest reply holding NaN or Inf (a client whose training diverged) is rejected by
+        # the strategy before any defence reads it (fedowen_strategy.replies): the attacker
+        # reads the round without it, as the defences do (its mean would be NaN otherwise).
+        rows = [r for r in rows if r.client_id in self.adversaries or _finite(r.state)]
         honest = [r for r in rows if r.client_id not in self.adversaries]
         server_round = bad[0].server_round or self._train_calls
         width = bad[0].delta.size
@@ -262,6 +266,12 @@ def _train_globals(messages: list[Message]) -> dict[int, tuple[int, State]]:
         out[msg.metadata.dst_node_id] = (server_round if isinstance(server_round, int) else 0,
                                          decoded[id(record)])
     return out
+
+
+def _finite(state: State) -> bool:
+    """Whether every floating array of ``state`` is finite (the strategy's check of a reply)."""
+    return all(np.all(np.isfinite(a)) for a in state.values()
+               if np.issubdtype(np.asarray(a).dtype, np.floating))
 
 
 def _usable(reply: Message, sent: Mapping[int, tuple[int, State]]) -> _Reply | None:

@@ -26,6 +26,7 @@ from fedowen_task.adversary.server import (
     adaptive_scale,
     alie_vector,
     baruch_z,
+    honest_alignment,
     ipm_vector,
     jittered,
     median_faced,
@@ -308,3 +309,33 @@ def test_median_faced_leaves_the_bound_to_attackers_holding_the_median() -> None
     assert median_faced([1.0, 2.0], attackers=3, factor=1.98) is None
     assert median_faced([1.0, 2.0], attackers=3, factor=0.99) is None
     assert median_faced([1.0, 2.0, 3.0, 4.0], attackers=1, factor=1.98) == 3.0
+
+
+def test_the_adaptive_backdoor_reads_the_round_without_an_honest_reply_holding_nan() -> None:
+    # Prepare: one honest client's training diverged (its reply holds NaN), which the strategy
+    # rejects before any defence reads it; before the fix the honest mean was NaN and the
+    # attacker raised "a cosine must lie in [-1, 1], got nan" (backdoor-defaults-dev, FLAME)
+    diverged = GOOD[0]
+
+    def handler(msg: Message, context: Context) -> Message:
+        reply = _handler(msg, context)
+        if int(context.node_config["partition-id"]) == diverged and reply.has_content():
+            state = _arrays(reply)
+            reply.content["arrays"] = state_to_record({**state, "w": state["w"] * np.nan})
+        return reply
+
+    inner = InProcessGrid(handler, [{"partition-id": i} for i in range(N)])
+    cfg = RunConfig(adversary_kind="adaptive-backdoor", adversary_fraction=0.4, seed=0,
+                    max_norm_ratio=0.0, norm_cap="median")
+    seen: list[dict[str, Any]] = []
+    grid = ByzantineGrid(inner, cfg, N, on_round=lambda r, entry: seen.append(entry),
+                         defence=defence_of(cfg))
+    # Execute
+    replies = _send(grid)
+    # Assert: the attack ran on the two finite honest updates, and sent finite updates
+    finite = np.array([_delta(p) for p in GOOD if p != diverged], dtype=np.float64)
+    assert seen[0]["honest"] == 2 and seen[0]["replies"] == 4
+    assert seen[0]["least_cosine"] == pytest.approx(honest_alignment(finite))
+    for pid in BAD:
+        assert np.all(np.isfinite(_arrays(replies[str(pid)])["w"]))
+    assert np.isnan(_arrays(replies[str(diverged)])["w"]).all()  # passed on as it came
