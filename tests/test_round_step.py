@@ -108,6 +108,23 @@ def test_near_parallel_updates_come_back_as_the_rounds_typed_links() -> None:
     assert run(round_of(1.0, ["c0", "c1", "c2"]), link_cosine=0.9999).links == []
 
 
+def test_a_round_whose_every_update_is_linked_says_so_loudly(caplog: pytest.LogCaptureFixture
+                                                             ) -> None:
+    # Prepare: three honest steps at pairwise cosines 0.9993-0.9996, above link-cosine 0.98
+    # (a binary task's honest clients agree like this: BreastMNIST's did in every round)
+    ids = ["c0", "c1", "c2"]
+    # Execute
+    with caplog.at_level("INFO", logger="fedowen_strategy.defences.sybil_links"):
+        whole = run(round_of(1.0, ids), link_cosine=0.98)
+        part = run(round_of(1.0, ids), link_cosine=0.9995)
+    # Assert: one player of three; the warning names the key to raise; a partial link does not
+    assert whole.links == [ids]
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "all 3 updates are near-parallel" in warned[0].getMessage()
+    assert "`link-cosine`" in warned[0].getMessage()
+    assert part.links and len(part.links[0]) < 3
+
+
 def test_a_round_without_usable_updates_keeps_the_global_model() -> None:
     # the one selected client failed: nothing to value
     out = run(ParsedReplies(failed={"c0": "timed out"}))

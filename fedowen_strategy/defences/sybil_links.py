@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 RECORD_COSINES_UP_TO = 32
 
 
+def whole_round(links: list[list[str]], updates: int) -> bool:
+    """Whether one link group holds every update of a round of 2 or more (the links then say
+    consensus, not collusion: the warning's case)."""
+    return updates >= 2 and any(len(group) == updates for group in links)
+
+
 class Links(Guard):
     """Copies and near-parallel links, grouped into the game's players."""
 
@@ -55,7 +61,13 @@ class Links(Guard):
         if round_.copies:
             log.warning("round %d: copies share one weight and are linked (not selected again, "
                         "no payout): %s", view.server_round, round_.copies)
-        if round_.links:
+        if round_.links and whole_round(round_.links, len(ids)):
+            log.warning("round %d: all %d updates are near-parallel (cosine > %g) and play as "
+                        "one: phi cannot tell them apart and weighs them alike; on a task whose "
+                        "honest updates agree this closely (a binary one, say) raise "
+                        "`link-cosine` (or 0: no links)", view.server_round, len(ids),
+                        guards.link_cosine)
+        elif round_.links:
             log.info("round %d: near-parallel updates play as one (cosine > %g): %s",
                      view.server_round, guards.link_cosine, round_.links)
         return round_
