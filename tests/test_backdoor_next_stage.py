@@ -14,8 +14,10 @@ from fedowen_strategy.defences.table import FEDOWEN_DEFENCES
 from server_app.keys import defaults
 from sim.presets import load_preset
 from studies.backdoor.next_stage import (
+    NO_PICK,
     adoption_gaps,
     fresh,
+    fresh_defaults,
     load,
     main,
     stage2,
@@ -24,6 +26,9 @@ from studies.backdoor.next_stage import (
 )
 
 STAGE1 = Path("conf/backdoor-defaults-dev.toml")
+#: The fresh preset stage 1's reading wrote (no pick: the defaults on seeds 70-72), whose seeds
+#: the fresh() tests reuse: read without it, as main() reads conf/ without its --out.
+FRESH = Path("conf/backdoor-defaults-fresh.toml")
 PICK = "alignins-2+spread-2"
 
 
@@ -96,8 +101,8 @@ def test_fresh_seeds_run_the_app_defaults_beside_the_pinned_reference(
     # Prepare
     raw, raw2 = load(STAGE1), load(stage2_file)
     # Execute
-    made = fresh(raw, raw2, PICK, [70, 71, 72], [70, 71, 72, 73, 74], used_seeds(Path("conf")),
-                 app=adopted_app())
+    made = fresh(raw, raw2, PICK, [70, 71, 72], [70, 71, 72, 73, 74], used_seeds(Path("conf"),
+                 skip=FRESH), app=adopted_app())
     out = tmp_path / "fresh.toml"
     out.write_text(tomli_w.dumps(made))
     cells = load_preset(out).cells()
@@ -117,7 +122,7 @@ def test_fresh_seeds_run_the_app_defaults_beside_the_pinned_reference(
 
 def test_fresh_refuses_used_seeds_and_defaults_not_yet_adopted(stage2_file: Path) -> None:
     raw, raw2 = load(STAGE1), load(stage2_file)
-    used = used_seeds(Path("conf"))
+    used = used_seeds(Path("conf"), skip=FRESH)
     assert {0, 1, 2, 3, 4, 60, 61, 62} <= used
     with pytest.raises(SystemExit, match=r"seeds \[60\] are named"):
         fresh(raw, raw2, PICK, [60, 71, 72], [70, 71], used, app=adopted_app())
@@ -125,3 +130,23 @@ def test_fresh_refuses_used_seeds_and_defaults_not_yet_adopted(stage2_file: Path
         fresh(raw, raw2, PICK, [70, 71, 72], [70, 71], used)
     with pytest.raises(SystemExit, match="leaves defences at auto"):
         fresh(raw, raw, PICK, [70, 71, 72], [70, 71], used, app=adopted_app())
+
+
+def test_no_pick_writes_the_fresh_seeds_for_the_defaults_alone(tmp_path: Path) -> None:
+    # Prepare: stage 1 picked none (its decision.md), so there is no stage 2
+    out = tmp_path / "fresh.toml"
+    # Execute
+    code = main(["fresh", str(STAGE1), "--arm", NO_PICK, "--seeds", "80", "81", "82",
+                 "--clean-seeds", "80", "81", "82", "--out", str(out)])
+    cells = load_preset(out).cells()
+    # Assert: one arm, no key pinned; stage 1's attacks and the knowing adaptive one on 80-82
+    assert code == 0 and {str(c.point["variant"]) for c in cells} == {"adopted"}
+    assert len(cells) == 75 + 15 + 15 and load(out)["variants"] == {"adopted": {}}
+    assert {c.config.seed for c in cells} == {80, 81, 82}
+    assert sum(c.grid.startswith("adaptive-knows-") for c in cells) == 15
+    with pytest.raises(SystemExit, match=r"seeds \[0, 70\] are named"):  # 70: the committed
+        main(["fresh", str(STAGE1), "--arm", NO_PICK, "--seeds", "0", "--clean-seeds", "70",
+              "--out", str(out)])
+    moved = {**defaults(), "aggregation": "softmax-spread"}
+    with pytest.raises(SystemExit, match=r"no longer stage 1's 'fedowen'.*\n  aggregation"):
+        fresh_defaults(load(STAGE1), [70], [70], set(), app=moved)

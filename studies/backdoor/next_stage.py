@@ -12,6 +12,9 @@ A pick that fails there gives way to the next arm of step 3's order (decision.md
     python -m studies.backdoor.next_stage stage2 conf/backdoor-defaults-dev.toml --arm PICK \\
         --out conf/backdoor-defaults-dev-10.toml
 
+Where stage 1 picks no arm there is no stage 2, and ``fresh --arm none`` (no ``--stage2``)
+writes the fresh seeds for the app's defaults alone (:func:`fresh_defaults`).
+
 **The fresh seeds** (the acceptance's second point), once the pick is adopted: ``adopted`` (no
 key pinned: the app's defaults at the commit the cells run at, which must resolve to the pick's
 keys: checked here, naming each key that does not) and ``fedowen`` (stage 2's pinned copy of
@@ -175,6 +178,40 @@ def fresh(raw: Raw, raw2: Raw, arm: str, seeds: Sequence[int], clean_seeds: Sequ
     return out
 
 
+#: ``--arm`` when stage 1 picked nothing (decision.md's "Pick: none"): the defaults keep no
+#: backdoor defence, stage 2 has nothing to check, and the fresh seeds measure the defaults.
+NO_PICK = "none"
+
+
+def fresh_defaults(raw: Raw, seeds: Sequence[int], clean_seeds: Sequence[int],
+                   used: Iterable[int], app: Mapping[str, Any] | None = None) -> Raw:
+    """Stage 1's grids on fresh seeds for the app's defaults alone (``adopted``, no key
+    pinned), when stage 1 picked no arm: nothing was adopted, so their clean cost is 0 by
+    construction and the cells measure what the defaults let through. Stops when a seed was
+    used or the app's defaults no longer resolve to stage 1's ``fedowen``."""
+    reused = sorted((set(seeds) | set(clean_seeds)) & set(used))
+    if reused:
+        raise SystemExit(f"seeds {reused} are named by presets under conf/: fresh seeds must be "
+                         "new (pick others)")
+    if gaps := adoption_gaps(variant(raw, REFERENCE, "stage 1"), app):
+        raise SystemExit(f"the app's defaults are no longer stage 1's {REFERENCE!r}:\n  "
+                         + "\n  ".join(gaps))
+    out = copy.deepcopy(raw)
+    out["preset"]["name"] = f"{raw['preset']['name'].removesuffix('-dev')}-fresh"
+    out["preset"]["description"] = (
+        f"The defaults (no backdoor defence adopted: stage 1 picked none) on fresh seeds "
+        f"{list(seeds)} (attacked) and {list(clean_seeds)} (clean), {raw['preset']['name']}'s "
+        "settings and attacks, and its adaptive attack knowing the defence list")
+    out["variants"] = {"adopted": {}}
+    for grid in out["grid"]:
+        hit = attacked(grid, raw["base"])
+        grid["axes"] = {**grid["axes"], "seed": list(seeds if hit else clean_seeds),
+                        "variant": ["adopted"]}
+        grid["reference"] = "adopted"
+    out["grid"] += knowing(out["grid"])
+    return out
+
+
 def knowing(grids: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each ``adaptive-backdoor`` grid again as ``adaptive-knows-*``, its attacker knowing the
     run's defence list (``adversary-knows = "defences"``: docs/arena.md), which stage 1's
@@ -204,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("stage", choices=("stage2", "fresh"))
     p.add_argument("preset", type=Path, help="stage 1's preset (conf/backdoor-defaults-dev.toml)")
-    p.add_argument("--arm", required=True, help="the pick (decision.md), or the next of step 3")
+    p.add_argument("--arm", required=True, help="the pick (decision.md), or the next of step "
+                   f"3; fresh: {NO_PICK!r} when stage 1 picked none")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--fraction", type=float, default=0.1, help="stage 2's attackers")
     p.add_argument("--stage2", type=Path, help="fresh: stage 2's preset (its pinned fedowen)")
@@ -222,8 +260,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                f"python -m studies.backdoor.defaults_rule {args.out} --results RESULTS --out DIR "
                f"--stage-1 {args.stage_1}", "(step 2 (a) and (c); the clean cost is stage 1's)."])
         return 0
-    if args.stage2 is None or not args.seeds or not args.clean_seeds:
-        p.error("fresh needs --stage2, --seeds and --clean-seeds")
+    if not args.seeds or not args.clean_seeds:
+        p.error("fresh needs --seeds and --clean-seeds")
+    if args.arm == NO_PICK:
+        made = fresh_defaults(raw, args.seeds, args.clean_seeds,
+                              used_seeds(args.preset.parent, skip=args.out))
+        write(made, args.out, [f"The acceptance's fresh seeds for {args.preset}, which picked "
+                               "no arm: the app's defaults alone (adopted, no key pinned);",
+                               "read with python -m studies.backdoor.defaults_rule (no "
+                               "reference: ASR, payout and clean accuracy)."])
+        return 0
+    if args.stage2 is None:
+        p.error("fresh needs --stage2 (stage 2's preset) unless --arm none")
     raw2 = load(args.stage2)
     made = fresh(raw, raw2, args.arm, args.seeds, args.clean_seeds,
                  used_seeds(args.preset.parent, skip=args.out))
