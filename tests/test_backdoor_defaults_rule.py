@@ -232,3 +232,14 @@ def test_stage_2_of_a_fallback_pick_asks_more_pairs_than_the_defaults_not_every_
     everywhere = [r for r in rows("fedowen", 3.0, BASE) + rows("a", 7.0, BASE)
                   if r["attack"] != "clean"]  # fedowen holds all four, a none
     assert decide(everywhere, arms, [0, 1, 2], [], fallback=True)[0] is None
+
+
+def test_the_fresh_seeds_of_the_defaults_alone_are_read_without_a_pick() -> None:
+    # Prepare: one arm, no fedowen (conf/backdoor-defaults-fresh.toml's "adopted")
+    table = rows("adopted", 3.0, BASE, worse=(("mnist", 0.1), "square", 40.0))
+    # Execute
+    text = report(table, ["adopted"], [0, 1, 2], [0, 1, 2, 3, 4], len(table), "fresh")
+    # Assert: read on ASR and payout; no pick, no leave-one-out
+    assert "No fedowen arm" in text and "| adopted | no | 3 of 4 |" in text
+    assert "Pick" not in text and "- without" not in text
+    assert "| mnist a0.1 | square | 40.0 / 0.50 |" in text

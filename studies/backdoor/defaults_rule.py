@@ -266,10 +266,14 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
                  f"{REFERENCE} ({floor})." if fallback else ""), ""]),
              "| arm | holds | (setting, attack) pairs held | clean cost, mean over settings "
              "| worst clean cost's lower end |", "|---|---|---:|---:|---:|"]
+    deciding = REFERENCE in arms  # the fresh seeds of the defaults alone have no reference
+    if not deciding:
+        lines[2:2] = [f"No {REFERENCE} arm (the fresh seeds of the defaults): an arm holds on ASR "
+                      "and payout alone, there is no clean cost, and no pick is made.", ""]
     for a in arms:
         rd = readings[a]
         worst = min((lo for _, lo in rd.cost.values()), default=math.nan)
-        held = rd.holds() if clean else rd.holds_attacks()
+        held = rd.holds() if clean and deciding else rd.holds_attacks()
         lines.append(f"| {a} | {'yes' if held else 'no'} | {rd.pairs_held()} of "
                      f"{len(rd.asr)} | {rd.mean_cost():+.2f} | {worst:+.2f} |")
     pairs = sorted({k for rd in readings.values() for k in rd.asr})
@@ -281,6 +285,8 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
                  f"{readings[a].payout.get(key, math.nan):.2f}" for a in arms]
         lines.append(f"| {key[0][0]} a{key[0][1]} | {key[1]} | " + " | ".join(cells) + " |")
     lines += [*(cost_lines(rows, arms, clean_seeds) if clean else []), *reported_lines(rows, arms)]
+    if not deciding:
+        return "\n".join([*lines, "", *degraded_lines(rows), *machine_lines(rows)]) + "\n"
     order = ranking(readings, arms, {a: defence_count(a) for a in arms}, clean, fallback)
     lines += ["", f"**Pick: {chosen or 'none'}**" + (f" (step 3's order, which stage 2 falls "
               f"back along: {', '.join(order)})" if order else ""), "", *degraded_lines(rows),
