@@ -152,10 +152,7 @@ def fresh(raw: Raw, raw2: Raw, arm: str, seeds: Sequence[int], clean_seeds: Sequ
           used: Iterable[int], app: Mapping[str, Any] | None = None) -> Raw:
     """Stage 1's grids on fresh seeds: ``adopted`` (the app's defaults) and ``fedowen`` (stage
     2's pinned defaults). Stops when a seed was used or the defaults are not the pick's."""
-    reused = sorted((set(seeds) | set(clean_seeds)) & set(used))
-    if reused:
-        raise SystemExit(f"seeds {reused} are named by presets under conf/: fresh seeds must be "
-                         "new (pick others)")
+    refuse_used(seeds, clean_seeds, used)
     if gaps := adoption_gaps(variant(raw, arm, "stage 1"), app):
         raise SystemExit(f"the app's defaults are not {arm!r} yet; adopt it first:\n  "
                          + "\n  ".join(gaps))
@@ -163,17 +160,34 @@ def fresh(raw: Raw, raw2: Raw, arm: str, seeds: Sequence[int], clean_seeds: Sequ
     if str(reference.get("defences", "auto")).strip() == "auto":
         raise SystemExit("stage 2's fedowen leaves defences at auto: write stage 2 with "
                          "python -m studies.backdoor.next_stage stage2 (which pins it)")
+    return on_fresh_seeds(raw, {REFERENCE: reference, "adopted": {}}, seeds, clean_seeds,
+                          f"The adopted defaults ({arm}) and stage 1's (fedowen, pinned)",
+                          "settings and attacks")
+
+
+def refuse_used(seeds: Sequence[int], clean_seeds: Sequence[int], used: Iterable[int]) -> None:
+    """Stops when a fresh seed is one a preset under conf/ names already."""
+    reused = sorted((set(seeds) | set(clean_seeds)) & set(used))
+    if reused:
+        raise SystemExit(f"seeds {reused} are named by presets under conf/: fresh seeds must be "
+                         "new (pick others)")
+
+
+def on_fresh_seeds(raw: Raw, variants: dict[str, Any], seeds: Sequence[int],
+                   clean_seeds: Sequence[int], who: str, what: str) -> Raw:
+    """Stage 1's preset with ``variants`` (the first its grids' reference) on ``seeds``
+    (attacked grids) and ``clean_seeds`` (clean ones), plus :func:`knowing`'s grids."""
     out = copy.deepcopy(raw)
     out["preset"]["name"] = f"{raw['preset']['name'].removesuffix('-dev')}-fresh"
     out["preset"]["description"] = (
-        f"The adopted defaults ({arm}) and stage 1's (fedowen, pinned) on fresh seeds "
-        f"{list(seeds)} (attacked) and {list(clean_seeds)} (clean), {raw['preset']['name']}'s "
-        "settings and attacks")
-    out["variants"] = {REFERENCE: reference, "adopted": {}}
+        f"{who} on fresh seeds {list(seeds)} (attacked) and {list(clean_seeds)} (clean), "
+        f"{raw['preset']['name']}'s {what}")
+    out["variants"] = variants
     for grid in out["grid"]:
         hit = attacked(grid, raw["base"])
         grid["axes"] = {**grid["axes"], "seed": list(seeds if hit else clean_seeds),
-                        "variant": [REFERENCE, "adopted"]}
+                        "variant": list(variants)}
+        grid["reference"] = next(iter(variants))
     out["grid"] += knowing(out["grid"])
     return out
 
@@ -189,27 +203,13 @@ def fresh_defaults(raw: Raw, seeds: Sequence[int], clean_seeds: Sequence[int],
     pinned), when stage 1 picked no arm: nothing was adopted, so their clean cost is 0 by
     construction and the cells measure what the defaults let through. Stops when a seed was
     used or the app's defaults no longer resolve to stage 1's ``fedowen``."""
-    reused = sorted((set(seeds) | set(clean_seeds)) & set(used))
-    if reused:
-        raise SystemExit(f"seeds {reused} are named by presets under conf/: fresh seeds must be "
-                         "new (pick others)")
+    refuse_used(seeds, clean_seeds, used)
     if gaps := adoption_gaps(variant(raw, REFERENCE, "stage 1"), app):
         raise SystemExit(f"the app's defaults are no longer stage 1's {REFERENCE!r}:\n  "
                          + "\n  ".join(gaps))
-    out = copy.deepcopy(raw)
-    out["preset"]["name"] = f"{raw['preset']['name'].removesuffix('-dev')}-fresh"
-    out["preset"]["description"] = (
-        f"The defaults (no backdoor defence adopted: stage 1 picked none) on fresh seeds "
-        f"{list(seeds)} (attacked) and {list(clean_seeds)} (clean), {raw['preset']['name']}'s "
-        "settings and attacks, and its adaptive attack knowing the defence list")
-    out["variants"] = {"adopted": {}}
-    for grid in out["grid"]:
-        hit = attacked(grid, raw["base"])
-        grid["axes"] = {**grid["axes"], "seed": list(seeds if hit else clean_seeds),
-                        "variant": ["adopted"]}
-        grid["reference"] = "adopted"
-    out["grid"] += knowing(out["grid"])
-    return out
+    return on_fresh_seeds(raw, {"adopted": {}}, seeds, clean_seeds,
+                          "The defaults (no backdoor defence adopted: stage 1 picked none)",
+                          "settings and attacks, and its adaptive attack knowing the defence list")
 
 
 def knowing(grids: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
