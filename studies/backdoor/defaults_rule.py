@@ -301,17 +301,16 @@ def report(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], attacked_seed
     return "\n".join(lines) + "\n"
 
 
-def cost_lines(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], clean_seeds: Sequence[int],
-               key: str = "val") -> list[str]:
+def cost_lines(rows: Sequence[Mapping[str, Any]], arms: Sequence[str], clean_seeds: Sequence[int]
+               ) -> list[str]:
     """Each arm's clean cost in each setting, paired by clean seed against ``fedowen``: its mean
     and 95% interval (step 1's numbers; ``fedowen``'s column: its own mean)."""
     vals: dict[tuple[str, Setting], dict[int, float]] = defaultdict(dict)
     for r in rows:
         if r["attack"] == "clean" and r["seed"] in set(clean_seeds):
-            vals[(r["arm"], (r["dataset"], float(r["alpha"])))][r["seed"]] = float(r[key])
+            vals[(r["arm"], (r["dataset"], float(r["alpha"])))][r["seed"]] = float(r["val"])
     settings = sorted({s for _, s in vals})
-    what = "validation" if key == "val" else "test"
-    out = ["", f"Clean cost ({what} points against {REFERENCE}, paired by clean seed; mean "
+    out = ["", f"Clean cost (validation points against {REFERENCE}, paired by clean seed; mean "
            f"[95% interval]; {REFERENCE}: its mean):", "",
            "| setting | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
     for setting in settings:
